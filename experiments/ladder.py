@@ -1,0 +1,64 @@
+"""The 200M-1.2B scaling ladder: tied baselines and their Leviathan twins.
+
+  lev-params --config=experiments/ladder.py:tied_1.2b
+  lev-train  --config=experiments/ladder.py:leviathan_400m --config.data.train_files=...
+
+Setup as reported for Leviathan (arXiv 2601.22040; ../shared/LEV.md "Reported setup"):
+o200k_base vocabulary (200,019 ids, padded to 200,064), seq_len 512, global batch 512
+sequences, AdamW + clipping, warm-up + cosine, The Pile. The paper does not give the
+per-scale shapes, learning rates or token budgets: the shapes below are LLaMA-style
+(d_ff ~ 8/3 d_model rounded to 256, head_dim 128 where d_model allows) chosen so that
+each tied model is within +-5 % of its label (`lev-params` prints the deviation); the
+token budget is 20 tokens per labelled parameter (Hoffmann et al. 2022) and the learning
+rates follow common practice at these sizes. Leviathan = same backbone, LEV input
+embedding (paper defaults k=3, d_seed=128, h=8, kappa=16, R=64) + untied head.
+"""
+
+from lev_jax.config import base_config
+
+# label: (label_params, d_model, n_layers, n_heads, head_dim, d_ff, lr)
+SHAPES = {
+    "200m": (200e6, 768, 6, 12, 64, 2048, 6e-4),
+    "400m": (400e6, 1024, 15, 16, 64, 2816, 5e-4),
+    "800m": (800e6, 1536, 18, 12, 128, 4096, 4e-4),
+    "1.2b": (1.2e9, 2048, 16, 16, 128, 5632, 3e-4),
+}
+EMBEDDINGS = {"tied": "tied", "leviathan": "lev"}
+O200K_VOCAB = 200_019
+SEQ_LEN = 512
+GLOBAL_BATCH = 512
+
+
+def get_config(variant: str = "leviathan_1.2b"):
+  kind, _, size = variant.partition("_")
+  if kind not in EMBEDDINGS or size not in SHAPES:
+    names = [f"{k}_{s}" for k in EMBEDDINGS for s in SHAPES]
+    raise ValueError(f"experiments/ladder.py: unknown variant {variant!r}; "
+                     f"expected one of {', '.join(names)}")
+  label, d, n_layers, n_heads, head_dim, d_ff, lr = SHAPES[size]
+  c = base_config()
+  c.name = f"ladder_{variant}"
+  c.label_params = label
+  m = c.model
+  m.embedding = EMBEDDINGS[kind]
+  m.vocab_size = O200K_VOCAB
+  m.d_model, m.n_layers, m.n_heads, m.n_kv_heads = d, n_layers, n_heads, n_heads
+  m.head_dim, m.d_ff = head_dim, d_ff
+  m.max_seq_len = SEQ_LEN
+  m.dtype = "bfloat16"
+  c.data.source = "jsonl"
+  c.data.train_files = ("pile/train/*.jsonl.zst",)
+  c.data.validation_files = ("pile/val.jsonl.zst",)
+  c.data.shuffle_buffer = 10_000
+  c.data.tokenizer = "o200k_base"
+  c.train.seq_len = SEQ_LEN
+  c.train.global_batch_size = GLOBAL_BATCH
+  c.train.steps = int(20 * label / (SEQ_LEN * GLOBAL_BATCH))
+  c.train.log_every = 50
+  c.train.eval_every = 1000
+  c.train.checkpoint_every = 1000
+  c.optim.lr = lr
+  c.optim.warmup_steps = 1000
+  c.eval.batches = 64
+  c.eval.batch_size = 32
+  return c

@@ -1,0 +1,31 @@
+"""lev_jax: JAX/Flax pretraining of Leviathan language models and their tied baselines.
+
+Leviathan (arXiv 2601.22040) replaces the input embedding table with LEV, a small
+continuous generator from token id to embedding, and keeps an untied output head.
+
+Modules, one concern each:
+  config      base experiment config and its validation
+  lev         the LEV generator (digits, codebooks, B-spline separable product)
+  embeddings  tied / untied / lev embeddings behind embed() and unembed()
+  model       LLaMA-style decoder
+  optimizer   AdamW, clipping, warm-up + cosine schedule
+  train       train state, jitted train and eval steps
+  evaluate    validation perplexity, per token-frequency bucket
+  checkpoint  Orbax manager (state, data iterator, config)
+  metrics     metrics.jsonl and TensorBoard writers
+  trainer     the training loop;  main: `lev-train`;  params: `lev-params`
+  data        embedded corpus, JSONL readers, tokenizers, grain pipeline
+
+Shape legend used in names (x_BxLxD):
+  B batch (sequences)  L seq_len  D d_model  V padded vocab  H heads  G kv heads
+  K head_dim (or LEV digits)  F d_ff  N flat ids  S LEV d_seed  J knots  R LEV rank
+"""
+
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+
+def experiments_dir() -> Path:
+  """The repo's experiments/ folder (next to the package in a source checkout)."""
+  return Path(__file__).resolve().parent.parent / "experiments"

@@ -1,0 +1,201 @@
+"""The base experiment config and its one-time validation.
+
+Every experiment file in `experiments/` starts from `base_config()` and changes only
+what differs; `validate(config)` runs once at start-up and raises `ConfigError` naming
+the field, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_collections
+
+EMBEDDINGS = ("tied", "untied", "lev")
+DTYPES = ("float32", "bfloat16", "float16")
+SIGMOID_VARIANTS = ("half", "full")  # sigmoid(u / 2) [default] or sigmoid(u) (KHRONOS)
+BASIS_VARIANTS = ("normalized", "khronos")
+LEV_MODES = ("auto", "table", "tokens")
+DECAY_MASKS = ("matrices", "all", "none")
+DATA_SOURCES = ("embedded", "jsonl")
+TOKENIZERS = ("sentencepiece", "o200k_base")
+
+
+class ConfigError(ValueError):
+  """A config value is out of range; the message names the field and the allowed values."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """A small Leviathan model on the embedded data; experiments override from here."""
+  c = ml_collections.ConfigDict()
+  c.name = "leviathan"
+  c.seed = 0
+
+  c.model = m = ml_collections.ConfigDict()
+  m.embedding = "lev"          # one of EMBEDDINGS
+  m.vocab_size = 2048          # real vocab (tokenizer); padded to vocab_multiple
+  m.vocab_multiple = 128
+  m.d_model = 128
+  m.n_layers = 2
+  m.n_heads = 4
+  m.n_kv_heads = 4             # < n_heads: grouped-query attention
+  m.head_dim = 32
+  m.d_ff = 384                 # SwiGLU hidden size
+  m.max_seq_len = 2048         # RoPE positions available
+  m.rope_theta = 10_000.0
+  m.norm_eps = 1e-5
+  m.init_std = 0.02
+  m.dtype = "float32"          # compute dtype
+  m.param_dtype = "float32"
+  m.remat = False
+
+  # LEV, ../shared/LEV.md; defaults are the paper's (per the reimplementation).
+  c.lev = lv = ml_collections.ConfigDict()
+  lv.n_coords = 3              # k: base-b digits of the token id
+  lv.base = 0                  # b; 0 = ceil(padded_vocab ** (1 / k))
+  lv.d_seed = 128
+  lv.n_heads = 8               # h ("modes")
+  lv.n_knots = 16              # kappa
+  lv.rank = 64                 # R
+  lv.sigmoid = "half"          # one of SIGMOID_VARIANTS
+  lv.basis = "normalized"      # one of BASIS_VARIANTS
+  lv.ln_eps = 1e-5
+  lv.log_eps = 1e-6            # log(|phi| + log_eps) in the separable product
+  lv.mode = "auto"             # table: LEV over all ids then gather; tokens: per token
+  lv.chunk_size = 4096         # ids per rematerialised chunk
+
+  c.data = d = ml_collections.ConfigDict()
+  d.source = "embedded"        # one of DATA_SOURCES
+  d.tokenizer = "sentencepiece"  # one of TOKENIZERS; sentencepiece is trained on train split
+  d.tiktoken_file = ""         # o200k_base: local .tiktoken ranks file ("" = tiktoken's cache)
+  d.train_files = ()           # Pile-format *.jsonl / *.jsonl.zst (source=jsonl)
+  d.validation_files = ()
+  d.pile_set_names = ()        # keep only these subsets; () keeps all
+  d.validation_fraction = 0.05  # embedded source: share of documents held out
+  d.cache_dir = "~/.cache/lev_jax"
+  d.shuffle_buffer = 1024      # sequences
+  d.strict = False             # bad JSONL line: error (True) or skip and count
+  d.seed = 0
+
+  c.train = t = ml_collections.ConfigDict()
+  t.steps = 300
+  t.seq_len = 128
+  t.global_batch_size = 16     # sequences per optimizer step
+  t.grad_accum_steps = 1       # micro-batches per step
+  t.log_every = 10
+  t.eval_every = 100
+  t.checkpoint_every = 100
+  t.keep_checkpoints = 3
+
+  c.optim = o = ml_collections.ConfigDict()
+  o.lr = 3e-3
+  o.min_lr_ratio = 0.1         # cosine decays to lr * min_lr_ratio
+  o.warmup_steps = 30
+  o.b1 = 0.9
+  o.b2 = 0.95
+  o.eps = 1e-8
+  o.weight_decay = 0.1
+  o.decay_mask = "matrices"    # one of DECAY_MASKS
+  o.no_decay = ()              # extra parameter-path substrings excluded from decay
+  o.clip_norm = 1.0
+
+  c.eval = e = ml_collections.ConfigDict()
+  e.batches = 8                # fixed validation batches
+  e.batch_size = 16
+  # Token-frequency buckets (count of the id in the training split): [0, e1), [e1, e2), ...
+  e.freq_bucket_edges = (1, 10, 100, 1000, 10000)
+  return c
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+  """vocab_size rounded up to a multiple of `multiple` (128 by default)."""
+  return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def lev_base(vocab_size: int, n_coords: int) -> int:
+  """Smallest integer b with b ** n_coords >= vocab_size (LEV.md step 1)."""
+  b = max(2, int(round(vocab_size ** (1.0 / n_coords))))
+  while b ** n_coords < vocab_size:
+    b += 1
+  while b > 2 and (b - 1) ** n_coords >= vocab_size:
+    b -= 1
+  return b
+
+
+def _fail(field: str, value, expected: str):
+  raise ConfigError(f"config.{field} = {value!r}: expected {expected}")
+
+
+def _positive(c, section: str, names):
+  for n in names:
+    v = c[section][n]
+    if not isinstance(v, (int, float)) or v <= 0:
+      _fail(f"{section}.{n}", v, "a positive number")
+
+
+def _one_of(c, section: str, name: str, allowed):
+  v = c[section][name]
+  if v not in allowed:
+    _fail(f"{section}.{name}", v, "one of " + ", ".join(repr(a) for a in allowed))
+
+
+def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Checks every field once; returns the config unchanged.
+
+  Raises:
+    ConfigError: naming the first bad field, its value and the allowed values.
+  """
+  m, lv, t = c.model, c.lev, c.train
+  _one_of(c, "model", "embedding", EMBEDDINGS)
+  _one_of(c, "model", "dtype", DTYPES)
+  _one_of(c, "model", "param_dtype", DTYPES)
+  _positive(c, "model", ["vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
+                         "n_kv_heads", "head_dim", "d_ff", "max_seq_len", "rope_theta"])
+  if m.n_heads % m.n_kv_heads:
+    _fail("model.n_kv_heads", m.n_kv_heads, f"a divisor of model.n_heads = {m.n_heads}")
+  if m.head_dim % 2:
+    _fail("model.head_dim", m.head_dim, "an even number (RoPE rotates pairs)")
+  _positive(c, "train", ["steps", "seq_len", "global_batch_size", "grad_accum_steps",
+                         "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"])
+  if t.seq_len > m.max_seq_len:
+    _fail("train.seq_len", t.seq_len, f"<= model.max_seq_len = {m.max_seq_len}")
+  if t.global_batch_size % t.grad_accum_steps:
+    _fail("train.grad_accum_steps", t.grad_accum_steps,
+          f"a divisor of train.global_batch_size = {t.global_batch_size}")
+  if m.embedding == "lev":
+    _one_of(c, "lev", "sigmoid", SIGMOID_VARIANTS)
+    _one_of(c, "lev", "basis", BASIS_VARIANTS)
+    _one_of(c, "lev", "mode", LEV_MODES)
+    _positive(c, "lev", ["n_coords", "d_seed", "n_heads", "rank", "chunk_size",
+                         "ln_eps", "log_eps"])
+    if lv.n_knots < 3:
+      _fail("lev.n_knots", lv.n_knots, "at least 3 (quadratic B-splines)")
+    vocab = padded_vocab_size(m.vocab_size, m.vocab_multiple)
+    if lv.base < 0 or lv.base == 1:
+      _fail("lev.base", lv.base, "0 (automatic) or an integer >= 2")
+    if lv.base and lv.base ** lv.n_coords < vocab:
+      raise ConfigError(
+          f"config.lev.base ** config.lev.n_coords = {lv.base}**{lv.n_coords} = "
+          f"{lv.base ** lv.n_coords} < padded vocab_size = {vocab}: the base-b digits "
+          "cannot address every token id")
+  _one_of(c, "optim", "decay_mask", DECAY_MASKS)
+  _positive(c, "optim", ["lr", "b1", "b2", "eps", "clip_norm"])
+  if not 0 <= c.optim.min_lr_ratio <= 1:
+    _fail("optim.min_lr_ratio", c.optim.min_lr_ratio, "a number in [0, 1]")
+  if c.optim.warmup_steps < 0 or c.optim.warmup_steps >= t.steps:
+    _fail("optim.warmup_steps", c.optim.warmup_steps, f"in [0, train.steps = {t.steps})")
+  if c.optim.weight_decay < 0:
+    _fail("optim.weight_decay", c.optim.weight_decay, "a number >= 0")
+  _one_of(c, "data", "source", DATA_SOURCES)
+  _one_of(c, "data", "tokenizer", TOKENIZERS)
+  if c.data.source == "jsonl" and not c.data.train_files:
+    _fail("data.train_files", tuple(c.data.train_files),
+          "at least one Pile-format *.jsonl or *.jsonl.zst path when data.source = 'jsonl'")
+  if not 0 < c.data.validation_fraction < 1:
+    _fail("data.validation_fraction", c.data.validation_fraction, "a number in (0, 1)")
+  _positive(c, "data", ["shuffle_buffer"])
+  _positive(c, "eval", ["batches", "batch_size"])
+  edges = list(c.eval.freq_bucket_edges)
+  if not edges or edges != sorted(set(edges)) or edges[0] <= 0:
+    _fail("eval.freq_bucket_edges", tuple(edges), "increasing positive counts")
+  return c

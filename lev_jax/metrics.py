@@ -1,0 +1,54 @@
+"""Metric writers: WORKDIR/metrics.jsonl (one JSON object per line) and TensorBoard.
+
+Metric names are namespaced and carry their units, as in MaxText:
+  train/loss, train/perplexity, train/grad_norm, train/lr, train/tokens_seen,
+  perf/tokens_per_s, perf/step_time_s, eval/loss, eval/perplexity,
+  eval/perplexity_bucket_<range>.
+Only process 0 writes (jax.process_index() == 0). TensorBoard events via tensorboardX
+(no TensorFlow needed); docs: https://tensorboardx.readthedocs.io.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import jax
+from etils import epath
+
+
+def _clean(v):
+  v = float(v)
+  return v if math.isfinite(v) else str(v)
+
+
+class MetricWriter:
+  """Appends {"step": s, "time": unix_s, **metrics} lines and TensorBoard scalars."""
+
+  def __init__(self, workdir):
+    self.enabled = jax.process_index() == 0
+    self.path = epath.Path(workdir) / "metrics.jsonl"
+    self._tb = None
+    if self.enabled:
+      from tensorboardX import SummaryWriter
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self._file = self.path.open("a")
+      self._tb = SummaryWriter(str(epath.Path(workdir) / "tensorboard"))
+
+  def write(self, step: int, metrics: dict):
+    if not self.enabled:
+      return
+    row = {"step": int(step), "time": round(time.time(), 3)}
+    row.update({k: _clean(v) for k, v in metrics.items()})
+    self._file.write(json.dumps(row) + "\n")
+    self._file.flush()
+    for k, v in metrics.items():
+      if math.isfinite(float(v)):
+        self._tb.add_scalar(k, float(v), int(step))
+    self._tb.flush()
+
+  def close(self):
+    if self.enabled:
+      self._file.close()
+      self._tb.close()

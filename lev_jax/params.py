@@ -1,0 +1,96 @@
+"""Parameter counts by part, for any config, without allocating the model.
+
+`lev-params --config=experiments/ladder.py:leviathan_1.2b` prints embedding (input
+table), LEV, backbone, head and total; for a `lev` model it also builds the tied twin
+(same config, model.embedding='tied') and shows that Leviathan - tied = LEV count, and
+for configs with a `label_params` it shows the deviation from the label.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import ml_collections
+from absl import app, flags
+from flax import nnx
+from ml_collections import config_flags
+
+from lev_jax import experiments_dir
+from lev_jax.config import ConfigError, padded_vocab_size, validate
+from lev_jax.lev import lev_param_count
+
+PARTS = ("embedding", "lev", "backbone", "head")
+
+
+def _part(path: tuple) -> str:
+  names = [str(p) for p in path]
+  if names[0] != "embedding":
+    return "backbone"
+  if names[1] == "lev":
+    return "lev"
+  return "head" if names[1] == "head" else "embedding"
+
+
+def count_params(config: ml_collections.ConfigDict) -> dict:
+  """{"embedding", "lev", "backbone", "head", "total"}: parameter counts (abstract shapes).
+
+  For `tied`, the one shared table is counted under "embedding" (head = 0).
+  """
+  from lev_jax.train import abstract_model
+  state = nnx.state(abstract_model(config), nnx.Param)
+  counts = dict.fromkeys(PARTS, 0)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    keys = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
+    counts[_part(keys)] += int(leaf.size)
+  counts["total"] = sum(counts[p] for p in PARTS)
+  return counts
+
+
+def tied_twin(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  twin = ml_collections.ConfigDict(config.to_dict())
+  twin.model.embedding = "tied"
+  return twin
+
+
+def report(config: ml_collections.ConfigDict) -> str:
+  """The text `lev-params` prints."""
+  validate(config)
+  c = count_params(config)
+  lines = [f"{config.name}: embedding={config.model.embedding} "
+           f"vocab={config.model.vocab_size} (padded "
+           f"{padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)}) "
+           f"d_model={config.model.d_model} n_layers={config.model.n_layers}"]
+  for p in (*PARTS, "total"):
+    lines.append(f"  {p:<10} {c[p]:>15,}")
+  if config.get("label_params"):
+    dev = c["total"] / config.label_params - 1
+    basis = c["total"]
+    if config.model.embedding == "lev":
+      basis = count_params(tied_twin(config))["total"]
+      dev = basis / config.label_params - 1
+    lines.append(f"  label      {config.label_params:>15,.0f}  (tied-equivalent total "
+                 f"{basis:,} is {dev:+.2%} of the label)")
+  if config.model.embedding == "lev":
+    tied = count_params(tied_twin(config))["total"]
+    vp = padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)
+    formula = lev_param_count(vp, config.model.d_model, config.lev)
+    lines.append(f"  tied twin  {tied:>15,}")
+    lines.append(f"  leviathan - tied = {c['total'] - tied:,} "
+                 f"(LEV closed form {formula:,}; {(c['total'] - tied) / tied:.3%} of tied)")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  try:
+    print(report(flags.FLAGS.config))
+  except ConfigError as e:
+    print(f"lev-params: error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run():
+  config_flags.DEFINE_config_file(
+      "config", str(experiments_dir() / "smoke.py") + ":leviathan", "Experiment file[:variant].")
+  app.run(main)

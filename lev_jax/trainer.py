@@ -1,0 +1,147 @@
+"""The training loop: data -> jitted steps -> metrics, evaluation and checkpoints.
+
+`train_and_evaluate(config, workdir)` resumes from WORKDIR/checkpoints when a
+checkpoint exists, so re-running the same command continues the run. Outputs:
+  WORKDIR/metrics.jsonl     one JSON object per log / eval step
+  WORKDIR/tensorboard/      TensorBoard event files
+  WORKDIR/eval.json         the latest validation result (with frequency buckets)
+  WORKDIR/checkpoints/<step>/{state,data,config}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from etils import epath
+from tqdm import tqdm
+
+from lev_jax import data as data_lib
+from lev_jax.checkpoint import Checkpointer
+from lev_jax.config import ConfigError, validate
+from lev_jax.evaluate import evaluate
+from lev_jax.metrics import MetricWriter
+from lev_jax.train import create_train_state, make_eval_step, make_train_step
+
+
+class _Preemption:
+  """Turns SIGTERM (TPU/SLURM preemption notice) into a final checkpoint and clean exit."""
+
+  def __init__(self):
+    self.requested = False
+    try:
+      signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread
+      pass
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+
+def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> dict:
+  result = evaluate(eval_step, params, bundle.eval_batches(), bundle.token_counts_V,
+                    config.eval.freq_bucket_edges)
+  result["step"] = step
+  scalars = {"eval/loss": result["loss"], "eval/perplexity": result["perplexity"]}
+  for b in result["buckets"]:
+    if b["perplexity"] is not None:
+      scalars[f"eval/perplexity_bucket_{b['range']}"] = b["perplexity"]
+  writer.write(step, scalars)
+  if jax.process_index() == 0:
+    path = epath.Path(workdir) / "eval.json"
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
+  return result
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
+  """Trains config.train.steps optimizer steps (resuming if possible); returns final eval.
+
+  Raises:
+    ConfigError, data_lib.DataError, CheckpointMismatchError: with a message naming
+      the field, file or checkpoint at fault.
+  """
+  validate(config)
+  workdir = epath.Path(workdir).expanduser()
+  workdir.mkdir(parents=True, exist_ok=True)
+  t = config.train
+  bundle = data_lib.load(config)
+  if bundle.tokenizer.vocab_size != config.model.vocab_size:
+    raise ConfigError(
+        f"config.model.vocab_size = {config.model.vocab_size} but the tokenizer has "
+        f"{bundle.tokenizer.vocab_size} ids: model and data must agree")
+  graphdef, state = create_train_state(config)
+  train_iter = iter(bundle.train_dataset(t.global_batch_size))
+  ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints)
+  latest = ckpt.latest_step()
+  if latest is not None:
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    state = ckpt.restore(latest, abstract, train_iter, config)
+    logging.info("resumed from step %d", latest)
+  step = int(state["step"])
+  train_step = make_train_step(graphdef, config)
+  eval_step = make_eval_step(graphdef)
+  writer = MetricWriter(workdir)
+  tokens_per_step = t.global_batch_size * t.seq_len
+  preemption = _Preemption()
+  bar = tqdm(total=t.steps, initial=step, desc=config.name, unit="step",
+             disable=jax.process_index() != 0)
+  result = None
+  window_start, window_steps, compiled = time.perf_counter(), 0, False
+  pending = None  # (step, device metrics) fetched after the next step is dispatched
+
+  def flush(pending):
+    nonlocal window_start, window_steps, compiled
+    s, m = pending
+    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    now = time.perf_counter()
+    step_time = (now - window_start) / max(window_steps, 1)
+    scalars = {"train/loss": m["loss"], "train/perplexity": math.exp(min(m["loss"], 50.0)),
+               "train/grad_norm": m["grad_norm"], "train/lr": m["lr"],
+               "train/tokens_seen": s * tokens_per_step,
+               "perf/step_time_s": step_time, "perf/tokens_per_s": tokens_per_step / step_time}
+    if not compiled:
+      scalars["perf/includes_compile"] = 1.0
+    compiled = True
+    writer.write(s, scalars)
+    bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{tokens_per_step / step_time:,.0f}")
+    window_start, window_steps = now, 0
+
+  while step < t.steps:
+    batch = next(train_iter)
+    state, metrics = train_step(state, batch)
+    step += 1
+    window_steps += 1
+    bar.update(1)
+    if pending is not None:
+      flush(pending)
+      pending = None
+    if step % t.log_every == 0 or step == t.steps:
+      pending = (step, metrics)
+    if step % t.eval_every == 0 and step != t.steps:
+      if pending is not None:
+        flush(pending)
+        pending = None
+      result = _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
+      window_start, window_steps = time.perf_counter(), 0
+    if step % t.checkpoint_every == 0 or step == t.steps or preemption.requested:
+      ckpt.save(step, state, train_iter, config)
+    if preemption.requested:
+      logging.warning("SIGTERM: saved step %d, exiting", step)
+      break
+  if pending is not None:
+    flush(pending)
+  if not preemption.requested:
+    result = _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
+  bar.close()
+  ckpt.close()
+  writer.close()
+  return result

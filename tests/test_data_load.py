@@ -1,0 +1,95 @@
+"""`lev_jax.data.load(config)`: both sources, hold-out, caches, errors naming the field."""
+
+import json
+
+import numpy as np
+import pytest
+import zstandard
+
+from lev_jax import data
+from lev_jax.config import base_config
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def _docs(n, offset=0):
+  return [f"Record {i}. " + " ".join(WORDS[(i * k) % len(WORDS)] for k in range(3, 40))
+          for i in range(offset, offset + n)]
+
+
+def _write(path, texts, subset="Pile-CC"):
+  lines = "".join(json.dumps({"text": t, "meta": {"pile_set_name": subset}}) + "\n"
+                  for t in texts).encode()
+  path.write_bytes(zstandard.ZstdCompressor().compress(lines)
+                   if path.name.endswith(".zst") else lines)
+  return str(path)
+
+
+def _config(tmp_path, **data_fields):
+  c = base_config()
+  c.model.vocab_size = 320
+  c.train.seq_len = 16
+  c.eval.batch_size = 2
+  c.eval.batches = 3
+  c.data.cache_dir = str(tmp_path / "cache")
+  c.data.shuffle_buffer = 8
+  for k, v in data_fields.items():
+    c.data[k] = v
+  return c
+
+
+def test_jsonl_with_hold_out(tmp_path, monkeypatch):
+  train = _write(tmp_path / "train.jsonl.zst", _docs(300))
+  c = _config(tmp_path, source="jsonl", train_files=(train,), validation_fraction=0.2)
+  bundle = data.load(c)
+  assert bundle.tokenizer.vocab_size == 320
+  assert not set(bundle.train_docs) & set(bundle.validation_docs)
+  assert len(bundle.train_docs) + len(bundle.validation_docs) == 300
+  assert 30 < len(bundle.validation_docs) < 90
+  assert bundle.report["train"]["documents"] == 300 and bundle.report["validation"] is None
+  assert bundle.token_counts_V.shape == (320,) and bundle.token_counts_V.dtype == np.int64
+  assert bundle.report["train_tokens"] == bundle.token_counts_V.sum()
+  batch = next(iter(bundle.train_dataset(4)))
+  assert batch["inputs"].shape == (4, 16) and batch["weights"].dtype == np.float32
+  evals = bundle.eval_batches()
+  assert len(evals) == 3 and evals[0]["targets"].shape == (2, 16)
+  assert bundle.eval_batches() is evals
+
+  # Second load: tokenizer and token counts come from the cache.
+  monkeypatch.setattr(data, "token_counts", lambda *a: pytest.fail("counts recomputed"))
+  again = data.load(c)
+  assert again.report["tokenizer_path"] == bundle.report["tokenizer_path"]
+  np.testing.assert_array_equal(again.token_counts_V, bundle.token_counts_V)
+
+
+def test_jsonl_with_validation_files_and_subsets(tmp_path):
+  train = _write(tmp_path / "train.jsonl", _docs(150))
+  _write(tmp_path / "other.jsonl", _docs(50, 1000), subset="Github")
+  val = _write(tmp_path / "val.jsonl", _docs(40, 500))
+  c = _config(tmp_path, source="jsonl", train_files=(str(tmp_path / "[to]*.jsonl"),),
+              validation_files=(val,), pile_set_names=("Pile-CC",))
+  bundle = data.load(c)
+  assert bundle.train_docs == _docs(150) and bundle.validation_docs == _docs(40, 500)
+  assert bundle.report["train"]["skipped"]["filtered_subset"] == 50
+
+
+def test_errors_name_the_config_field(tmp_path):
+  c = _config(tmp_path, source="jsonl", train_files=(str(tmp_path / "missing.jsonl"),))
+  with pytest.raises(data.DataError, match="config.data.train_files: .*missing.jsonl"):
+    data.load(c)
+  train = _write(tmp_path / "train.jsonl", _docs(30))
+  c = _config(tmp_path, source="jsonl", train_files=(train,), pile_set_names=("Github",))
+  with pytest.raises(data.DataError, match="training split has no documents"):
+    data.load(c)
+
+
+def test_embedded_source_at_the_default_vocab(tmp_path):
+  c = _config(tmp_path)
+  c.model.vocab_size = 2048
+  bundle = data.load(c)
+  assert bundle.report["source"] == "embedded"
+  assert bundle.tokenizer.vocab_size == 2048
+  assert len(bundle.train_docs) > 300 and len(bundle.validation_docs) > 5
+  assert bundle.report["train_tokens"] > 300_000
+  assert (bundle.token_counts_V > 0).sum() > 1500  # the merges are used
+  assert len(bundle.eval_batches()) == 3
