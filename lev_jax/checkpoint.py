@@ -47,8 +47,8 @@ def _shape_differences(saved: dict, config: ml_collections.ConfigDict) -> list[s
   return diffs
 
 
-def _path(keypath) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keypath)
+def _name(keypath) -> str:
+  return jax.tree_util.keystr(keypath, simple=True, separator="/")
 
 
 class Checkpointer:
@@ -97,10 +97,10 @@ class Checkpointer:
           f"{where} does not match this config's model shape:\n  " + "\n  ".join(diffs)
           + "\nUse a new --workdir, or the checkpoint's config.")
     stored = self.manager.item_metadata(step)["state"]
-    stored_shapes = {_path(p): tuple(m.shape) for p, m in
+    stored_shapes = {_name(p): tuple(m.shape) for p, m in
                      jax.tree_util.tree_flatten_with_path(stored)[0] if hasattr(m, "shape")}
     for p, a in jax.tree_util.tree_flatten_with_path(abstract_state)[0]:
-      name = _path(p)
+      name = _name(p)
       if name in stored_shapes and stored_shapes[name] != tuple(a.shape):
         raise CheckpointMismatchError(
             f"{where}: {name} has shape {stored_shapes[name]}, this run expects {tuple(a.shape)}")

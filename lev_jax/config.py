@@ -96,7 +96,9 @@ def base_config() -> ml_collections.ConfigDict:
   o.eps = 1e-8
   o.weight_decay = 0.1
   o.decay_mask = "matrices"    # one of DECAY_MASKS
-  o.no_decay = ()              # extra parameter-path substrings excluded from decay
+  # Parameter-path substrings excluded from decay on top of decay_mask: LEV's per-head
+  # LayerNorm scale/bias and KHRONOS basis scale are norms stored as [H, S] arrays.
+  o.no_decay = ("ln_scale", "ln_bias", "basis_scale")
   o.clip_norm = 1.0
 
   c.eval = e = ml_collections.ConfigDict()

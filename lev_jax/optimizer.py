@@ -22,10 +22,6 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
       decay_steps=config.train.steps, end_value=o.lr * o.min_lr_ratio)
 
 
-def _path_name(path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
 def decay_mask(params, optim: ml_collections.ConfigDict):
   """Boolean pytree like `params`: True where weight decay applies.
 
@@ -36,7 +32,7 @@ def decay_mask(params, optim: ml_collections.ConfigDict):
   def decide(path, x):
     if optim.decay_mask == "none":
       return False
-    name = _path_name(path)
+    name = jax.tree_util.keystr(path, simple=True, separator="/")
     if any(s in name for s in optim.no_decay):
       return False
     return optim.decay_mask == "all" or x.ndim >= 2

@@ -94,3 +94,7 @@ def run():
   config_flags.DEFINE_config_file(
       "config", str(experiments_dir() / "smoke.py") + ":leviathan", "Experiment file[:variant].")
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

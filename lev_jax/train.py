@@ -92,7 +92,7 @@ def make_train_step(graphdef, config: ml_collections.ConfigDict):
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_state = dict(state, params=optax.apply_updates(params, updates),
                      opt_state=opt_state, step=state["step"] + 1)
-    metrics = {"loss": loss_sum / denom, "grad_norm": optax.global_norm(grads),
+    metrics = {"loss": loss_sum / denom, "grad_norm": optax.tree.norm(grads),
                "lr": schedule(state["step"]), "tokens": n_tokens}
     return new_state, metrics
 

@@ -18,7 +18,6 @@ import time
 
 import jax
 import ml_collections
-import numpy as np
 from etils import epath
 from tqdm import tqdm
 
@@ -62,8 +61,15 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
   return result
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
+                       stop_at_step: int | None = None) -> dict | None:
   """Trains config.train.steps optimizer steps (resuming if possible); returns final eval.
+
+  Args:
+    config: a validated-on-entry experiment config.
+    workdir: outputs and checkpoints (local or gs://).
+    stop_at_step: for time-sliced jobs: stop after this step with a checkpoint (the
+      schedule still spans train.steps); returns None. The next call resumes.
 
   Raises:
     ConfigError, data_lib.DataError, CheckpointMismatchError: with a message naming
@@ -132,16 +138,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
         pending = None
       result = _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
       window_start, window_steps = time.perf_counter(), 0
-    if step % t.checkpoint_every == 0 or step == t.steps or preemption.requested:
+    stopping = preemption.requested or step == stop_at_step
+    if step % t.checkpoint_every == 0 or step == t.steps or stopping:
       ckpt.save(step, state, train_iter, config)
-    if preemption.requested:
-      logging.warning("SIGTERM: saved step %d, exiting", step)
+    if stopping:
+      logging.warning("stopping at step %d (%s) after saving a checkpoint", step,
+                      "SIGTERM" if preemption.requested else "stop_at_step")
       break
   if pending is not None:
     flush(pending)
-  if not preemption.requested:
+  if step == t.steps:
     result = _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
   bar.close()
   ckpt.close()
   writer.close()
-  return result
+  return result if step == t.steps else None

@@ -41,3 +41,9 @@ def tiny_config(embedding="lev", **lev):
 @pytest.fixture
 def make_config():
   return tiny_config
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+  """One embedded-corpus + tokenizer cache shared by the tests that train."""
+  return tmp_path_factory.mktemp("lev_jax_cache")

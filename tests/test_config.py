@@ -1,0 +1,57 @@
+"""Config validation: each bad value is one ConfigError naming the field."""
+
+import pytest
+
+from conftest import tiny_config
+from lev_jax.config import ConfigError, base_config, lev_base, padded_vocab_size, validate
+
+
+def test_base_config_is_valid():
+  validate(base_config())
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("train.steps", -5, r"config.train.steps = -5: expected a positive number"),
+    ("train.seq_len", 4096, r"config.train.seq_len = 4096: expected <= model.max_seq_len = 2048"),
+    ("model.embedding", "hashed", r"config.model.embedding = 'hashed': expected one of 'tied'"),
+    ("model.n_kv_heads", 3, r"config.model.n_kv_heads = 3: expected a divisor of model.n_heads"),
+    ("model.dtype", "int8", r"config.model.dtype = 'int8'"),
+    ("lev.sigmoid", "tanh", r"config.lev.sigmoid = 'tanh': expected one of 'half', 'full'"),
+    ("lev.basis", "cubic", r"config.lev.basis = 'cubic'"),
+    ("lev.n_knots", 2, r"config.lev.n_knots = 2: expected at least 3"),
+    ("train.grad_accum_steps", 3, r"a divisor of train.global_batch_size = 4"),
+    ("optim.warmup_steps", 10, r"config.optim.warmup_steps = 10: expected in \[0, train.steps = 10\)"),
+    ("optim.decay_mask", "some", r"config.optim.decay_mask = 'some'"),
+    ("data.source", "hub", r"config.data.source = 'hub'"),
+    ("data.tokenizer", "gpt2", r"config.data.tokenizer = 'gpt2'"),
+    ("data.validation_fraction", 1.5, r"config.data.validation_fraction = 1.5"),
+    ("eval.freq_bucket_edges", (10, 1), r"config.eval.freq_bucket_edges = \(10, 1\)"),
+])
+def test_bad_values_name_field_and_expectation(field, value, match):
+  c = tiny_config()
+  section, name = field.split(".")
+  c[section][name] = value
+  with pytest.raises(ConfigError, match=match):
+    validate(c)
+
+
+def test_jsonl_source_needs_files():
+  c = tiny_config()
+  c.data.source = "jsonl"
+  with pytest.raises(ConfigError, match="data.train_files"):
+    validate(c)
+
+
+def test_lev_checks_apply_only_to_lev_models():
+  c = tiny_config("tied", base=3)  # 27 < 384, irrelevant without LEV
+  validate(c)
+  c.model.embedding = "lev"
+  with pytest.raises(ConfigError, match=r"3\*\*3 = 27 < padded vocab_size = 384"):
+    validate(c)
+
+
+def test_vocab_padding_and_base():
+  assert padded_vocab_size(200_019, 128) == 200_064
+  assert padded_vocab_size(2048, 128) == 2048
+  assert padded_vocab_size(300, 128) == 384
+  assert lev_base(200_064, 3) == 59 and lev_base(125, 3) == 5 and lev_base(126, 3) == 6

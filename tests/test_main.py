@@ -1,0 +1,95 @@
+"""`lev-train` and `lev-params` as a user runs them: subprocesses, real flags."""
+
+import json
+import re
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = str(REPO / "experiments" / "smoke.py")
+TINY = ["--config.model.vocab_size=512", "--config.model.d_model=32",
+        "--config.model.n_heads=2", "--config.model.n_kv_heads=2", "--config.model.head_dim=16",
+        "--config.model.d_ff=64", "--config.train.seq_len=32", "--config.train.global_batch_size=4",
+        "--config.eval.batches=1", "--config.eval.batch_size=2", "--config.optim.warmup_steps=1"]
+
+
+def lev(tool, *args, timeout=240):
+  module = {"train": "lev_jax.main", "params": "lev_jax.params"}[tool]
+  return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                        timeout=timeout, cwd=REPO, env=dict(os.environ))
+
+
+def assert_clean_error(proc, *needles):
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  for n in needles:
+    assert n in proc.stderr, proc.stderr[-3000:]
+
+
+def test_bad_config_value_is_one_clear_message(tmp_path):
+  proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path}", "--config.train.steps=-1")
+  assert_clean_error(proc, "config.train.steps = -1: expected a positive number")
+
+
+def test_missing_data_file_is_named(tmp_path, data_cache):
+  missing = tmp_path / "nowhere" / "*.jsonl.zst"
+  proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path / 'run'}",
+             "--config.data.source=jsonl", f"--config.data.train_files=('{missing}',)",
+             f"--config.data.cache_dir={data_cache}")
+  assert_clean_error(proc, "config.data.train_files", str(missing))
+
+
+def test_malformed_jsonl_line_strict_names_file_and_line(tmp_path, data_cache):
+  shard = tmp_path / "shard.jsonl"
+  good = json.dumps({"text": "some text " * 50, "meta": {"pile_set_name": "Pile-CC"}})
+  shard.write_text(f"{good}\n{good}\n{{not json\n{good}\n")
+  proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path / 'run'}",
+             "--config.data.source=jsonl", f"--config.data.train_files=('{shard}',)",
+             "--config.data.strict=True", f"--config.data.cache_dir={data_cache}")
+  assert_clean_error(proc, f"{shard}:3")
+
+
+def test_kill_9_mid_run_then_rerun_continues_from_last_complete_checkpoint(tmp_path, data_cache):
+  workdir = tmp_path / "run"
+  args = [f"--config={SMOKE}:leviathan", f"--workdir={workdir}", *TINY,
+          "--config.train.steps=400", "--config.train.checkpoint_every=3",
+          "--config.train.eval_every=1000", f"--config.data.cache_dir={data_cache}"]
+  proc = subprocess.Popen([sys.executable, "-m", "lev_jax.main", *args], cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  ckpts = workdir / "checkpoints"
+  deadline = time.time() + 180
+  while time.time() < deadline:  # wait until two checkpoints are complete
+    done = [p for p in ckpts.glob("*") if p.name.isdigit()] if ckpts.exists() else []
+    if len(done) >= 2:
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  completed = sorted(int(p.name) for p in ckpts.glob("*") if p.name.isdigit())
+  assert len(completed) >= 2, "the run never wrote two checkpoints"
+  # Restart with a nearer end; it must resume (not start over) and finish.
+  end = completed[-1] + 3
+  rerun = lev("train", *args[:-4], f"--config.train.steps={end}", "--config.train.checkpoint_every=3",
+              "--config.train.eval_every=1000", f"--config.data.cache_dir={data_cache}")
+  # train.steps changed, so the schedule differs; shapes do not, so the restore is allowed.
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  resumed_steps = [r["step"] for r in rows if "train/loss" in r]
+  assert max(resumed_steps) == end
+  assert f"step {end}" in rerun.stdout
+  assert "resumed from step" in rerun.stderr
+
+
+def test_lev_params_prints_parts_and_the_lev_difference():
+  proc = lev("params", f"--config={REPO / 'experiments' / 'ladder.py'}:leviathan_1.2b")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = proc.stdout
+  assert re.search(r"^  lev +2,252,928$", out, re.M), out
+  assert "leviathan - tied = 2,252,928 (LEV closed form 2,252,928; 0.183% of tied)" in out
+  assert "+2.66% of the label" in out

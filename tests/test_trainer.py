@@ -1,0 +1,166 @@
+"""The whole trainer on the embedded data: learning, exact resume, outputs, bad input."""
+
+import json
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from conftest import tiny_config
+from lev_jax.checkpoint import CheckpointMismatchError
+from lev_jax.config import ConfigError
+from lev_jax.trainer import train_and_evaluate
+
+
+def run_config(embedding, cache_dir, steps=8):
+  c = tiny_config(embedding)
+  c.model.vocab_size = 512
+  c.data.cache_dir = str(cache_dir)
+  c.train.steps = steps
+  c.train.seq_len = 32
+  c.train.global_batch_size = 8
+  c.train.log_every = 2
+  c.train.eval_every = 4
+  c.train.checkpoint_every = 4
+  c.optim.lr = 1e-2
+  c.optim.warmup_steps = 1
+  c.eval.batches = 2
+  c.eval.batch_size = 4
+  return c
+
+
+def saved_state(workdir, step):
+  with ocp.CheckpointManager(workdir / "checkpoints", item_names=("state",)) as mgr:
+    return mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+
+
+def metrics(workdir):
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("embedding", ["tied", "lev"])
+def test_a_few_steps_lower_the_loss_and_write_every_output(embedding, data_cache, tmp_path):
+  c = run_config(embedding, data_cache, steps=12)
+  result = train_and_evaluate(c, tmp_path)
+  rows = [r for r in metrics(tmp_path) if "train/loss" in r]
+  assert rows[-1]["train/loss"] < rows[0]["train/loss"] - 0.5, rows
+  for key in ("train/perplexity", "train/grad_norm", "train/lr", "train/tokens_seen",
+              "perf/tokens_per_s", "perf/step_time_s"):
+    assert key in rows[-1]
+  assert rows[-1]["train/tokens_seen"] == 12 * 8 * 32
+  saved = json.loads((tmp_path / "eval.json").read_text())
+  assert saved["step"] == 12 and saved["loss"] == pytest.approx(result["loss"])
+  assert np.isfinite(saved["perplexity"]) and saved["bucket_edges"] == [1, 10, 100, 1000, 10000]
+  evals = [r for r in metrics(tmp_path) if "eval/loss" in r]
+  assert [r["step"] for r in evals] == [4, 8, 12] and evals[-1]["eval/loss"] < evals[0]["eval/loss"]
+  assert list((tmp_path / "tensorboard").iterdir())
+  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+                if p.name.isdigit()) == [4, 8, 12]
+
+
+@pytest.mark.parametrize("embedding", ["lev"])
+def test_stop_and_resume_equals_straight_run_bitwise(embedding, data_cache, tmp_path):
+  """N steps straight == N/2, restart (new trainer, restored state and data), N/2.
+
+  Bitwise on CPU: same programs, same inputs, deterministic XLA:CPU reductions.
+  """
+  c = run_config(embedding, data_cache, steps=8)
+  c.train.grad_accum_steps = 2
+  straight, sliced = tmp_path / "straight", tmp_path / "sliced"
+  train_and_evaluate(c, straight)
+  assert train_and_evaluate(c, sliced, stop_at_step=4) is None
+  assert (sliced / "checkpoints" / "4").exists() and not (sliced / "checkpoints" / "8").exists()
+  train_and_evaluate(c, sliced)
+  a, b = saved_state(straight, 8), saved_state(sliced, 8)
+  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=jax.tree_util.keystr(path))
+  # The data stream continued where it stopped: identical losses after the restart.
+  loss = lambda w: [(r["step"], r["train/loss"]) for r in metrics(w) if "train/loss" in r]
+  assert loss(straight)[-2:] == loss(sliced)[-2:]
+
+
+def test_rerun_of_a_finished_run_resumes_and_does_not_retrain(data_cache, tmp_path):
+  c = run_config("tied", data_cache, steps=4)
+  first = train_and_evaluate(c, tmp_path)
+  n_rows = len(metrics(tmp_path))
+  again = train_and_evaluate(c, tmp_path)
+  assert again["loss"] == pytest.approx(first["loss"])
+  assert not [r for r in metrics(tmp_path)[n_rows:] if "train/loss" in r]
+
+
+def test_restore_under_another_model_shape_names_the_mismatch(data_cache, tmp_path):
+  c = run_config("lev", data_cache, steps=4)
+  train_and_evaluate(c, tmp_path, stop_at_step=4)
+  c.model.d_model = 48
+  c.lev.rank = 8
+  with pytest.raises(CheckpointMismatchError, match=r"model.d_model: checkpoint 32, this run 48"
+                     r"(.|\n)*lev.rank: checkpoint 4, this run 8"):
+    train_and_evaluate(c, tmp_path)
+  # Nothing was lost: the checkpoint is still there and still restores.
+  assert saved_state(tmp_path, 4)["step"] == 4
+
+
+def test_tokenizer_and_model_vocab_must_agree(data_cache, tmp_path):
+  c = run_config("tied", data_cache)
+  c.data.tokenizer = "o200k_base"
+  c.data.tiktoken_file = str(tmp_path / "missing.tiktoken")
+  from lev_jax.data import DataError
+  with pytest.raises(DataError, match="tiktoken_file"):
+    train_and_evaluate(c, tmp_path / "run")
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("train.steps", -1, "train.steps"),
+    ("train.seq_len", 4096, "model.max_seq_len"),
+    ("model.embedding", "hashed", "model.embedding"),
+])
+def test_bad_config_fails_before_any_work(field, value, match, data_cache, tmp_path):
+  c = run_config("tied", data_cache)
+  section, name = field.split(".")
+  c[section][name] = value
+  with pytest.raises(ConfigError, match=match):
+    train_and_evaluate(c, tmp_path / "run")
+  assert not (tmp_path / "run").exists()
+
+
+def test_array_shape_mismatch_is_named_even_when_the_config_agrees(tmp_path):
+  """Second line of defence: stored array shapes are compared before any read."""
+  import grain
+  from lev_jax.checkpoint import Checkpointer
+  from lev_jax.train import create_train_state
+  c = tiny_config("tied")
+  _, state = create_train_state(c)
+  ckpt = Checkpointer(tmp_path, keep=2)
+  it = iter(grain.MapDataset.range(10).to_iter_dataset())
+  ckpt.save(1, state, it, c)
+  ckpt.wait()
+  other = tiny_config("tied")
+  other.model.d_ff = 96
+  _, state2 = create_train_state(other)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state2)
+  with pytest.raises(CheckpointMismatchError, match=r"w_down/value has shape \(64, 32\), "
+                     r"this run expects \(96, 32\)"):
+    ckpt.restore(1, abstract, it, c)
+  ckpt.close()
+
+
+def test_gradient_accumulation_matches_one_big_batch():
+  """4 micro-batches give the same update as the whole batch (float32 sum order aside)."""
+  from lev_jax.train import create_train_state, make_train_step
+  rng = np.random.default_rng(0)
+  batch = {"inputs": rng.integers(0, 300, (8, 16)).astype(np.int32),
+           "targets": rng.integers(0, 300, (8, 16)).astype(np.int32),
+           "weights": (rng.random((8, 16)) > 0.1).astype(np.float32)}
+  results = []
+  for accum in (1, 4):
+    c = tiny_config("lev")
+    c.train.global_batch_size, c.train.grad_accum_steps = 8, accum
+    graphdef, state = create_train_state(c)
+    state, m = make_train_step(graphdef, c)(state, batch)
+    results.append((state, m))
+  (s1, m1), (s4, m4) = results
+  assert float(m1["loss"]) == pytest.approx(float(m4["loss"]), rel=1e-6)
+  assert float(m1["grad_norm"]) == pytest.approx(float(m4["grad_norm"]), rel=1e-5)
+  for a, b in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s4["params"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
