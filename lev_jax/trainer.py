@@ -77,6 +77,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   """
   validate(config)
   workdir = epath.Path(workdir).expanduser()
+  if "://" not in str(workdir):
+    workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative
   workdir.mkdir(parents=True, exist_ok=True)
   t = config.train
   bundle = data_lib.load(config)

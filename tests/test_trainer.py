@@ -164,3 +164,12 @@ def test_gradient_accumulation_matches_one_big_batch():
   assert float(m1["grad_norm"]) == pytest.approx(float(m4["grad_norm"]), rel=1e-5)
   for a, b in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s4["params"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_relative_workdir_as_the_cli_default(data_cache, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  c = run_config("tied", data_cache, steps=2)
+  c.train.checkpoint_every = 1
+  train_and_evaluate(c, "runs/relative")
+  assert (tmp_path / "runs" / "relative" / "checkpoints" / "2").is_dir()
+  assert (tmp_path / "runs" / "relative" / "eval.json").is_file()
