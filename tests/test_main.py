@@ -93,3 +93,24 @@ def test_lev_params_prints_parts_and_the_lev_difference():
   assert re.search(r"^  lev +2,252,928$", out, re.M), out
   assert "leviathan - tied = 2,252,928 (LEV closed form 2,252,928; 0.183% of tied)" in out
   assert "+2.66% of the label" in out
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_cache):
+  """Preemption notice (SIGTERM): checkpoint the current step, exit 0, resume from it."""
+  workdir = tmp_path / "run"
+  args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY,
+          "--config.train.steps=100000", "--config.train.checkpoint_every=100000",
+          "--config.train.eval_every=100000", "--config.train.log_every=1",
+          f"--config.data.cache_dir={data_cache}"]
+  proc = subprocess.Popen([sys.executable, "-m", "lev_jax.main", *args], cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  metrics = workdir / "metrics.jsonl"
+  deadline = time.time() + 180
+  while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 0, stderr[-3000:]
+  steps = [int(p.name) for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
+  assert len(steps) == 1 and 2 <= steps[0] < 100000, steps
+  assert "SIGTERM" in stderr
