@@ -30,18 +30,26 @@ SHAPE_FIELDS = {
 }
 
 
+# Fields that do not change shapes but change what the restored data position means.
+DATA_FIELDS = {"train": ("seq_len", "global_batch_size"),
+               "data": ("source", "train_files", "pile_set_names", "tokenizer", "seed",
+                        "shuffle_buffer")}
+
+
 class CheckpointMismatchError(ValueError):
   """The checkpoint was written for a different model shape than this config's."""
 
 
-def _shape_differences(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+def _differences(saved: dict, config: ml_collections.ConfigDict, table: dict) -> list[str]:
   diffs = []
-  for section, fields in SHAPE_FIELDS.items():
+  for section, fields in table.items():
     if section == "lev" and config.model.embedding != "lev":
       continue
     for f in fields:
       old = saved.get(section, {}).get(f)
       new = config[section][f]
+      if isinstance(new, tuple):
+        new = list(new)  # JSON stores tuples as lists
       if old != new:
         diffs.append(f"{section}.{f}: checkpoint {old!r}, this run {new!r}")
   return diffs
@@ -65,8 +73,10 @@ class Checkpointer:
     self.directory = epath.Path(directory)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("state", "data", "config"))
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
+        "state": ocp.StandardCheckpointHandler(),
+        "data": grain.checkpoint.CheckpointHandler(),
+        "config": ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -91,7 +101,8 @@ class Checkpointer:
         (every differing field is named), or an array's stored shape differs.
     """
     where = f"checkpoint {self.directory / str(step)}"
-    diffs = _shape_differences(self.saved_config(step), config)
+    saved = self.saved_config(step)
+    diffs = _differences(saved, config, SHAPE_FIELDS)
     if diffs:
       raise CheckpointMismatchError(
           f"{where} does not match this config's model shape:\n  " + "\n  ".join(diffs)
@@ -107,6 +118,10 @@ class Checkpointer:
     restored = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state),
         data=grain.checkpoint.CheckpointRestore(data_iterator)))
+    data_diffs = _differences(saved, config, DATA_FIELDS)
+    if data_diffs:
+      logging.warning("%s: resuming with different data settings; the restored data "
+                      "position refers to the old stream:\n  %s", where, "\n  ".join(data_diffs))
     logging.info("restored %s", where)
     return restored["state"]
 

@@ -15,11 +15,14 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from lev_jax import experiments_dir
+from lev_jax import cli, experiments_dir
 from lev_jax.checkpoint import CheckpointMismatchError
 from lev_jax.config import ConfigError
 from lev_jax.data import DataError
 
+# 128 + SIGTERM: the shell's status for a process ended by SIGTERM; schedulers read it
+# as "did not finish" and can requeue the job, which then resumes.
+PREEMPTED_EXIT = 143
 DEFAULT_CONFIG = str(experiments_dir() / "smoke.py") + ":leviathan"
 
 
@@ -31,24 +34,27 @@ def _define_flags():
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.fail("lev-train", f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.quiet_library_logs()
   from lev_jax.trainer import train_and_evaluate  # after flags: keeps --help fast
-  config = flags.FLAGS.config
+  config = cli.config_or_exit("lev-train")
   workdir = flags.FLAGS.workdir or f"runs/{config.name}"
   logging.info("config %s -> workdir %s", config.name, workdir)
   try:
     result = train_and_evaluate(config, workdir)
   except (ConfigError, DataError, CheckpointMismatchError, FileNotFoundError) as e:
-    print(f"lev-train: error: {e}", file=sys.stderr)
-    sys.exit(2)
-  if result is not None:
-    print(f"lev-train: {config.name} step {result['step']}: validation loss "
-          f"{result['loss']:.4f}, perplexity {result['perplexity']:.2f} -> {workdir}/eval.json")
+    cli.fail("lev-train", str(e))
+  if result is None:  # preempted (SIGTERM) after saving: not finished, so not status 0
+    print(f"lev-train: {config.name} stopped early after a checkpoint; re-run to resume",
+          file=sys.stderr)
+    sys.exit(PREEMPTED_EXIT)
+  print(f"lev-train: {config.name} step {result['step']}: validation loss "
+        f"{result['loss']:.4f}, perplexity {result['perplexity']:.2f} -> {workdir}/eval.json")
 
 
 def run():
   _define_flags()
-  app.run(main)
+  app.run(main, flags_parser=cli.flags_parser("lev-train"))
 
 
 if __name__ == "__main__":

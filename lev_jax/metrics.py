@@ -3,7 +3,7 @@
 Metric names are namespaced and carry their units, as in MaxText:
   train/loss, train/perplexity, train/grad_norm, train/lr, train/tokens_seen,
   perf/tokens_per_s, perf/step_time_s, eval/loss, eval/perplexity,
-  eval/perplexity_bucket_<range>.
+  eval/perplexity_bucket_<lo>-<hi> (e.g. eval/perplexity_bucket_10-100).
 Only process 0 writes (jax.process_index() == 0). TensorBoard events via tensorboardX
 (no TensorFlow needed); docs: https://tensorboardx.readthedocs.io.
 """

@@ -8,15 +8,13 @@ for configs with a `label_params` it shows the deviation from the label.
 
 from __future__ import annotations
 
-import sys
-
 import jax
 import ml_collections
 from absl import app, flags
 from flax import nnx
 from ml_collections import config_flags
 
-from lev_jax import experiments_dir
+from lev_jax import cli, experiments_dir
 from lev_jax.config import ConfigError, padded_vocab_size, validate
 from lev_jax.lev import lev_param_count
 
@@ -82,18 +80,19 @@ def report(config: ml_collections.ConfigDict) -> str:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    cli.fail("lev-params", f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.quiet_library_logs()
   try:
-    print(report(flags.FLAGS.config))
+    print(report(cli.config_or_exit("lev-params")))
   except ConfigError as e:
-    print(f"lev-params: error: {e}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail("lev-params", str(e))
 
 
 def run():
   config_flags.DEFINE_config_file(
       "config", str(experiments_dir() / "smoke.py") + ":leviathan", "Experiment file[:variant].")
-  app.run(main)
+  app.run(main, flags_parser=cli.flags_parser("lev-params"))
 
 
 if __name__ == "__main__":

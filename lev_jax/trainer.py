@@ -51,7 +51,8 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
   scalars = {"eval/loss": result["loss"], "eval/perplexity": result["perplexity"]}
   for b in result["buckets"]:
     if b["perplexity"] is not None:
-      scalars[f"eval/perplexity_bucket_{b['range']}"] = b["perplexity"]
+      lo, hi = b["range"].strip("[)").split(",")
+      scalars[f"eval/perplexity_bucket_{lo}-{hi}"] = b["perplexity"]
   writer.write(step, scalars)
   if jax.process_index() == 0:
     path = epath.Path(workdir) / "eval.json"
@@ -95,6 +96,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     state = ckpt.restore(latest, abstract, train_iter, config)
     logging.info("resumed from step %d", latest)
   step = int(state["step"])
+  eval_path = workdir / "eval.json"
+  if step == t.steps and eval_path.exists():
+    finished = json.loads(eval_path.read_text())
+    if finished.get("step") == step:
+      logging.info("the run already finished at step %d; its evaluation is %s", step, eval_path)
+      ckpt.close()
+      return finished
   train_step = make_train_step(graphdef, config)
   eval_step = make_eval_step(graphdef)
   writer = MetricWriter(workdir)

@@ -49,3 +49,14 @@ def test_missing_or_bad_ranks_file_is_a_clear_error(tmp_path):
   bad.write_text("not base64 at all\n")
   with pytest.raises(DataError, match="not a tiktoken ranks file"):
     TiktokenTokenizer(str(bad))
+
+
+def test_o200k_without_cache_or_file_points_to_tiktoken_file(monkeypatch):
+  import tiktoken
+
+  def offline(name):
+    raise ConnectionError("no network")
+
+  monkeypatch.setattr(tiktoken, "get_encoding", offline)
+  with pytest.raises(DataError, match="set config.data.tiktoken_file"):
+    TiktokenTokenizer("")

@@ -96,7 +96,7 @@ def test_lev_params_prints_parts_and_the_lev_difference():
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_cache):
-  """Preemption notice (SIGTERM): checkpoint the current step, exit 0, resume from it."""
+  """Preemption notice (SIGTERM): checkpoint the current step, exit 143 (not finished)."""
   workdir = tmp_path / "run"
   args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY,
           "--config.train.steps=100000", "--config.train.checkpoint_every=100000",
@@ -110,7 +110,17 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_cache):
     time.sleep(0.05)
   proc.send_signal(signal.SIGTERM)
   _, stderr = proc.communicate(timeout=120)
-  assert proc.returncode == 0, stderr[-3000:]
+  assert proc.returncode == 143, stderr[-3000:]
   steps = [int(p.name) for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
   assert len(steps) == 1 and 2 <= steps[0] < 100000, steps
-  assert "SIGTERM" in stderr
+  assert "SIGTERM" in stderr and "re-run to resume" in stderr
+
+
+@pytest.mark.parametrize("config,needle", [
+    ("experiments/nope.py", "No such file or directory: 'experiments/nope.py'"),
+    (f"{SMOKE}:nonexistent", "unknown variant 'nonexistent'; expected one of tied, untied, leviathan"),
+])
+def test_bad_config_file_or_variant_is_one_line(config, needle, tmp_path):
+  proc = lev("train", f"--config={config}", f"--workdir={tmp_path}")
+  assert_clean_error(proc, needle)
+  assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

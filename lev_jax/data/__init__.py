@@ -145,12 +145,20 @@ def load(config: ml_collections.ConfigDict) -> DataBundle:
       train_docs, validation_docs = split_documents(train_docs, d.validation_fraction)
   else:
     raise DataError(f"config.data.source = {d.source!r}: expected 'embedded' or 'jsonl'")
-  for name, docs in (("training", train_docs), ("validation", validation_docs)):
-    if not docs:
-      raise DataError(
-          f"the {name} split has no documents (source {d.source!r}, pile_set_names "
-          f"{tuple(d.pile_set_names)}, validation_fraction {d.validation_fraction}); "
-          "expected at least one non-empty text")
+  if not train_docs:
+    where = ("the embedded corpus" if d.source == "embedded"
+             else f"config.data.train_files = {tuple(d.train_files)}")
+    raise DataError(f"the training split has no documents: {where} gave no non-empty text"
+                    + (f" in subsets {tuple(d.pile_set_names)} (config.data.pile_set_names)"
+                       if d.pile_set_names else ""))
+  if not validation_docs:
+    if d.source == "jsonl" and d.validation_files:
+      where = f"config.data.validation_files = {tuple(d.validation_files)} gave no non-empty text"
+    else:
+      where = (f"holding out config.data.validation_fraction = {d.validation_fraction} of "
+               f"{len(train_docs)} training documents selected none; set "
+               "config.data.validation_files or raise data.validation_fraction")
+    raise DataError(f"the validation split has no documents: {where}")
   vocab_size = config.model.vocab_size
   if d.tokenizer == "o200k_base":
     tokenizer = TiktokenTokenizer(d.tiktoken_file)
@@ -162,7 +170,10 @@ def load(config: ml_collections.ConfigDict) -> DataBundle:
     counts_path.parent.mkdir(parents=True, exist_ok=True)
     report["tokenizer_path"] = d.tiktoken_file or "tiktoken:o200k_base"
   else:
-    tokenizer = train_sentencepiece(train_docs, vocab_size, cache_dir / "tokenizers")
+    try:
+      tokenizer = train_sentencepiece(train_docs, vocab_size, cache_dir / "tokenizers")
+    except DataError as e:
+      raise DataError(f"config.model.vocab_size: {e}") from e
     model_path = tokenizer.model_path
     counts_path = model_path.parent / (model_path.stem + ".counts.npy")
     report["tokenizer_path"] = os.fspath(model_path)

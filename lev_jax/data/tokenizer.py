@@ -241,7 +241,13 @@ class TiktokenTokenizer:
         raise DataError(f"{ranks_file}: not a tiktoken ranks file ({e})") from e
       self._enc = tiktoken.Encoding(**spec)
     else:
-      self._enc = tiktoken.get_encoding(self.name)
+      try:
+        self._enc = tiktoken.get_encoding(self.name)
+      except Exception as e:  # no cache and no network: requests / OSError / ValueError
+        raise DataError(
+            f"config.data.tokenizer = 'o200k_base': tiktoken has no cached copy and could "
+            f"not fetch one ({type(e).__name__}); set config.data.tiktoken_file to a local "
+            "o200k_base.tiktoken file (or TIKTOKEN_CACHE_DIR to a folder holding it)") from e
 
   @property
   def vocab_size(self) -> int:

@@ -1,0 +1,56 @@
+"""What `lev-train` and `lev-params` share: flag parsing with one-line errors, quiet logs.
+
+Errors a user can fix (a bad flag, config file, variant or value) end the program with
+`<prog>: error: <one line>` on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging as std_logging
+import sys
+
+from absl import flags, logging
+
+
+def fail(prog: str, message: str):
+  print(f"{prog}: error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _last_line(error: BaseException) -> str:
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+  return lines[-1] if lines else type(error).__name__
+
+
+def flags_parser(prog: str):
+  """An `app.run(flags_parser=...)` that turns flag errors into one line."""
+  def parse(argv):
+    try:
+      return flags.FLAGS(argv)
+    except flags.Error as e:
+      fail(prog, _last_line(e))
+  return parse
+
+
+def config_or_exit(prog: str):
+  """flags.FLAGS.config, or one line naming the missing or broken config file."""
+  try:
+    config = flags.FLAGS.config
+    config.get("name")  # a file that failed to load raises on first use
+    return config
+  except Exception as e:  # config_flags defers file errors until first access
+    fail(prog, f"--config={flags.FLAGS['config'].serialize().split('=', 1)[-1]}: "
+               f"{_last_line(e)}")
+
+
+class _OwnInfoOnly(std_logging.Filter):
+  """Keep lev_jax's INFO lines and everyone's warnings; drop libraries' INFO chatter."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return record.levelno >= std_logging.WARNING or "lev_jax" in record.pathname
+
+
+def quiet_library_logs():
+  """Called at start-up: Orbax, JAX and grain INFO lines stay out of the terminal."""
+  logging.use_absl_handler()
+  logging.get_absl_handler().addFilter(_OwnInfoOnly())
