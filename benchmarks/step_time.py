@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
 
 import smoke  # noqa: E402
 
+from lev_jax import sharding  # noqa: E402
 from lev_jax.config import validate  # noqa: E402
 from lev_jax.train import create_train_state, make_train_step  # noqa: E402
 
@@ -41,15 +42,17 @@ def medium(variant):
 SHAPES = {"smoke": smoke.get_config, "medium": medium}
 
 
-def time_step(config, steps: int) -> float:
+def time_step(config, steps: int, mesh=None) -> float:
+  """Median seconds of one jitted train step on `mesh` (default: config.mesh)."""
   validate(config)
-  graphdef, state = create_train_state(config)
-  step_fn = make_train_step(graphdef, config)
+  part, state = create_train_state(config, mesh)
+  step_fn = make_train_step(part, config)
   rng = np.random.default_rng(0)
   shape = (config.train.global_batch_size, config.train.seq_len)
   batch = {"inputs": rng.integers(0, config.model.vocab_size, shape).astype(np.int32),
            "targets": rng.integers(0, config.model.vocab_size, shape).astype(np.int32),
            "weights": np.ones(shape, np.float32)}
+  batch = sharding.to_global(batch, part.batch_sharding)
   for _ in range(3):
     state, m = step_fn(state, batch)
   jax.block_until_ready(m)

@@ -17,6 +17,7 @@ SIGMOID_VARIANTS = ("half", "full")  # sigmoid(u / 2) [default] or sigmoid(u) (K
 BASIS_VARIANTS = ("normalized", "khronos")
 LEV_MODES = ("auto", "table", "tokens")
 DECAY_MASKS = ("matrices", "all", "none")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DATA_SOURCES = ("embedded", "jsonl")
 TOKENIZERS = ("sentencepiece", "o200k_base")
 
@@ -47,7 +48,8 @@ def base_config() -> ml_collections.ConfigDict:
   m.init_std = 0.02
   m.dtype = "float32"          # compute dtype
   m.param_dtype = "float32"
-  m.remat = False
+  m.remat = "none"             # one of REMAT_POLICIES: none, full, dots, dots_no_batch
+  m.scan_layers = False        # lax.scan over stacked layers (compile time flat in depth)
 
   # LEV, ../shared/LEV.md; defaults are the paper's (per the reimplementation).
   c.lev = lv = ml_collections.ConfigDict()
@@ -63,6 +65,17 @@ def base_config() -> ml_collections.ConfigDict:
   lv.log_eps = 1e-6            # log(|phi| + log_eps) in the separable product
   lv.mode = "auto"             # table: LEV over all ids then gather; tokens: per token
   lv.chunk_size = 4096         # ids per rematerialised chunk
+
+  # Device mesh (lev_jax/sharding.py): ICI sizes within a slice / node, DCN sizes across
+  # slices / nodes; -1 = all remaining devices (at most one -1 in ICI or DCN).
+  c.mesh = mh = ml_collections.ConfigDict()
+  mh.data = 1
+  mh.fsdp = -1
+  mh.tensor = 1
+  mh.dcn_data = 1
+  mh.dcn_fsdp = 1
+  mh.dcn_tensor = 1
+  mh.rules = ()                # ((logical_name, (mesh axes...)), ...) overriding the table
 
   c.data = d = ml_collections.ConfigDict()
   d.source = "embedded"        # one of DATA_SOURCES
@@ -151,6 +164,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _one_of(c, "model", "embedding", EMBEDDINGS)
   _one_of(c, "model", "dtype", DTYPES)
   _one_of(c, "model", "param_dtype", DTYPES)
+  _one_of(c, "model", "remat", REMAT_POLICIES)
   _positive(c, "model", ["vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
                          "n_kv_heads", "head_dim", "d_ff", "max_seq_len", "rope_theta"])
   if m.n_heads % m.n_kv_heads:

@@ -24,6 +24,7 @@ import ml_collections
 from flax import nnx
 
 from lev_jax.config import ConfigError, lev_base
+from lev_jax.sharding import constrain
 
 
 def lev_param_count(vocab_size: int, d_model: int, lev: ml_collections.ConfigDict) -> int:
@@ -125,7 +126,10 @@ def lev_embed(params: dict, ids: jax.Array, cfg: ml_collections.ConfigDict,
   ids_N = ids.reshape(-1)
   n = ids_N.shape[0]
   chunk = min(cfg.chunk_size, n)
-  fn = jax.checkpoint(lambda ids_C: _lev_rows(params, ids_C, cfg, base))
+  # Rows are split over every device of the mesh ("lev_rows" rule): LEV's parameters are
+  # replicated, so each device evaluates its share of the ids (data-parallel LEV).
+  fn = jax.checkpoint(lambda ids_C: constrain(
+      _lev_rows(params, constrain(ids_C, ("lev_rows",)), cfg, base), ("lev_rows", None)))
   if n <= chunk:
     out_NxD = fn(ids_N)
   else:

@@ -17,6 +17,15 @@ import ml_collections
 from flax import nnx
 
 from lev_jax.embeddings import make_embedding
+from lev_jax.sharding import constrain
+
+# config.model.remat -> what the backward pass may keep instead of recomputing
+# (jax.checkpoint_policies; "none" = no rematerialisation).
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 def _param(rngs, shape, std, axes, dtype):
@@ -62,9 +71,12 @@ class Attention(nnx.Module):
 
   def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array) -> jax.Array:
     c = lambda w: w[...].astype(self.dtype)
+    heads = ("batch", "length", "act_heads", "head_dim")
     q_BxLxHxK = rope(jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wq)), positions_BxL, self.theta)
     k_BxLxGxK = rope(jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wk)), positions_BxL, self.theta)
     v_BxLxGxK = jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wv))
+    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = (constrain(t, heads)
+                                       for t in (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK))
     out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
                                                is_causal=True, implementation="xla")
     return jnp.einsum("blhk,hkd->bld", out_BxLxHxK, c(self.wo))
@@ -84,6 +96,7 @@ class MLP(nnx.Module):
   def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
     c = lambda w: w[...].astype(self.dtype)
     h_BxLxF = jax.nn.silu(x_BxLxD @ c(self.w_gate)) * (x_BxLxD @ c(self.w_up))
+    h_BxLxF = constrain(h_BxLxF, ("batch", "length", "act_mlp"))
     return h_BxLxF @ c(self.w_down)
 
 
@@ -98,7 +111,8 @@ class Block(nnx.Module):
 
   def __call__(self, x_BxLxD, positions_BxL):
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)
-    return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD))
+    x_BxLxD = x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD))
+    return constrain(x_BxLxD, ("batch", "length", "act_embed"))
 
 
 class Decoder(nnx.Module):
@@ -114,20 +128,34 @@ class Decoder(nnx.Module):
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     cfg = ml_collections.FrozenConfigDict(config.model)
     dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-    self.remat = cfg.remat
+    self.remat, self.scan_layers = cfg.remat, cfg.scan_layers
     self.embedding = make_embedding(cfg, ml_collections.FrozenConfigDict(config.lev),
                                     rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.blocks = nnx.List([Block(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-                            for _ in range(cfg.n_layers)])
+    if cfg.scan_layers:
+      # One Block whose parameters are stacked [n_layers, ...] (logical axis "layers"):
+      # the layer loop is one lax.scan, so compile time does not grow with depth.
+      @nnx.split_rngs(splits=cfg.n_layers)
+      @nnx.vmap(in_axes=(0,), out_axes=0)
+      def stacked(rngs):
+        return Block(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+      self.blocks = stacked(rngs)
+    else:
+      self.blocks = nnx.List([Block(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+                              for _ in range(cfg.n_layers)])
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype)
 
   def __call__(self, ids_BxL: jax.Array, positions_BxL: jax.Array | None = None) -> jax.Array:
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(ids_BxL.shape[1]), ids_BxL.shape)
-    x_BxLxD = self.embedding.embed(ids_BxL)
-    for block in self.blocks:
-      if self.remat:
-        x_BxLxD = nnx.remat(lambda b, x, p: b(x, p))(block, x_BxLxD, positions_BxL)
-      else:
-        x_BxLxD = block(x_BxLxD, positions_BxL)
-    return self.embedding.unembed(self.final_norm(x_BxLxD))
+    x_BxLxD = constrain(self.embedding.embed(ids_BxL), ("batch", "length", "act_embed"))
+    apply = lambda b, x, p: b(x, p)
+    if self.remat != "none":
+      apply = nnx.remat(apply, policy=REMAT_POLICIES[self.remat])
+    if self.scan_layers:
+      scanned = nnx.scan(apply, in_axes=(0, nnx.Carry, None), out_axes=nnx.Carry)
+      x_BxLxD = scanned(self.blocks, x_BxLxD, positions_BxL)
+    else:
+      for block in self.blocks:
+        x_BxLxD = apply(block, x_BxLxD, positions_BxL)
+    logits_BxLxV = self.embedding.unembed(self.final_norm(x_BxLxD))
+    return constrain(logits_BxLxV, ("batch", "length", "act_vocab"))

@@ -1,4 +1,4 @@
-"""The train state and the pure, jitted train and eval steps.
+"""The train state and the pure, jitted train and eval steps, sharded over a mesh.
 
 State (a dict pytree, saved whole by Orbax):
   params     nnx.State of float32 parameters
@@ -7,18 +7,27 @@ State (a dict pytree, saved whole by Orbax):
   rng        uint32 [2]: key data for stochastic parts (reserved; no dropout today)
 
 Batches: {"inputs": int32 [B, L], "targets": int32 [B, L], "weights": float32 [B, L]}.
+
+`Partitioned` (T5X's "partitioner" idea) holds the mesh, the rules and the shardings of
+the state and batches; the state is created directly sharded (jit with out_shardings:
+no full copy on one device), and the steps are jitted with explicit in/out shardings.
+Optimizer state is sharded like the parameters (optax.tree_map_params).
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import ml_collections
 import optax
 from flax import nnx
 
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from lev_jax import sharding
 from lev_jax.model import Decoder
 from lev_jax.optimizer import learning_rate_schedule, make_optimizer
 
@@ -34,17 +43,60 @@ def abstract_model(config: ml_collections.ConfigDict) -> Decoder:
   return nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(config.seed)))
 
 
-def create_train_state(config: ml_collections.ConfigDict):
-  """Returns (graphdef, state) with freshly initialised params and optimizer state."""
-  graphdef, params = nnx.split(create_model(config), nnx.Param)
+@dataclasses.dataclass
+class Partitioned:
+  """The mesh, rules and shardings of one training setup."""
+  graphdef: nnx.GraphDef
+  mesh: Mesh
+  rules: dict
+  state_sharding: dict
+  batch_sharding: NamedSharding
+
+  def abstract_state(self, state_shapes) -> dict:
+    """ShapeDtypeStructs carrying this setup's shardings (for Orbax restore)."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        state_shapes, self.state_sharding)
+
+
+def _init_state(config):
+  graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(config.seed)), nnx.Param)
+  return {"params": params, "opt_state": make_optimizer(config).init(params),
+          "step": jnp.zeros((), jnp.int32),
+          "rng": jax.random.key_data(jax.random.key(config.seed + 1))}
+
+
+def partition(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Partitioned:
+  """Shardings for `config` on `mesh` (default: config.mesh over all devices).
+
+  Raises:
+    ShardingError: impossible mesh, missing rule, or indivisible dimension / batch.
+  """
+  mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+  rules = sharding.rules_from_config(config)
+  graphdef, abstract_params = nnx.split(abstract_model(config), nnx.Param)
+  specs = sharding.param_specs(abstract_params, sharding.mesh_sizes(mesh), rules)
+  param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+  replicated = NamedSharding(mesh, P())
   tx = make_optimizer(config)
-  state = {
-      "params": params,
-      "opt_state": tx.init(params),
-      "step": jnp.zeros((), jnp.int32),
-      "rng": jax.random.key_data(jax.random.key(config.seed + 1)),
-  }
-  return graphdef, state
+  opt_sh = optax.tree_map_params(
+      tx, lambda _, s: s, jax.eval_shape(tx.init, abstract_params), param_sh,
+      transform_non_params=lambda _: replicated,
+      is_leaf=lambda x: isinstance(x, NamedSharding))
+  t = config.train
+  sharding.check_batch(t.global_batch_size // t.grad_accum_steps, mesh, rules,
+                       "train.global_batch_size / train.grad_accum_steps")
+  sharding.check_batch(config.eval.batch_size, mesh, rules, "eval.batch_size")
+  return Partitioned(graphdef, mesh, rules,
+                     {"params": param_sh, "opt_state": opt_sh, "step": replicated,
+                      "rng": replicated},
+                     sharding.batch_sharding(mesh, rules))
+
+
+def create_train_state(config: ml_collections.ConfigDict, mesh: Mesh | None = None):
+  """Returns (partitioned, state): fresh params and optimizer state, created sharded."""
+  part = partition(config, mesh)
+  state = jax.jit(lambda: _init_state(config), out_shardings=part.state_sharding)()
+  return part, state
 
 
 def token_nll(graphdef, params, batch) -> jax.Array:
@@ -60,26 +112,30 @@ def _sum_loss(params, graphdef, batch):
   return jnp.sum(nll_BxL * w_BxL), jnp.sum(w_BxL)
 
 
-def make_train_step(graphdef, config: ml_collections.ConfigDict):
-  """Builds `train_step(state, batch) -> (state, metrics)`, jitted, state donated.
+def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
+  """Builds `train_step(state, batch) -> (state, metrics)`: jitted, sharded, state donated.
 
-  The global batch is split into train.grad_accum_steps micro-batches; gradients of the
-  summed token loss are accumulated in float32 and divided by the total number of real
-  target tokens, so accumulation is exact (same update as one big batch).
-  Metrics (float32 scalars): loss (mean nll per real target), grad_norm (before
-  clipping), lr, tokens (real targets in this step).
+  The global batch is split into train.grad_accum_steps micro-batches (row m of every
+  group of grad_accum_steps rows goes to micro-batch m, so each device keeps its rows);
+  gradients of the summed token loss are accumulated in float32 and divided by the
+  total number of real target tokens, so accumulation is exact (same update as one big
+  batch). Metrics (float32 scalars, replicated): loss (mean nll per real target),
+  grad_norm (before clipping), lr, tokens (real targets in this step).
   """
   tx = make_optimizer(config)
   schedule = learning_rate_schedule(config)
   n_micro = config.train.grad_accum_steps
   grad_fn = jax.value_and_grad(_sum_loss, has_aux=True)
+  graphdef = part.graphdef
 
   def train_step(state, batch):
     params = state["params"]
     if n_micro == 1:
       (loss_sum, n_tokens), grads = grad_fn(params, graphdef, batch)
     else:
-      micro = jax.tree.map(lambda x: x.reshape(n_micro, -1, *x.shape[1:]), batch)
+      micro = jax.tree.map(
+          lambda x: sharding.constrain(x.reshape(-1, n_micro, *x.shape[1:]).swapaxes(0, 1),
+                                       (None, "batch", "length")), batch)
 
       def body(carry, mb):
         (l, n), g = grad_fn(params, graphdef, mb)
@@ -96,9 +152,29 @@ def make_train_step(graphdef, config: ml_collections.ConfigDict):
                "lr": schedule(state["step"]), "tokens": n_tokens}
     return new_state, metrics
 
-  return jax.jit(train_step, donate_argnums=0)
+  batch_sh = {k: part.batch_sharding for k in ("inputs", "targets", "weights")}
+  replicated = NamedSharding(part.mesh, P())
+  jitted = jax.jit(train_step, in_shardings=(part.state_sharding, batch_sh),
+                   out_shardings=(part.state_sharding, replicated), donate_argnums=0)
+
+  def step(state, batch):
+    with sharding.activation_sharding(part.mesh, part.rules):
+      return jitted(state, batch)
+
+  return step
 
 
-def make_eval_step(graphdef):
-  """Builds `eval_step(params, batch) -> nll_BxL` (float32, unweighted), jitted."""
-  return jax.jit(functools.partial(token_nll, graphdef))
+def make_eval_step(part: Partitioned):
+  """Builds `eval_step(params, batch) -> nll_BxL` (float32 numpy, unweighted), jitted,
+  sharded; every process gets the whole result (evaluation is small)."""
+  batch_sh = {k: part.batch_sharding for k in ("inputs", "targets", "weights")}
+  jitted = jax.jit(lambda p, b: token_nll(part.graphdef, p, b),
+                   in_shardings=(part.state_sharding["params"], batch_sh),
+                   out_shardings=NamedSharding(part.mesh, P()))
+
+  def step(params, batch):
+    """batch: the whole eval batch (numpy) on every process; returns numpy [B, L]."""
+    with sharding.activation_sharding(part.mesh, part.rules):
+      return np.asarray(jitted(params, sharding.full_to_global(batch, part.batch_sharding)))
+
+  return step

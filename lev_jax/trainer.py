@@ -25,6 +25,8 @@ from lev_jax import data as data_lib
 from lev_jax.checkpoint import Checkpointer
 from lev_jax.config import ConfigError, validate
 from lev_jax.evaluate import evaluate
+from lev_jax.flops import mfu, tokens_per_s_per_device, train_flops_per_step
+from lev_jax import sharding
 from lev_jax.metrics import MetricWriter
 from lev_jax.train import create_train_state, make_eval_step, make_train_step
 
@@ -87,13 +89,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     raise ConfigError(
         f"config.model.vocab_size = {config.model.vocab_size} but the tokenizer has "
         f"{bundle.tokenizer.vocab_size} ids: model and data must agree")
-  graphdef, state = create_train_state(config)
-  train_iter = iter(bundle.train_dataset(t.global_batch_size))
+  part, state = create_train_state(config)
+  logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
+               jax.device_count(), jax.process_count())
+  n_proc = jax.process_count()
+  train_iter = iter(bundle.train_dataset(t.global_batch_size // n_proc,
+                                         jax.process_index(), n_proc))
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints)
   latest = ckpt.latest_step()
   if latest is not None:
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-    state = ckpt.restore(latest, abstract, train_iter, config)
+    state = ckpt.restore(latest, part.abstract_state(state), train_iter, config)
     logging.info("resumed from step %d", latest)
   step = int(state["step"])
   eval_path = workdir / "eval.json"
@@ -103,10 +108,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
       logging.info("the run already finished at step %d; its evaluation is %s", step, eval_path)
       ckpt.close()
       return finished
-  train_step = make_train_step(graphdef, config)
-  eval_step = make_eval_step(graphdef)
+  train_step = make_train_step(part, config)
+  eval_step = make_eval_step(part)
   writer = MetricWriter(workdir)
   tokens_per_step = t.global_batch_size * t.seq_len
+  flops_per_step = train_flops_per_step(config)["total"]
+  n_devices, device_kind = jax.device_count(), jax.devices()[0].device_kind
   preemption = _Preemption()
   bar = tqdm(total=t.steps, initial=step, desc=config.name, unit="step",
              disable=jax.process_index() != 0)
@@ -123,7 +130,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     scalars = {"train/loss": m["loss"], "train/perplexity": math.exp(min(m["loss"], 50.0)),
                "train/grad_norm": m["grad_norm"], "train/lr": m["lr"],
                "train/tokens_seen": s * tokens_per_step,
-               "perf/step_time_s": step_time, "perf/tokens_per_s": tokens_per_step / step_time}
+               "perf/step_time_s": step_time, "perf/tokens_per_s": tokens_per_step / step_time,
+               "perf/tokens_per_s_per_device": tokens_per_s_per_device(
+                   tokens_per_step, step_time, n_devices),
+               "perf/model_tflops_per_s_per_device":
+                   flops_per_step / step_time / n_devices / 1e12}
+    utilisation = mfu(flops_per_step, step_time, n_devices, device_kind)
+    if utilisation is not None:  # unknown device (e.g. CPU): omitted, not faked
+      scalars["perf/mfu"] = utilisation
     if not compiled:
       scalars["perf/includes_compile"] = 1.0
     compiled = True
@@ -132,7 +146,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     window_start, window_steps = now, 0
 
   while step < t.steps:
-    batch = next(train_iter)
+    batch = sharding.to_global(next(train_iter), part.batch_sharding)
     state, metrics = train_step(state, batch)
     step += 1
     window_steps += 1

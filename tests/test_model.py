@@ -102,10 +102,12 @@ def test_remat_on_and_off_give_the_same_loss_and_gradients():
     f = lambda p: nnx.merge(graphdef, p)(ids).mean()
     return jax.jit(jax.value_and_grad(f))(params)
 
-  (l0, g0), (l1, g1) = loss_and_grad(False), loss_and_grad(True)
-  np.testing.assert_allclose(float(l0), float(l1), rtol=1e-6)
-  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
+  l0, g0 = loss_and_grad("none")
+  for policy in ("full", "dots_no_batch"):
+    l1, g1 = loss_and_grad(policy)
+    np.testing.assert_allclose(float(l0), float(l1), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
 
 
 def test_bfloat16_compute_keeps_float32_params_and_logits():
@@ -122,3 +124,24 @@ def test_unknown_embedding_is_a_config_error():
   c.model.embedding = "hashed"
   with pytest.raises(ConfigError, match="model.embedding"):
     Decoder(c, rngs=nnx.Rngs(0))
+
+
+def test_scan_over_layers_equals_the_python_loop_with_the_same_weights():
+  c = tiny_config("lev")
+  looped = Decoder(c, rngs=nnx.Rngs(0))
+  c.model.scan_layers = True
+  scanned = Decoder(c, rngs=nnx.Rngs(0))
+  stacked = nnx.state(scanned.blocks, nnx.Param)
+  assert jax.tree.leaves(stacked)[0].shape[0] == c.model.n_layers
+  for i, block in enumerate(looped.blocks):  # give the scanned model the loop's weights
+    stacked = jax.tree.map(lambda s, x: s.at[i].set(x), stacked, nnx.state(block, nnx.Param))
+  nnx.update(scanned.blocks, stacked)
+  nnx.update(scanned.embedding, nnx.state(looped.embedding, nnx.Param))
+  nnx.update(scanned.final_norm, nnx.state(looped.final_norm, nnx.Param))
+  ids = jax.random.randint(jax.random.key(5), (2, 8), 0, 300)
+  fwd = nnx.jit(lambda m, i: m(i))
+  np.testing.assert_allclose(np.asarray(fwd(scanned, ids)), np.asarray(fwd(looped, ids)),
+                             rtol=1e-5, atol=1e-6)
+  c.model.remat = "full"
+  np.testing.assert_allclose(
+      np.asarray(fwd(Decoder(c, rngs=nnx.Rngs(0)), ids)).shape, (2, 8, 384))

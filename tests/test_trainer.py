@@ -157,8 +157,8 @@ def test_gradient_accumulation_matches_one_big_batch():
   for accum in (1, 4):
     c = tiny_config("lev")
     c.train.global_batch_size, c.train.grad_accum_steps = 8, accum
-    graphdef, state = create_train_state(c)
-    state, m = make_train_step(graphdef, c)(state, batch)
+    part, state = create_train_state(c)
+    state, m = make_train_step(part, c)(state, batch)
     results.append((state, m))
   (s1, m1), (s4, m4) = results
   assert float(m1["loss"]) == pytest.approx(float(m4["loss"]), rel=1e-6)

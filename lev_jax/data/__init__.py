@@ -66,12 +66,17 @@ class DataBundle:
   config: ml_collections.ConfigDict = dataclasses.field(repr=False)
   _eval_batches: list | None = dataclasses.field(default=None, repr=False)
 
-  def train_dataset(self, batch_size: int) -> grain.IterDataset:
+  def train_dataset(self, batch_size: int, shard_index: int = 0, shard_count: int = 1
+                    ) -> grain.IterDataset:
     """Endless shuffled batches, int32/float32 [batch_size, seq_len]; see
-    `pipeline.make_train_dataset` (shuffle_buffer and seed from config.data)."""
+    `pipeline.make_train_dataset` (shuffle_buffer and seed from config.data).
+
+    With shard_count > 1 (one shard per process), this process reads only documents
+    shard_index, shard_index + shard_count, ... and `batch_size` is its per-host share.
+    """
     c = self.config
     return make_train_dataset(
-        self.train_docs, self.tokenizer, seq_len=c.train.seq_len, batch_size=batch_size,
+        self.train_docs[shard_index::shard_count], self.tokenizer, seq_len=c.train.seq_len, batch_size=batch_size,
         shuffle_buffer=c.data.shuffle_buffer, seed=c.data.seed,
         vocab_size=c.model.vocab_size)
 

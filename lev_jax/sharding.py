@@ -1,0 +1,251 @@
+"""The device mesh and the one table of logical axis rules.
+
+Mesh axes (MaxText / T5X convention):
+  data    pure data parallelism (parameters replicated)
+  fsdp    data parallelism with parameters and optimizer state split (ZeRO-3 / FSDP)
+  tensor  tensor (model) parallelism: heads, MLP hidden units and vocab split
+Each axis has an ICI size (devices within a slice / node) and a DCN size (slices or
+nodes); -1 means "whatever is left". Source: JAX docs "Distributed arrays and automatic
+parallelization"; jax.experimental.mesh_utils.create_hybrid_device_mesh.
+
+Every parameter carries `logical_axes` metadata (set in model.py, embeddings.py, lev.py)
+and `constrain()` names the key activations. `LOGICAL_AXIS_RULES` below is the only
+place that maps those names to mesh axes; config.mesh.rules overrides entries by name.
+A logical name that no rule covers is an error, as is a sharded dimension that the mesh
+does not divide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axes it is split over (empty: replicated). The one rules table.
+LOGICAL_AXIS_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # activations
+    ("batch", ("data", "fsdp")),
+    ("length", ()),
+    ("act_embed", ()),
+    ("act_heads", ("tensor",)),
+    ("act_mlp", ("tensor",)),
+    ("act_vocab", ("tensor",)),
+    ("lev_rows", ("data", "fsdp", "tensor")),  # ids whose LEV rows are evaluated
+    # parameters: FSDP on the model dimension, tensor parallelism on heads / mlp / vocab
+    ("embed", ("fsdp",)),
+    ("heads", ("tensor",)),
+    ("kv_heads", ("tensor",)),
+    ("head_dim", ()),
+    ("mlp", ("tensor",)),
+    ("vocab", ("tensor",)),
+    ("layers", ()),
+    # LEV: small tensors replicated; its output projection is split on `embed` above
+    ("lev_coords", ()),
+    ("lev_codes", ()),
+    ("lev_seed", ()),
+    ("lev_seed_out", ()),
+    ("lev_heads", ()),
+    ("lev_knots", ()),
+    ("lev_rank", ()),
+)
+
+
+class ShardingError(ValueError):
+  """An impossible mesh, a missing rule or a dimension the mesh does not divide."""
+
+
+def rules_from_config(config: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
+  """LOGICAL_AXIS_RULES with config.mesh.rules ((name, (mesh axes...)), ...) applied."""
+  rules = dict(LOGICAL_AXIS_RULES)
+  for entry in config.mesh.rules:
+    name, axes = entry[0], entry[1]
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    bad = [a for a in axes if a not in MESH_AXES]
+    if bad:
+      raise ShardingError(f"config.mesh.rules: {name!r} -> {axes}: unknown mesh axes {bad}; "
+                          f"expected names from {MESH_AXES}")
+    rules[name] = axes
+  return rules
+
+
+def _fill(sizes: list[int], total: int, what: str) -> list[int]:
+  if sizes.count(-1) > 1:
+    raise ShardingError(f"{what} = {tuple(sizes)}: at most one axis may be -1")
+  if any(s == 0 or s < -1 for s in sizes):
+    raise ShardingError(f"{what} = {tuple(sizes)}: sizes must be positive or -1")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 not in sizes:
+    if known != total:
+      raise ShardingError(f"{what} = {tuple(sizes)} has {known} devices; this job has {total}")
+    return sizes
+  if total % known:
+    raise ShardingError(f"{what} = {tuple(sizes)} does not divide {total} devices")
+  return [total // known if s == -1 else s for s in sizes]
+
+
+def mesh_shapes(mesh_cfg: ml_collections.ConfigDict, n_devices: int) -> tuple[list, list]:
+  """(ici_shape, dcn_shape), each [data, fsdp, tensor], with -1 filled in.
+
+  Raises:
+    ShardingError: naming the sizes when they cannot multiply to n_devices.
+  """
+  ici = [mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor]
+  dcn = [mesh_cfg.dcn_data, mesh_cfg.dcn_fsdp, mesh_cfg.dcn_tensor]
+  ici_what, dcn_what = "config.mesh (data, fsdp, tensor)", \
+      "config.mesh (dcn_data, dcn_fsdp, dcn_tensor)"
+  if -1 in dcn:
+    if -1 in ici:
+      raise ShardingError(f"{ici_what} = {tuple(ici)} and {dcn_what} = {tuple(dcn)}: only "
+                          "one of the two may contain -1")
+    ici = _fill(ici, math.prod(ici), ici_what)
+    if n_devices % math.prod(ici):
+      raise ShardingError(f"{ici_what} = {tuple(ici)} does not divide {n_devices} devices")
+    dcn = _fill(dcn, n_devices // math.prod(ici), dcn_what)
+  else:
+    dcn = _fill(dcn, math.prod(dcn), dcn_what)
+    if n_devices % math.prod(dcn):
+      raise ShardingError(f"{dcn_what} = {tuple(dcn)} does not divide {n_devices} devices")
+    ici = _fill(ici, n_devices // math.prod(dcn), ici_what)
+  return ici, dcn
+
+
+def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices: Sequence | None = None) -> Mesh:
+  """The (data, fsdp, tensor) mesh over `devices` (default: all devices of the job).
+
+  With DCN sizes > 1 (several TPU slices or GPU nodes) the devices are laid out so that
+  each DCN axis crosses slices and each ICI axis stays within one.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  ici, dcn = mesh_shapes(mesh_cfg, len(devices))
+  if math.prod(dcn) > 1:
+    grid = mesh_utils.create_hybrid_device_mesh(
+        ici, dcn, devices, process_is_granule=devices[0].platform != "tpu")
+  else:
+    grid = mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
+  return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def spec_for(names: Sequence[str | None], shape: Sequence[int], mesh_sizes: dict[str, int],
+             rules: dict[str, tuple[str, ...]], what: str, strict: bool = True) -> P:
+  """PartitionSpec of an array with logical axis `names`.
+
+  A mesh axis is used at most once (first dimension wins). With strict=True, a
+  dimension that its mesh axes do not divide raises; otherwise that dimension is left
+  unsplit (used for activations).
+
+  Raises:
+    ShardingError: a name without a rule, or (strict) an indivisible dimension.
+  """
+  if len(names) != len(shape):
+    raise ShardingError(f"{what}: logical axes {tuple(names)} do not match shape {tuple(shape)}")
+  used, spec = set(), []
+  for name, size in zip(names, shape):
+    if name is None:
+      spec.append(None)
+      continue
+    if name not in rules:
+      raise ShardingError(f"{what}: logical axis {name!r} has no rule in LOGICAL_AXIS_RULES "
+                          "(lev_jax/sharding.py) or config.mesh.rules")
+    axes = tuple(a for a in rules[name] if a not in used and mesh_sizes.get(a, 1) > 1)
+    n = math.prod(mesh_sizes[a] for a in axes)
+    if axes and size % n:
+      if strict:
+        raise ShardingError(f"{what}: dimension {name!r} of size {size} is not divisible by "
+                            f"mesh axes {axes} of total size {n}")
+      axes = ()
+    used.update(axes)
+    spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+  return P(*spec)
+
+
+def param_specs(model_or_state, mesh_sizes: dict[str, int], rules) -> nnx.State:
+  """A State like nnx.state(model, nnx.Param) whose leaves are PartitionSpecs.
+
+  Raises:
+    ShardingError: a parameter without `logical_axes` metadata or a rule, or a
+      dimension the mesh does not divide (the message names the parameter path).
+  """
+  state = (model_or_state if isinstance(model_or_state, nnx.State)
+           else nnx.state(model_or_state, nnx.Param))
+
+  def one(path, var):
+    what = "parameter " + jax.tree_util.keystr(path, simple=True, separator="/")
+    names = var.get_metadata().get("logical_axes")
+    if names is None:
+      raise ShardingError(f"{what} has no logical_axes metadata: every parameter needs one")
+    if len(names) + 1 == len(var.shape) and "/blocks/" in f"/{what.split(' ', 1)[1]}":
+      names = ("layers", *names)  # stacked by model.scan_layers
+    return var.replace(spec_for(names, var.shape, mesh_sizes, rules, what))
+
+  return jax.tree_util.tree_map_with_path(one, state,
+                                          is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def mesh_sizes(mesh: Mesh) -> dict[str, int]:
+  return dict(zip(mesh.axis_names, mesh.devices.shape))
+
+
+# --- activations -------------------------------------------------------------------
+
+_ACTIVE: list = []  # [(mesh, rules)] while a train/eval step is traced
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: dict[str, tuple[str, ...]]):
+  """Within this context, `constrain()` pins activations to the rules on `mesh`."""
+  _ACTIVE.append((mesh, rules))
+  try:
+    yield
+  finally:
+    _ACTIVE.pop()
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """with_sharding_constraint by logical names; a no-op outside activation_sharding."""
+  if not _ACTIVE:
+    return x
+  mesh, rules = _ACTIVE[-1]
+  spec = spec_for(names, x.shape, mesh_sizes(mesh), rules, "activation", strict=False)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+# --- host data -> global arrays ----------------------------------------------------
+
+def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
+  """Sharding of [B, L] token batches: B split over the `batch` rule's axes."""
+  axes = tuple(a for a in rules["batch"] if mesh_sizes(mesh).get(a, 1) > 1)
+  return NamedSharding(mesh, P(axes or None, None))
+
+
+def check_batch(global_batch: int, mesh: Mesh, rules, what: str):
+  """Raises ShardingError unless `global_batch` divides over the batch axes and hosts."""
+  axes = [a for a in rules["batch"] if mesh_sizes(mesh).get(a, 1) > 1]
+  n = math.prod(mesh_sizes(mesh)[a] for a in axes)
+  if global_batch % n:
+    raise ShardingError(f"{what} = {global_batch} is not divisible by the batch mesh axes "
+                        f"{tuple(axes)} of total size {n}")
+  if global_batch % jax.process_count():
+    raise ShardingError(f"{what} = {global_batch} is not divisible by the "
+                        f"{jax.process_count()} processes")
+
+
+def to_global(local_batch: dict, sharding: NamedSharding) -> dict:
+  """This process's rows of a batch -> global jax.Arrays (each host feeds its share)."""
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+          for k, v in local_batch.items()}
+
+
+def full_to_global(full_batch: dict, sharding: NamedSharding) -> dict:
+  """A batch that every process holds whole (eval) -> global jax.Arrays."""
+  return {k: jax.make_array_from_callback(np.shape(v), sharding,
+                                          lambda idx, v=v: np.asarray(v)[idx])
+          for k, v in full_batch.items()}

@@ -1,0 +1,186 @@
+"""Mesh, logical axis rules, golden PartitionSpecs, and 1-device == 8-device training."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import tiny_config
+from lev_jax import sharding
+from lev_jax.train import abstract_model
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "golden"
+# name: (data, fsdp, tensor) of standard meshes (v5p-16 / v5p-128 / 2 x 64-chip slices)
+MESHES = {"fsdp8": (1, 8, 1), "fsdp64_tp2": (1, 64, 2), "dp2_fsdp16_tp4": (2, 16, 4)}
+
+
+def _ladder():
+  spec = importlib.util.spec_from_file_location("ladder", HERE.parent / "experiments" / "ladder.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_mesh_sizes_fill_and_errors():
+  m = tiny_config().mesh
+  assert sharding.mesh_shapes(m, 8) == ([1, 8, 1], [1, 1, 1])
+  m.data, m.fsdp, m.tensor = 2, -1, 2
+  assert sharding.mesh_shapes(m, 8) == ([2, 2, 2], [1, 1, 1])
+  m.dcn_data = 2
+  assert sharding.mesh_shapes(m, 16) == ([2, 2, 2], [2, 1, 1])
+  m.fsdp, m.dcn_data = 2, -1
+  assert sharding.mesh_shapes(m, 32) == ([2, 2, 2], [4, 1, 1])
+  m.fsdp, m.dcn_data = 3, 1
+  with pytest.raises(sharding.ShardingError, match=r"\(2, 3, 2\) has 12 devices; this job has 8"):
+    sharding.mesh_shapes(m, 8)
+  m.fsdp, m.data = -1, 3
+  with pytest.raises(sharding.ShardingError, match=r"\(3, -1, 2\) does not divide 8 devices"):
+    sharding.mesh_shapes(m, 8)
+  m.fsdp, m.data = -1, -1
+  with pytest.raises(sharding.ShardingError, match="at most one axis may be -1"):
+    sharding.mesh_shapes(m, 8)
+  m.data, m.fsdp, m.tensor = 2, 2, 2
+  with pytest.raises(sharding.ShardingError, match="has 8 devices; this job has 4"):
+    sharding.mesh_shapes(m, 4)
+
+
+def test_spec_rules_missing_rule_and_indivisible_dimension():
+  rules = dict(sharding.LOGICAL_AXIS_RULES)
+  sizes = {"data": 2, "fsdp": 4, "tensor": 2}
+  assert sharding.spec_for(("embed", "mlp"), (64, 32), sizes, rules, "w") == jax.P("fsdp", "tensor")
+  assert sharding.spec_for(("batch", "length"), (8, 5), sizes, rules, "x") == \
+      jax.P(("data", "fsdp"), None)
+  with pytest.raises(sharding.ShardingError, match="w: logical axis 'experts' has no rule"):
+    sharding.spec_for(("experts", "embed"), (4, 64), sizes, rules, "w")
+  with pytest.raises(sharding.ShardingError, match="'mlp' of size 33 is not divisible by mesh "
+                     r"axes \('tensor',\) of total size 2"):
+    sharding.spec_for(("embed", "mlp"), (64, 33), sizes, rules, "w")
+  # Activations are left unsplit where the mesh does not divide them.
+  assert sharding.spec_for(("batch",), (3,), sizes, rules, "x", strict=False) == jax.P(None)
+
+
+def test_config_rules_override_by_name():
+  c = tiny_config()
+  c.mesh.rules = (("embed", ("data", "fsdp")), ("vocab", ()))
+  rules = sharding.rules_from_config(c)
+  assert rules["embed"] == ("data", "fsdp") and rules["vocab"] == () and rules["mlp"] == ("tensor",)
+  c.mesh.rules = (("embed", ("pipeline",)),)
+  with pytest.raises(sharding.ShardingError, match="unknown mesh axes"):
+    sharding.rules_from_config(c)
+
+
+def test_every_parameter_has_logical_axes_and_the_tied_table_is_one_spec():
+  for embedding in ("tied", "untied", "lev"):
+    c = tiny_config(embedding)
+    c.model.n_heads = c.model.n_kv_heads = 4
+    specs = sharding.param_specs(abstract_model(c), {"data": 1, "fsdp": 4, "tensor": 2},
+                                 sharding.rules_from_config(c))
+    flat = {jax.tree_util.keystr(p, simple=True, separator="/"): s
+            for p, s in jax.tree_util.tree_flatten_with_path(specs)[0]}
+    assert flat["blocks/0/attn/wq/value"] == jax.P("fsdp", "tensor", None)
+    assert flat["blocks/0/mlp/w_down/value"] == jax.P("tensor", "fsdp")
+    if embedding == "tied":
+      assert flat["embedding/table/value"] == jax.P("tensor", "fsdp")
+    else:
+      assert flat["embedding/head/value"] == jax.P("fsdp", "tensor")
+    if embedding == "lev":
+      assert flat["embedding/lev/spline_delta/value"] == jax.P(None, None, None, None)
+      assert flat["embedding/lev/out_proj/value"] == jax.P(None, None, "fsdp")
+
+
+def test_scanned_layers_get_a_replicated_layers_axis():
+  c = tiny_config("lev")
+  c.model.scan_layers = True
+  specs = sharding.param_specs(abstract_model(c), {"data": 1, "fsdp": 4, "tensor": 2},
+                               sharding.rules_from_config(c))
+  assert specs["blocks"]["attn"]["wq"].get_value() == jax.P(None, "fsdp", "tensor", None)
+
+
+def golden_specs(config, mesh) -> dict:
+  sizes = dict(zip(sharding.MESH_AXES, mesh))
+  specs = sharding.param_specs(abstract_model(config), sizes, sharding.rules_from_config(config))
+  return {jax.tree_util.keystr(p, simple=True, separator="/"): [
+      s if s is None or isinstance(s, str) else list(s) for s in spec]
+      for p, spec in jax.tree_util.tree_flatten_with_path(specs)[0]}
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize("variant", ["tied_200m", "leviathan_200m", "tied_400m", "leviathan_400m",
+                                     "tied_800m", "leviathan_800m", "tied_1.2b", "leviathan_1.2b"])
+def test_golden_sharding(variant, mesh):
+  """PartitionSpec of every parameter, checked in: a rules change shows up in review.
+
+  Regenerate after an intended change: LEV_JAX_UPDATE_GOLDEN=1 pytest tests/test_sharding.py
+  """
+  got = golden_specs(_ladder().get_config(variant), MESHES[mesh])
+  path = GOLDEN / f"sharding_{variant}_{mesh}.json"
+  if os.environ.get("LEV_JAX_UPDATE_GOLDEN"):
+    path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+  assert got == json.loads(path.read_text()), f"{path.name} differs: rules or model changed"
+
+
+# --- 1 device vs 8 simulated devices (in a subprocess: the device count is fixed at import)
+
+def _equivalence_worker():
+  from lev_jax.train import create_train_state, make_train_step
+  results = {}
+  rng = np.random.default_rng(0)
+  batches = [{"inputs": rng.integers(0, 300, (8, 16)).astype(np.int32),
+              "targets": rng.integers(0, 300, (8, 16)).astype(np.int32),
+              "weights": np.ones((8, 16), np.float32)} for _ in range(3)]
+  for embedding in ("tied", "lev"):
+    for shape in ((1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2)):
+      c = tiny_config(embedding)
+      c.model.n_heads = c.model.n_kv_heads = 8
+      c.model.head_dim = 4
+      c.train.global_batch_size = 8
+      c.eval.batch_size = 8
+      c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
+      devices = jax.devices()[:int(np.prod(shape))]
+      mesh = sharding.make_mesh(c.mesh, devices)
+      part, state = create_train_state(c, mesh)
+      step = make_train_step(part, c)
+      losses = []
+      for b in batches:
+        state, m = step(state, sharding.to_global(b, part.batch_sharding))
+        losses.append(float(m["loss"]))
+      wq = state["params"]["blocks"][0]["attn"]["wq"][...]
+      results[f"{embedding}{shape}"] = {"losses": losses, "wq_spec": str(wq.sharding.spec),
+                                        "wq_devices": len(wq.sharding.device_set)}
+  print(json.dumps(results))
+
+
+def test_one_device_and_eight_device_meshes_give_the_same_losses():
+  """3 steps of tied and Leviathan on meshes (8,1,1), (1,8,1), (1,1,8), (2,2,2) vs 1 device.
+
+  Tolerance rtol 2e-5: the same float32 math, with reductions split across devices in
+  a different order.
+  """
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
+             " --xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env,
+                        cwd=HERE, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads(proc.stdout.strip().splitlines()[-1])
+  for embedding in ("tied", "lev"):
+    ref = results[f"{embedding}(1, 1, 1)"]["losses"]
+    assert ref[-1] < ref[0]
+    for shape in ("(8, 1, 1)", "(1, 8, 1)", "(1, 1, 8)", "(2, 2, 2)"):
+      got = results[f"{embedding}{shape}"]
+      np.testing.assert_allclose(got["losses"], ref, rtol=2e-5, err_msg=f"{embedding} {shape}")
+      assert got["wq_devices"] == 8
+  assert results["tied(1, 8, 1)"]["wq_spec"] == str(jax.P("fsdp", None, None))
+  assert results["tied(2, 2, 2)"]["wq_spec"] == str(jax.P("fsdp", "tensor", None))
+
+
+if __name__ == "__main__":
+  sys.path.insert(0, str(HERE))
+  _equivalence_worker()
