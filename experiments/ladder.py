@@ -51,6 +51,9 @@ def get_config(variant: str = "leviathan_1.2b"):
   c.data.validation_files = ("pile/val.jsonl.zst",)
   c.data.shuffle_buffer = 10_000
   c.data.tokenizer = "o200k_base"
+  # At pod scale each host tokenizes only its share (global mode would make every host
+  # build all 262,144 tokens of each step); resume needs the same process count.
+  c.data.host_batches = "documents"
   c.train.seq_len = SEQ_LEN
   c.train.global_batch_size = GLOBAL_BATCH
   c.train.steps = int(20 * label / (SEQ_LEN * GLOBAL_BATCH))

@@ -13,7 +13,10 @@ docs, "CheckpointManager" and "Async checkpointing".
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+from typing import Any
 
 import grain
 import jax
@@ -55,6 +58,49 @@ def _differences(saved: dict, config: ml_collections.ConfigDict, table: dict) ->
   return diffs
 
 
+class DataIteratorHandler(grain.checkpoint.CheckpointHandler):
+  """grain's iterator handler, restorable under another process count when portable.
+
+  grain writes one `process_<i>-of-<n>.json` per process. With data.host_batches =
+  "global" every process iterates the same global stream, so all n files are equal and
+  any process may resume from process 0's file: a 2-process checkpoint restores in 1
+  process and vice versa. With "documents" each process has its own stream and the
+  process count must match (else CheckpointMismatchError naming both counts).
+  """
+
+  def __init__(self, portable: bool):
+    self.portable = portable
+
+  def restore(self, directory, item=None, args=None):
+    directory = epath.Path(directory)
+    want = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+    if (directory / want).exists():
+      return super().restore(directory, item=item, args=args)
+    found = sorted(p.name for p in directory.glob("process_*-of-*.json"))
+    if not found:
+      raise CheckpointMismatchError(f"{directory}: no data-iterator state in the checkpoint")
+    if not self.portable:
+      raise CheckpointMismatchError(
+          f"{directory}: the data position was saved by {found[0].split('-of-')[1][:-5]} "
+          f"processes with data.host_batches='documents'; this run has "
+          f"{jax.process_count()}. Resume with the same process count.")
+    item = item or args.item
+    item.set_state(json.loads((directory / found[0]).read_text()))
+    return item
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
+@dataclasses.dataclass
+class DataSave(ocp.args.CheckpointArgs):
+  item: Any  # a grain DatasetIterator
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)
+@dataclasses.dataclass
+class DataRestore(ocp.args.CheckpointArgs):
+  item: Any  # a grain DatasetIterator, positioned in place
+
+
 def _name(keypath) -> str:
   return jax.tree_util.keystr(keypath, simple=True, separator="/")
 
@@ -67,15 +113,18 @@ class Checkpointer:
     keep: how many recent checkpoints to keep (older ones are deleted only after a
       newer one is complete).
     async_save: write in a background thread after the device-to-host copy.
+    portable_data: the data iterator state is the same in every process
+      (data.host_batches = "global"), so it restores under any process count.
   """
 
-  def __init__(self, directory, *, keep: int, async_save: bool = True):
+  def __init__(self, directory, *, keep: int, async_save: bool = True,
+               portable_data: bool = True):
     self.directory = epath.Path(directory)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
         "state": ocp.StandardCheckpointHandler(),
-        "data": grain.checkpoint.CheckpointHandler(),
+        "data": DataIteratorHandler(portable_data),
         "config": ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> int | None:
@@ -85,7 +134,7 @@ class Checkpointer:
     """Starts saving `step`; returns at once when async (call `wait` before exit)."""
     return self.manager.save(step, force=True, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(data_iterator),
+        data=DataSave(data_iterator),
         config=ocp.args.JsonSave(config.to_dict())))
 
   def saved_config(self, step: int) -> dict:
@@ -117,7 +166,7 @@ class Checkpointer:
             f"{where}: {name} has shape {stored_shapes[name]}, this run expects {tuple(a.shape)}")
     restored = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state),
-        data=grain.checkpoint.CheckpointRestore(data_iterator)))
+        data=DataRestore(data_iterator)))
     data_diffs = _differences(saved, config, DATA_FIELDS)
     if data_diffs:
       logging.warning("%s: resuming with different data settings; the restored data "

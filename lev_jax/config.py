@@ -20,6 +20,7 @@ DECAY_MASKS = ("matrices", "all", "none")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DATA_SOURCES = ("embedded", "jsonl")
 TOKENIZERS = ("sentencepiece", "o200k_base")
+HOST_BATCHES = ("global", "documents")
 
 
 class ConfigError(ValueError):
@@ -88,6 +89,11 @@ def base_config() -> ml_collections.ConfigDict:
   d.cache_dir = "~/.cache/lev_jax"
   d.shuffle_buffer = 1024      # sequences
   d.strict = False             # bad JSONL line: error (True) or skip and count
+  # How processes share the input: "global" = every host builds the global batch and
+  # feeds its own rows (identical stream for any process count: exact multi-host ==
+  # single-host, portable checkpoints); "documents" = each host reads 1/n of the
+  # documents and builds only its rows (less host work at pod scale).
+  d.host_batches = "global"
   d.seed = 0
 
   c.train = t = ml_collections.ConfigDict()
@@ -204,6 +210,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("optim.weight_decay", c.optim.weight_decay, "a number >= 0")
   _one_of(c, "data", "source", DATA_SOURCES)
   _one_of(c, "data", "tokenizer", TOKENIZERS)
+  _one_of(c, "data", "host_batches", HOST_BATCHES)
   if c.data.source == "jsonl" and not c.data.train_files:
     _fail("data.train_files", tuple(c.data.train_files),
           "at least one Pile-format *.jsonl or *.jsonl.zst path when data.source = 'jsonl'")

@@ -15,10 +15,11 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from lev_jax import cli, experiments_dir
+from lev_jax import cli, distributed, experiments_dir
 from lev_jax.checkpoint import CheckpointMismatchError
 from lev_jax.config import ConfigError
 from lev_jax.data import DataError
+from lev_jax.sharding import ShardingError
 
 # 128 + SIGTERM: the shell's status for a process ended by SIGTERM; schedulers read it
 # as "did not finish" and can requeue the job, which then resumes.
@@ -30,20 +31,32 @@ def _define_flags():
   config_flags.DEFINE_config_file(
       "config", DEFAULT_CONFIG, "Experiment file and variant, e.g. experiments/smoke.py:tied.")
   flags.DEFINE_string("workdir", None, "Output directory (default ./runs/<config.name>).")
+  flags.DEFINE_integer("stop_at_step", None, "Stop after this step with a checkpoint (for "
+                       "time-sliced jobs; the schedule still spans train.steps).")
+  distributed.define_flags()
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail("lev-train", f"unexpected arguments: {' '.join(argv[1:])}")
   cli.quiet_library_logs()
+  try:  # multi-host: flags, else LEV_JAX_* env, else JAX's cluster detection, else nothing
+    distributed.initialize_from_flags()
+  except ValueError as e:
+    cli.fail("lev-train", str(e))
   from lev_jax.trainer import train_and_evaluate  # after flags: keeps --help fast
   config = cli.config_or_exit("lev-train")
   workdir = flags.FLAGS.workdir or f"runs/{config.name}"
   logging.info("config %s -> workdir %s", config.name, workdir)
   try:
-    result = train_and_evaluate(config, workdir)
-  except (ConfigError, DataError, CheckpointMismatchError, FileNotFoundError) as e:
+    result = train_and_evaluate(config, workdir, stop_at_step=flags.FLAGS.stop_at_step)
+  except (ConfigError, DataError, CheckpointMismatchError, ShardingError,
+          FileNotFoundError) as e:
     cli.fail("lev-train", str(e))
+  if result is None and flags.FLAGS.stop_at_step is not None:
+    print(f"lev-train: {config.name} stopped at step {flags.FLAGS.stop_at_step} as asked; "
+          "re-run without --stop_at_step to continue", file=sys.stderr)
+    return
   if result is None:  # preempted (SIGTERM) after saving: not finished, so not status 0
     print(f"lev-train: {config.name} stopped early after a checkpoint; re-run to resume",
           file=sys.stderr)

@@ -92,10 +92,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   part, state = create_train_state(config)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())
-  n_proc = jax.process_count()
-  train_iter = iter(bundle.train_dataset(t.global_batch_size // n_proc,
-                                         jax.process_index(), n_proc))
-  ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints)
+  global_stream = config.data.host_batches == "global"
+  if global_stream:  # every process: the same global batches; each feeds its rows
+    train_iter = iter(bundle.train_dataset(t.global_batch_size))
+    feed = lambda b: sharding.full_to_global(b, part.batch_sharding)
+  else:  # each process: its documents, its rows
+    n_proc = jax.process_count()
+    train_iter = iter(bundle.train_dataset(t.global_batch_size // n_proc,
+                                           jax.process_index(), n_proc))
+    feed = lambda b: sharding.to_global(b, part.batch_sharding)
+  ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints,
+                      portable_data=global_stream)
   latest = ckpt.latest_step()
   if latest is not None:
     state = ckpt.restore(latest, part.abstract_state(state), train_iter, config)
@@ -146,7 +153,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     window_start, window_steps = now, 0
 
   while step < t.steps:
-    batch = sharding.to_global(next(train_iter), part.batch_sharding)
+    batch = feed(next(train_iter))
     state, metrics = train_step(state, batch)
     step += 1
     window_steps += 1

@@ -1,0 +1,249 @@
+"""Write and submit an sbatch script that trains on a multi-node GPU cluster with SLURM.
+
+  python launch/slurm.py --nodes=4 --gpus_per_node=8 --partition=gpu --time=24:00:00 \
+      --venv=/shared/lev_jax/.venv --workdir=/shared/runs/ladder_1.2b -- \
+      --config=experiments/ladder.py:leviathan_1.2b
+  python launch/slurm.py ... --dry-run -- ...     # print the script; write and submit nothing
+
+The script (printed by --dry-run; otherwise written to WORKDIR.sbatch, next to the workdir,
+and submitted with `sbatch`; its log goes to WORKDIR.slurm-<jobid>.out):
+
+- One task per node (`--ntasks-per-node=1`) that owns all the node's GPUs
+  (`--gpus-per-node=N`): one JAX process per node.
+- The coordinator is the first host of `$SLURM_JOB_NODELIST` (`scontrol show hostnames`)
+  on port `SLURM_JOB_ID % 4096 + 61440` (JAX's own choice for SLURM; --port fixes it).
+- `srun` runs the same lev-train on every node with explicit
+  `--coordinator_address=$COORDINATOR --num_processes=$SLURM_NTASKS
+  --process_id=$SLURM_PROCID` (with one task per node these equal $SLURM_NNODES and
+  $SLURM_NODEID). Explicit flags rather than JAX's SLURM auto-detection: auto-detection
+  restricts each process to the single GPU `$SLURM_LOCALID` (made for one task per GPU),
+  so a one-task-per-node job would use 1 GPU of 8. lev_jax.distributed passes explicit
+  settings with auto-detection off, so each process sees all of its node's GPUs.
+- `#SBATCH --signal=TERM@<signal_s>`: SLURM sends SIGTERM to the job steps (lev-train)
+  that many seconds before the time limit; lev-train saves a checkpoint and exits 143.
+- With --requeue (the default): `#SBATCH --requeue`, `--open-mode=append`, and when srun
+  returns 143 the script runs `scontrol requeue $SLURM_JOB_ID` (at most --max_requeues
+  times, counted by `$SLURM_RESTART_COUNT`); the requeued job resumes from the latest
+  checkpoint in --workdir. A preemption that SLURM requeues itself resumes the same way.
+- --workdir must be on a filesystem every node sees (all processes write checkpoints there).
+
+Source: sbatch(1) (--signal, --requeue, --open-mode, --gpus-per-node, output environment
+variables SLURM_JOB_NODELIST, SLURM_RESTART_COUNT), srun(1) (SLURM_PROCID, SLURM_NTASKS),
+scontrol(1) (show hostnames, requeue); jax/_src/clusters/slurm_cluster.py (jax 0.10.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+if __package__ in (None, ""):  # run as `python launch/slurm.py`
+  sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from launch.common import (LaunchError, parse, parser, reject_passthrough,  # noqa: E402
+                           run_main, shell_join)
+
+PROG = "launch/slurm.py"
+PREEMPTED_EXIT = 143  # lev_jax.main.PREEMPTED_EXIT: SIGTERM -> checkpoint -> exit 143
+# sbatch --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (sbatch(1), -t/--time).
+_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+))?(?::(\d+))?)$")
+_WORD = re.compile(r"^[A-Za-z0-9_.,+@-]+$")
+
+
+def time_limit_s(value: str) -> int:
+  """Seconds in an sbatch --time value.
+
+  Raises:
+    LaunchError: not one of sbatch's formats.
+  """
+  m = _TIME.match(value)
+  if not m:
+    raise LaunchError(f"--time={value}: expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM "
+                      "or D-HH:MM:SS (sbatch's formats), e.g. --time=24:00:00")
+  d, dh, dm, ds, a, b, c = (int(x) if x else 0 for x in m.groups())
+  if m.group(1) is not None:  # D-H[:M[:S]]
+    return ((d * 24 + dh) * 60 + dm) * 60 + ds
+  if m.group(7) is not None:  # H:M:S
+    return (a * 60 + b) * 60 + c
+  return a * 60 + b  # M or M:S
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmJob:
+  nodes: int
+  gpus_per_node: int
+  partition: str | None
+  time: str | None
+  job_name: str
+  account: str | None
+  venv: str | None
+  workdir: str
+  chdir: str
+  requeue: bool
+  max_requeues: int
+  signal_s: int
+  port: int | None
+  train_args: tuple[str, ...]
+
+  @property
+  def script_path(self) -> str:
+    return self.workdir.rstrip("/") + ".sbatch"
+
+  @property
+  def log_path(self) -> str:
+    return self.workdir.rstrip("/") + ".slurm-%j.out"
+
+  def train_command(self) -> str:
+    """What each task runs: $COORDINATOR, $SLURM_* expand inside the task."""
+    return ('exec lev-train --coordinator_address="$COORDINATOR" '
+            '--num_processes="$SLURM_NTASKS" --process_id="$SLURM_PROCID" '
+            + shell_join([f"--workdir={self.workdir}", *self.train_args]))
+
+  def script(self) -> str:
+    sb = [f"--job-name={self.job_name}", f"--nodes={self.nodes}", "--ntasks-per-node=1",
+          f"--gpus-per-node={self.gpus_per_node}"]
+    sb += [f"--partition={self.partition}"] if self.partition else []
+    sb += [f"--account={self.account}"] if self.account else []
+    sb += [f"--time={self.time}"] if self.time else []
+    sb += [f"--signal=TERM@{self.signal_s}", f"--chdir={self.chdir}",
+           f"--output={self.log_path}", "--open-mode=append"]
+    sb += ["--requeue"] if self.requeue else ["--no-requeue"]
+    port = str(self.port) if self.port else "$((SLURM_JOB_ID % 4096 + 61440))"
+    lines = [
+        "#!/bin/bash",
+        f"# Generated by {PROG}: lev-train on {self.nodes} nodes x {self.gpus_per_node} GPUs,",
+        "# one JAX process per node.",
+        *(f"#SBATCH {o}" for o in sb),
+        "",
+        *([f"source {shlex.quote(self.venv.rstrip('/') + '/bin/activate')}"] if self.venv else []),
+        "# Process 0 (first node of the allocation) hosts the jax.distributed coordinator.",
+        'COORDINATOR_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"export COORDINATOR=\"$COORDINATOR_HOST:{port}\"",
+        'echo "lev-train: job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}, '
+        '$SLURM_JOB_NUM_NODES nodes, coordinator $COORDINATOR" >&2',
+        "",
+        f"srun --ntasks-per-node=1 --gpus-per-node={self.gpus_per_node} "
+        f"bash -c {shlex.quote(self.train_command())}",
+        "status=$?",
+    ]
+    if self.requeue:
+      lines += [
+          f"# lev-train exits {PREEMPTED_EXIT} after saving a checkpoint on SIGTERM (the "
+          f"--signal above, or a preemption): requeue, and the next run resumes.",
+          f'if [ "$status" -eq {PREEMPTED_EXIT} ]; then',
+          f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {self.max_requeues} ]; then',
+          '    echo "lev-train: checkpointed after SIGTERM; requeueing job $SLURM_JOB_ID" >&2',
+          '    scontrol requeue "$SLURM_JOB_ID"',
+          "  else",
+          f'    echo "lev-train: not requeueing: {self.max_requeues} requeues used" >&2',
+          "  fi",
+          "fi",
+      ]
+    lines.append('exit "$status"')
+    return "\n".join(lines) + "\n"
+
+
+def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJob:
+  """A validated SlurmJob from parsed flags.
+
+  Raises:
+    LaunchError: a missing or malformed flag, naming it and what was expected.
+  """
+  if args.nodes is None:
+    raise LaunchError("--nodes is required: the number of nodes, one JAX process each, "
+                      "e.g. --nodes=4")
+  if args.nodes < 1:
+    raise LaunchError(f"--nodes={args.nodes}: expected at least 1")
+  if args.gpus_per_node < 1:
+    raise LaunchError(f"--gpus_per_node={args.gpus_per_node}: expected at least 1")
+  for flag in ("partition", "account", "job_name"):
+    value = getattr(args, flag)
+    if value is not None and not _WORD.match(value):
+      raise LaunchError(f"--{flag}={value!r}: expected letters, digits and _.,+@- only")
+  if args.time is not None:
+    limit = time_limit_s(args.time)
+    if args.signal_s >= limit:
+      raise LaunchError(f"--signal_s={args.signal_s}: must be shorter than --time="
+                        f"{args.time} ({limit} s)")
+  if args.signal_s < 1:
+    raise LaunchError(f"--signal_s={args.signal_s}: expected a positive number of seconds")
+  if args.max_requeues < 0:
+    raise LaunchError(f"--max_requeues={args.max_requeues}: expected 0 or more")
+  if args.port is not None and not 0 < args.port < 65536:
+    raise LaunchError(f"--port={args.port}: expected a TCP port in 1..65535")
+  if not args.workdir:
+    raise LaunchError("--workdir is required: a directory on a filesystem every node "
+                      "sees, e.g. --workdir=/shared/runs/NAME")
+  if "://" in args.workdir:
+    raise LaunchError(f"--workdir={args.workdir}: expected a shared filesystem path "
+                      "(the script and log are written next to it)")
+  reject_passthrough(train_args, "--workdir", "give it to launch/slurm.py (before --)")
+  for flag in ("--coordinator_address", "--num_processes", "--process_id"):
+    reject_passthrough(train_args, flag, "launch/slurm.py sets it for every task")
+  chdir = os.path.abspath(args.chdir or cwd or os.getcwd())
+  workdir = os.path.join(chdir, os.path.expanduser(args.workdir))  # absolute stays as is
+  return SlurmJob(args.nodes, args.gpus_per_node, args.partition, args.time, args.job_name,
+                  args.account, args.venv, os.path.normpath(workdir), chdir, args.requeue,
+                  args.max_requeues, args.signal_s, args.port, tuple(train_args))
+
+
+def submit(job: SlurmJob) -> int:
+  """Writes job.script() to job.script_path and runs `sbatch` on it; returns its status.
+
+  Raises:
+    LaunchError: sbatch is not on PATH.
+  """
+  if shutil.which("sbatch") is None:
+    raise LaunchError("sbatch not found on PATH: run on a SLURM login node, or use "
+                      "--dry-run to print the script")
+  path = Path(job.script_path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(job.script())
+  print(f"[slurm] wrote {path}; log: {job.log_path}", file=sys.stderr)
+  return subprocess.run(["sbatch", str(path)]).returncode
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+  out = sys.stdout if out is None else out
+  p = parser(PROG, __doc__)
+  p.add_argument("--nodes", type=int, help="Nodes (one JAX process each).")
+  p.add_argument("--gpus_per_node", type=int, default=8, help="GPUs per node (default 8).")
+  p.add_argument("--partition", help="SLURM partition.")
+  p.add_argument("--time", help="Time limit, e.g. 24:00:00 or 2-00:00:00.")
+  p.add_argument("--job_name", default="lev-train", help="Job name (default lev-train).")
+  p.add_argument("--account", help="SLURM account to charge.")
+  p.add_argument("--venv", help="Virtualenv to activate on every node (shared path).")
+  p.add_argument("--workdir", help="lev-train --workdir on a shared filesystem.")
+  p.add_argument("--chdir", help="Directory lev-train runs in (default: the current one).")
+  p.add_argument("--requeue", action=argparse.BooleanOptionalAction,
+                 default=True, help="Requeue after a SIGTERM checkpoint (default on).")
+  p.add_argument("--max_requeues", type=int, default=20,
+                 help="Requeues before giving up (default 20).")
+  p.add_argument("--signal_s", type=int, default=120,
+                 help="SIGTERM this many seconds before the time limit (default 120).")
+  p.add_argument("--port", type=int, default=None,
+                 help="Coordinator port (default SLURM_JOB_ID %% 4096 + 61440).")
+
+  def body() -> int:
+    args, rest = parse(p, sys.argv[1:] if argv is None else argv)
+    job = build_job(args, rest)
+    if args.dry_run:
+      out.write(job.script())
+      print(f"[slurm] dry run: would write {job.script_path} and run: sbatch "
+            f"{job.script_path}", file=sys.stderr)
+      return 0
+    return submit(job)
+  return run_main(PROG, body)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

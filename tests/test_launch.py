@@ -1,0 +1,397 @@
+"""launch/: dry-run output of the TPU and SLURM launchers, their input checks, the TPU
+restart loop (fake gcloud), the sbatch script run against fake srun/scontrol, and the
+local launcher (real processes, and once a real 2-process jax.distributed start-up)."""
+
+import io
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from launch import local, slurm, tpu  # noqa: E402
+
+V5P = ["--name=lev-v5p", "--zone=us-east5-a", "--accelerator_type=v5p-128", "--queued",
+       "--spot", "--workdir=gs://bucket/runs/ladder", "--max_restarts=7", "--dry-run"]
+TRAIN = ["--config=experiments/ladder.py:leviathan_1.2b", "--config.train.steps=20000"]
+GPU = ["--nodes=4", "--gpus_per_node=8", "--partition=gpu", "--time=24:00:00",
+       "--workdir=/shared/runs/ladder", "--chdir=/shared/lev_jax", "--dry-run"]
+
+
+def run(main, argv):
+  out = io.StringIO()
+  status = main(argv, out=out)
+  return status, out.getvalue()
+
+
+def error(main, argv, capsys):
+  status, out = run(main, argv)
+  err = capsys.readouterr().err
+  assert status == 2, (out, err)
+  assert "Traceback" not in err and err.count("\n") == 1, err
+  return err
+
+
+# --- TPU -------------------------------------------------------------------------------
+
+def test_tpu_dry_run_v5p_128_queued_spot():
+  status, out = run(tpu.main, [*V5P, "--", *TRAIN])
+  assert status == 0
+  cmds = [l for l in out.splitlines() if not l.startswith("#")]
+  where = "--zone=us-east5-a"
+  train = ("cd ~/lev_jax && .venv/bin/lev-train --workdir=gs://bucket/runs/ladder "
+           "--config=experiments/ladder.py:leviathan_1.2b --config.train.steps=20000")
+  assert cmds[0] == f"gcloud compute tpus tpu-vm describe lev-v5p {where} '--format=value(state)'"
+  assert cmds[1] == (f"gcloud compute tpus queued-resources describe lev-v5p {where} "
+                     "'--format=value(state.state)'")
+  assert cmds[2] == (f"gcloud compute tpus queued-resources create lev-v5p {where} "
+                     "--node-id=lev-v5p --accelerator-type=v5p-128 "
+                     "--runtime-version=v2-alpha-tpuv5 --spot")
+  assert cmds[3] == cmds[1]  # polled until ACTIVE
+  assert cmds[4].startswith("tar -czf ") and cmds[4].endswith(f"-C {REPO} .")
+  assert cmds[5].startswith("gcloud compute tpus tpu-vm scp ") and cmds[5].endswith(
+      f"lev-v5p:lev_jax.tar.gz {where} --worker=all")
+  ssh = f"gcloud compute tpus tpu-vm ssh lev-v5p {where} --worker=all "
+  assert cmds[6].startswith(ssh + "'--command=rm -rf ~/lev_jax && mkdir -p ~/lev_jax && tar")
+  assert cmds[7].startswith(ssh) and 'pip install -q -e . "jax[tpu]"' in cmds[7]
+  assert cmds[8] == ssh + shlex.quote("--command=" + train)
+  assert cmds[9] == cmds[0]
+  assert cmds[10] == (f"gcloud compute tpus queued-resources delete lev-v5p {where} "
+                      "--force --quiet")
+  assert len(cmds) == 11
+  assert all("--worker=all" in c for c in cmds if " ssh " in c or " scp " in c)
+  # One ssh --worker=all runs lev-train: the same command line on all 16 workers, with no
+  # per-worker flags (JAX's Cloud TPU auto-detection finds the other workers).
+  runs = [c for c in cmds if "lev-train" in c]
+  assert runs == [cmds[8]] and "--process_id" not in runs[0]
+  assert "# launch/tpu.py: v5p-128 (64 chips, 16 hosts), spot queued resource" in out
+  assert "at most 7 restarts" in out
+
+
+def test_tpu_dry_run_tpu_vm_create_preemptible_git_repo():
+  status, out = run(tpu.main, ["--name=t1", "--zone=us-central2-b", "--accelerator_type=v4-32",
+                               "--preemptible", "--project=proj",
+                               "--repo=https://github.com/me/lev_jax.git",
+                               "--workdir=gs://b/r", "--dry-run", "--", "--config=x.py:tied"])
+  assert status == 0
+  assert ("gcloud compute tpus tpu-vm create t1 --zone=us-central2-b --project=proj "
+          "--accelerator-type=v4-32 --version=tpu-ubuntu2204-base --preemptible") in out
+  assert "git clone --depth=1 https://github.com/me/lev_jax.git ~/lev_jax" in out
+  assert "gcloud compute tpus tpu-vm delete t1 --zone=us-central2-b --project=proj --quiet" in out
+  assert "queued-resources" not in out
+
+
+def test_tpu_single_host_allows_local_workdir_with_a_warning():
+  status, out = run(tpu.main, ["--name=one", "--zone=us-east5-a", "--accelerator_type=v5p-8",
+                               "--workdir=runs/x", "--dry-run"])
+  assert status == 0 and "warning: --workdir=runs/x is on the TPU VM's disk" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (V5P[1:], "--name is required"),
+    (["--name=Bad_Name", *V5P[1:]], "--name=Bad_Name: expected lowercase"),
+    ([*V5P[:1], *V5P[2:]], "--zone is required"),
+    ([*V5P[:2], *V5P[3:]], "--accelerator_type is required"),
+    ([*V5P, "--accelerator_type=v5p-100"], "--accelerator_type=v5p-100: v5p-N counts "
+     "TensorCores, N must be a multiple of 8"),
+    ([*V5P, "--accelerator_type=v7-8"], "--accelerator_type=v7-8: unknown TPU type; expected "
+     "v2-N, v3-N, v4-N or v5p-N"),
+    ([*V5P, "--accelerator_type=v6e-12"], "--accelerator_type=v6e-12: expected"),
+    ([*V5P, "--workdir=/home/me/runs"], "--workdir=/home/me/runs: v5p-128 (64 chips, 16 hosts) "
+     "needs a gs:// workdir"),
+    ([x for x in V5P if not x.startswith("--workdir")], "--workdir is required for v5p-128"),
+    ([*V5P, "--preemptible"], "--spot and --preemptible: choose one"),
+    ([*[x for x in V5P if x != "--spot"], "--preemptible"], "--preemptible with --queued"),
+    ([*V5P, "--repo=/nonexistent/dir"], "--repo=/nonexistent/dir: not a directory"),
+    ([*V5P, "--", "--workdir=gs://b/other"], "--workdir after --"),
+    ([*V5P, "--max_restarts=-1"], "--max_restarts=-1: expected 0 or more"),
+    ([*V5P, "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_tpu_bad_inputs(argv, needle, capsys):
+  err = error(tpu.main, argv, capsys)
+  assert err.startswith("launch/tpu.py: error: ") and needle in err, err
+
+
+class FakeGcloud:
+  """Answers describes from scripted states and lev-train runs from scripted statuses."""
+
+  def __init__(self, states, statuses, qstates=()):
+    self.states, self.statuses, self.qstates = list(states), list(statuses), list(qstates)
+    self.log = []
+
+  def note(self, message):
+    pass
+
+  def run(self, argv):
+    kind = ("train" if "lev-train" in " ".join(argv) else "tar" if argv[0] == "tar"
+            else " ".join(argv[3:5]))
+    self.log.append(kind)
+    return self.statuses.pop(0) if kind == "train" else 0
+
+  def query(self, argv):
+    queued = "queued-resources" in argv
+    self.log.append("describe-qr" if queued else "describe")
+    return (self.qstates if queued else self.states).pop(0)
+
+  def sleep(self, seconds):
+    self.log.append("sleep")
+
+
+def tpu_job(*extra):
+  return tpu.job_from_argv([*V5P, *extra])[0]
+
+
+def test_tpu_restarts_a_preempted_tpu_and_reruns():
+  job = tpu_job("--", *TRAIN)
+  fake = FakeGcloud(states=[None, "PREEMPTED"], statuses=[255, 0],
+                    qstates=[None, "WAITING_FOR_RESOURCES", "ACTIVE", "ACTIVE"])
+  assert tpu.launch(job, fake) == 0
+  prepare = ["tar", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh"]
+  assert fake.log == [
+      "describe", "describe-qr", "queued-resources create", "describe-qr", "sleep",
+      "describe-qr", *prepare, "train",
+      "describe", "queued-resources delete", "queued-resources create", "describe-qr",
+      *prepare, "train"]
+
+
+def test_tpu_reuses_a_ready_tpu_and_stops_on_a_real_failure():
+  fake = FakeGcloud(states=["READY", "READY"], statuses=[1])
+  assert tpu.launch(tpu_job(), fake) == 1
+  assert fake.log == ["describe", "tar", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh",
+                      "train", "describe"]
+
+
+def test_tpu_reruns_after_sigterm_checkpoint_on_a_ready_tpu_until_max_restarts():
+  fake = FakeGcloud(states=["READY"] * 4, statuses=[143, 143, 143])
+  assert tpu.launch(tpu_job("--max_restarts=2"), fake) == 143
+  assert fake.log.count("train") == 3 and "queued-resources create" not in fake.log
+
+
+def test_tpu_runs_gcloud_for_real_with_a_fake_gcloud(tmp_path, monkeypatch):
+  log = tmp_path / "gcloud.log"
+  gcloud = tmp_path / "gcloud"
+  gcloud.write_text(textwrap.dedent(f"""\
+      #!/bin/bash
+      echo "$*" >> {log}
+      case "$*" in
+        *"tpu-vm describe"*) echo "ERROR: (gcloud) NOT_FOUND: Resource was not found" >&2
+                             exit 1;;
+      esac
+      """))
+  gcloud.chmod(0o755)
+  monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+  status = tpu.main(["--name=one", "--zone=us-east5-a", "--accelerator_type=v5p-8", "--spot",
+                     "--repo=https://example.com/lev_jax.git", "--", "--config=c.py:tied"])
+  assert status == 0
+  calls = log.read_text().splitlines()
+  assert [c.split(" --")[0] for c in calls] == [
+      "compute tpus tpu-vm describe one", "compute tpus tpu-vm create one",
+      "compute tpus tpu-vm ssh one", "compute tpus tpu-vm ssh one", "compute tpus tpu-vm ssh one"]
+  assert calls[1].endswith("--accelerator-type=v5p-8 --version=v2-alpha-tpuv5 --spot")
+  assert calls[-1].endswith("--worker=all --command=cd ~/lev_jax && .venv/bin/lev-train "
+                            "--config=c.py:tied")
+
+
+# --- SLURM -----------------------------------------------------------------------------
+
+def test_slurm_dry_run_4_nodes_x_8_gpus(tmp_path):
+  status, script = run(slurm.main, [*GPU, "--venv=/shared/venv", "--", *TRAIN])
+  assert status == 0
+  lines = script.splitlines()
+  assert lines[0] == "#!/bin/bash"
+  for line in ["#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+               "#SBATCH --partition=gpu", "#SBATCH --time=24:00:00",
+               "#SBATCH --signal=TERM@120", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+               "#SBATCH --chdir=/shared/lev_jax",
+               "#SBATCH --output=/shared/runs/ladder.slurm-%j.out",
+               "source /shared/venv/bin/activate",
+               'COORDINATOR_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+               'export COORDINATOR="$COORDINATOR_HOST:$((SLURM_JOB_ID % 4096 + 61440))"',
+               "srun --ntasks-per-node=1 --gpus-per-node=8 bash -c 'exec lev-train "
+               '--coordinator_address="$COORDINATOR" --num_processes="$SLURM_NTASKS" '
+               '--process_id="$SLURM_PROCID" --workdir=/shared/runs/ladder '
+               "--config=experiments/ladder.py:leviathan_1.2b --config.train.steps=20000'",
+               'if [ "$status" -eq 143 ]; then', '    scontrol requeue "$SLURM_JOB_ID"',
+               'exit "$status"']:
+    assert line in lines, line
+  path = tmp_path / "job.sbatch"
+  path.write_text(script)
+  assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_slurm_script_runs_lev_train_with_coordinator_and_requeues_on_143(tmp_path):
+  """The generated script under bash, with fake srun / scontrol / lev-train on PATH."""
+  status, script = run(slurm.main, [*GPU, f"--workdir={tmp_path}/run", "--", "--config=c.py:x"])
+  assert status == 0
+  bin_ = tmp_path / "bin"
+  bin_.mkdir()
+  fakes = {
+      # srun: drop its own options, run the task as process 2 of 4 (what srun exports)
+      "srun": 'while [[ $1 == --* ]]; do shift; done; SLURM_NTASKS=4 SLURM_PROCID=2 "$@"',
+      "scontrol": f'if [ "$1" = show ]; then printf "gpu017\\ngpu018\\n"; '
+                  f'else echo "$@" >> {tmp_path}/scontrol.log; fi',
+      "lev-train": f'echo "$@" > {tmp_path}/args; exit 143',
+  }
+  for name, body in fakes.items():
+    (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
+    (bin_ / name).chmod(0o755)
+  (tmp_path / "job.sbatch").write_text(script)
+  env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_JOB_ID": "1234",
+         "SLURM_JOB_NODELIST": "gpu[017-020]", "SLURM_JOB_NUM_NODES": "4"}
+  proc = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, capture_output=True,
+                        text=True, timeout=30)
+  assert proc.returncode == 143, proc.stderr
+  port = 1234 % 4096 + 61440
+  assert (tmp_path / "args").read_text().split() == [
+      f"--coordinator_address=gpu017:{port}", "--num_processes=4", "--process_id=2",
+      f"--workdir={tmp_path}/run", "--config=c.py:x"]
+  assert (tmp_path / "scontrol.log").read_text() == "requeue 1234\n"
+  assert "requeueing job 1234" in proc.stderr
+
+
+def test_slurm_no_requeue():
+  status, script = run(slurm.main, [*GPU, "--no-requeue", "--port=29500"])
+  assert status == 0
+  assert "#SBATCH --no-requeue" in script and "scontrol requeue" not in script
+  assert 'export COORDINATOR="$COORDINATOR_HOST:29500"' in script
+
+
+def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, monkeypatch):
+  sbatch = tmp_path / "bin" / "sbatch"
+  sbatch.parent.mkdir()
+  sbatch.write_text(f'#!/bin/bash\necho "$@" > {tmp_path}/sbatch.args\n')
+  sbatch.chmod(0o755)
+  monkeypatch.setenv("PATH", f"{sbatch.parent}:{os.environ['PATH']}")
+  workdir = tmp_path / "runs" / "ladder"
+  assert slurm.main(["--nodes=2", f"--workdir={workdir}", "--", "--config=c.py:x"]) == 0
+  script = tmp_path / "runs" / "ladder.sbatch"
+  assert (tmp_path / "sbatch.args").read_text().strip() == str(script)
+  assert "#SBATCH --nodes=2" in script.read_text() and not workdir.exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--nodes=0", *GPU[1:]], "--nodes=0: expected at least 1"),
+    (GPU[1:], "--nodes is required"),
+    ([*GPU, "--gpus_per_node=0"], "--gpus_per_node=0: expected at least 1"),
+    ([*GPU, "--time=tomorrow"], "--time=tomorrow: expected minutes, MM:SS, HH:MM:SS"),
+    ([*GPU, "--time=1"], "--signal_s=120: must be shorter than --time=1 (60 s)"),
+    ([x for x in GPU if not x.startswith("--workdir")], "--workdir is required"),
+    ([*GPU, "--workdir=gs://b/r"], "expected a shared filesystem path"),
+    ([*GPU, "--", "--process_id=3"], "--process_id after --: launch/slurm.py sets it"),
+    ([*GPU, "--partition=a b"], "--partition='a b': expected letters"),
+])
+def test_slurm_bad_inputs(argv, needle, capsys):
+  err = error(slurm.main, argv, capsys)
+  assert err.startswith("launch/slurm.py: error: ") and needle in err, err
+
+
+def test_scripts_run_from_the_command_line():
+  for script, argv in [("tpu.py", [*V5P, "--", *TRAIN]), ("slurm.py", [*GPU, "--", *TRAIN]),
+                       ("local.py", ["--num_processes=2", "--dry-run"])]:
+    proc = subprocess.run([sys.executable, str(REPO / "launch" / script), *argv],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert proc.returncode == 0 and proc.stdout, proc.stderr
+  proc = subprocess.run([sys.executable, str(REPO / "launch" / "tpu.py"), "--dry-run"],
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2 and proc.stderr == (
+      "launch/tpu.py: error: --name is required: the TPU VM (and queued resource) name, "
+      "e.g. --name=lev-v5p-128\n")
+
+
+# --- local -----------------------------------------------------------------------------
+
+def test_local_dry_run_lists_one_command_per_process():
+  out = io.StringIO()
+  assert local.launch_local(["--config=experiments/smoke.py:tied", "--workdir=runs/mp"], 3, 4,
+                            port=23456, dry_run=True, out=out) == 0
+  lines = out.getvalue().splitlines()
+  assert len(lines) == 3
+  for k, line in enumerate(lines):
+    words = shlex.split(line)
+    env = dict(w.split("=", 1) for w in words[1:] if "=" in w and w[0].isupper())
+    assert words[0] == "env"
+    assert env["LEV_JAX_PROCESS_ID"] == str(k)
+    assert env["LEV_JAX_COORDINATOR"] == "127.0.0.1:23456"
+    assert env["LEV_JAX_NUM_PROCESSES"] == "3" and env["JAX_PLATFORMS"] == "cpu"
+    assert env["XLA_FLAGS"].split()[0] == "--xla_force_host_platform_device_count=4"
+    assert words[-4:] == ["-m", "lev_jax.main", "--config=experiments/smoke.py:tied",
+                          "--workdir=runs/mp"]
+
+
+def test_local_default_port_is_shared_and_free():
+  out = io.StringIO()
+  local.launch_local([], 2, 1, dry_run=True, out=out)
+  coords = {w for l in out.getvalue().splitlines() for w in shlex.split(l)
+            if w.startswith("LEV_JAX_COORDINATOR=")}
+  assert len(coords) == 1
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--num_processes=0", "--dry-run"], "--num_processes=0: expected at least 1"),
+    (["--devices_per_process=0", "--dry-run"], "--devices_per_process=0: expected at least 1"),
+    (["--port=70000", "--dry-run"], "--port=70000: expected a TCP port"),
+    (["--command", "--dry-run"], "--command needs the command after --"),
+    (["--command", "--module=x", "--", "true"], "not allowed with argument"),
+])
+def test_local_bad_inputs(argv, needle, capsys):
+  assert local.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("launch/local.py: error: ") and needle in err, err
+
+
+def test_local_prefixes_output_and_stops_the_others_when_one_fails():
+  prog = ("import os, sys, time; k = int(os.environ['LEV_JAX_PROCESS_ID']); "
+          "print('hello from', k, os.environ['LEV_JAX_NUM_PROCESSES'], flush=True); "
+          "sys.exit(3) if k == 1 else time.sleep(60)")
+  out = io.StringIO()
+  start = time.monotonic()
+  status = local.launch_local([sys.executable, "-c", prog], 2, 1, command=True, grace_s=5,
+                              out=out)
+  assert status == 3 and time.monotonic() - start < 20
+  text = out.getvalue()
+  assert "[p0] hello from 0 2" in text and "[p1] hello from 1 2" in text
+  assert "[local] process 1 exited with status 3; stopping the others" in text
+
+
+def test_local_two_jax_processes_form_one_cluster():
+  """A real 2-process x 2-device jax.distributed start-up through lev_jax.distributed."""
+  prog = textwrap.dedent("""
+      import jax, numpy as np
+      from jax.experimental import multihost_utils
+      from lev_jax import distributed
+      distributed.initialize()
+      ids = multihost_utils.process_allgather(np.array([jax.process_index()]))
+      print("index", jax.process_index(), "count", jax.process_count(), "devices",
+            jax.device_count(), "local", jax.local_device_count(), "all", ids.ravel().tolist())
+  """)
+  out = io.StringIO()
+  assert local.launch_local([sys.executable, "-c", prog], 2, 2, command=True, out=out) == 0, \
+      out.getvalue()
+  for k in range(2):
+    assert f"[p{k}] index {k} count 2 devices 4 local 2 all [0, 1]" in out.getvalue()
+
+
+def test_local_forwards_sigterm_and_waits_for_the_checkpoints():
+  prog = ("import os, signal, sys, time\n"
+          "def stop(*_):\n"
+          "  time.sleep(0.5); print('checkpointed', os.environ['LEV_JAX_PROCESS_ID'], flush=True)\n"
+          "  sys.exit(143)\n"
+          "signal.signal(signal.SIGTERM, stop); print('ready', flush=True); time.sleep(60)\n")
+  proc = subprocess.Popen([sys.executable, str(REPO / "launch" / "local.py"), "--grace_s=0.1",
+                           "--command", "--", sys.executable, "-c", prog],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  lines = []
+  while len([l for l in lines if "ready" in l]) < 2:
+    lines.append(proc.stdout.readline())
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=30)
+  assert proc.returncode == 143, out
+  assert "[p0] checkpointed 0" in out and "[p1] checkpointed 1" in out  # not SIGKILLed
