@@ -226,10 +226,14 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   return NamedSharding(mesh, P(axes or None, None))
 
 
-def check_batch(global_batch: int, mesh: Mesh, rules, what: str):
-  """Raises ShardingError unless `global_batch` divides over the batch axes and hosts."""
-  axes = [a for a in rules["batch"] if mesh_sizes(mesh).get(a, 1) > 1]
-  n = math.prod(mesh_sizes(mesh)[a] for a in axes)
+def check_batch(global_batch: int, sizes: dict[str, int], rules, what: str):
+  """Raises ShardingError unless `global_batch` divides over the batch axes and hosts.
+
+  Args:
+    sizes: mesh axis sizes, e.g. `mesh_sizes(mesh)`.
+  """
+  axes = [a for a in rules["batch"] if sizes.get(a, 1) > 1]
+  n = math.prod(sizes[a] for a in axes)
   if global_batch % n:
     raise ShardingError(f"{what} = {global_batch} is not divisible by the batch mesh axes "
                         f"{tuple(axes)} of total size {n}")

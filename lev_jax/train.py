@@ -83,9 +83,10 @@ def partition(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Pa
       transform_non_params=lambda _: replicated,
       is_leaf=lambda x: isinstance(x, NamedSharding))
   t = config.train
-  sharding.check_batch(t.global_batch_size // t.grad_accum_steps, mesh, rules,
+  sizes = sharding.mesh_sizes(mesh)
+  sharding.check_batch(t.global_batch_size // t.grad_accum_steps, sizes, rules,
                        "train.global_batch_size / train.grad_accum_steps")
-  sharding.check_batch(config.eval.batch_size, mesh, rules, "eval.batch_size")
+  sharding.check_batch(config.eval.batch_size, sizes, rules, "eval.batch_size")
   return Partitioned(graphdef, mesh, rules,
                      {"params": param_sh, "opt_state": opt_sh, "step": replicated,
                       "rng": replicated},

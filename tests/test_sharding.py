@@ -67,6 +67,14 @@ def test_spec_rules_missing_rule_and_indivisible_dimension():
   assert sharding.spec_for(("batch",), (3,), sizes, rules, "x", strict=False) == jax.P(None)
 
 
+def test_batch_that_the_mesh_does_not_divide_names_the_sizes():
+  rules = dict(sharding.LOGICAL_AXIS_RULES)
+  sharding.check_batch(16, {"data": 2, "fsdp": 4, "tensor": 2}, rules, "train.global_batch_size")
+  with pytest.raises(sharding.ShardingError, match=r"train.global_batch_size = 12 is not "
+                     r"divisible by the batch mesh axes \('data', 'fsdp'\) of total size 8"):
+    sharding.check_batch(12, {"data": 2, "fsdp": 4, "tensor": 2}, rules, "train.global_batch_size")
+
+
 def test_config_rules_override_by_name():
   c = tiny_config()
   c.mesh.rules = (("embed", ("data", "fsdp")), ("vocab", ()))
