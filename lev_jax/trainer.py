@@ -18,6 +18,8 @@ import time
 
 import jax
 import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
 from etils import epath
 from tqdm import tqdm
 
@@ -44,6 +46,14 @@ class _Preemption:
   def _handle(self, signum, frame):
     del signum, frame
     self.requested = True
+
+  def agreed(self) -> bool:
+    """True when any process got SIGTERM; every process must stop at the same step, so
+    with several processes the flag is combined across hosts (one tiny allgather)."""
+    if jax.process_count() == 1:
+      return self.requested
+    flags = multihost_utils.process_allgather(np.int32(self.requested))
+    return bool(np.max(flags))
 
 
 def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> dict:
@@ -169,12 +179,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
         pending = None
       result = _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
       window_start, window_steps = time.perf_counter(), 0
-    stopping = preemption.requested or step == stop_at_step
+    preempted = preemption.agreed()
+    stopping = preempted or step == stop_at_step
     if step % t.checkpoint_every == 0 or step == t.steps or stopping:
       ckpt.save(step, state, train_iter, config)
     if stopping:
       logging.warning("stopping at step %d (%s) after saving a checkpoint", step,
-                      "SIGTERM" if preemption.requested else "stop_at_step")
+                      "SIGTERM" if preempted else "stop_at_step")
       break
   if pending is not None:
     flush(pending)

@@ -95,3 +95,35 @@ def test_single_then_pair(reference, tmp_path):
   log = pair(args(workdir, cache), tmp_path / "pair.log")
   assert "resumed from step 4" in log
   _check(losses(workdir), ref, list(range(1, 9)))
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step(reference, tmp_path):
+  """A preemption notice reaching one host only: the hosts agree and checkpoint together."""
+  import socket
+  import signal
+  import time
+  tmp, cache, _ = reference
+  workdir = tmp_path / "run"
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  procs = []
+  for pid in range(2):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", LEV_JAX_COORDINATOR=f"127.0.0.1:{port}",
+               LEV_JAX_NUM_PROCESSES="2", LEV_JAX_PROCESS_ID=str(pid),
+               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
+               " --xla_force_host_platform_device_count=4")
+    argv = args(workdir, cache, "--config.train.steps=100000",
+                "--config.train.checkpoint_every=100000")
+    procs.append(subprocess.Popen([sys.executable, "-m", "lev_jax.main", *argv], cwd=REPO,
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True))
+  metrics = workdir / "metrics.jsonl"
+  deadline = time.time() + 180
+  while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+    time.sleep(0.05)
+  procs[1].send_signal(signal.SIGTERM)
+  codes = [p.wait(timeout=120) for p in procs]
+  assert codes == [143, 143], [p.stderr.read()[-2000:] for p in procs]
+  steps = [int(p.name) for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
+  assert len(steps) == 1 and steps[0] >= 3
