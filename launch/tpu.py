@@ -19,7 +19,7 @@ Steps (each one gcloud command; `--dry-run` prints them exactly, in this order):
    packed with tar here and copied with `tpu-vm scp --worker=all`, then unpacked.
 3. Install on every worker: Python 3.11 (apt, if the image lacks it: runtime images ship
    Ubuntu 22.04 with Python 3.10, lev_jax needs >= 3.11), a venv in ~/lev_jax/.venv,
-   `pip install -e . 'jax[tpu]'`.
+   `pip install -e '.[gcs]' 'jax[tpu]'` (gcs: the gs:// workdir needs gcsfs).
 4. Run the same lev-train command on every worker (`tpu-vm ssh --worker=all`), its output
    streamed here. JAX finds the other workers itself (Cloud TPU cluster auto-detection,
    see lev_jax/distributed.py): no coordinator flags are needed.
@@ -193,7 +193,7 @@ class TpuJob:
         f"set -e; command -v {py} >/dev/null || {{ sudo apt-get update -qq && "
         f"sudo apt-get install -y -qq {py} {py}-venv; }}; cd ~/{REMOTE_DIR} && "
         f"{py} -m venv .venv && .venv/bin/pip install -q --upgrade pip && "
-        ".venv/bin/pip install -q -e . \"jax[tpu]\"")
+        ".venv/bin/pip install -q -e \".[gcs]\" \"jax[tpu]\"")
 
   def train_command(self) -> str:
     """The lev-train command line every worker runs (identical on all of them)."""

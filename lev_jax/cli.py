@@ -7,6 +7,7 @@ Errors a user can fix (a bad flag, config file, variant or value) end the progra
 from __future__ import annotations
 
 import logging as std_logging
+import os
 import sys
 
 from absl import flags, logging
@@ -43,11 +44,18 @@ def config_or_exit(prog: str):
                f"{_last_line(e)}")
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 class _OwnInfoOnly(std_logging.Filter):
-  """Keep lev_jax's INFO lines and everyone's warnings; drop libraries' INFO chatter."""
+  """Keep lev_jax's INFO lines and everyone's warnings; drop libraries' INFO chatter.
+
+  "lev_jax's" = emitted by a file inside this package's directory (not merely a path
+  containing "lev_jax": a checkout named lev_jax holds its .venv's libraries too)."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    return record.levelno >= std_logging.WARNING or "lev_jax" in record.pathname
+    return (record.levelno >= std_logging.WARNING or
+            os.path.abspath(record.pathname).startswith(_PACKAGE_DIR))
 
 
 def quiet_library_logs():

@@ -61,8 +61,9 @@ def main(argv):
     print(f"lev-train: {config.name} stopped early after a checkpoint; re-run to resume",
           file=sys.stderr)
     sys.exit(PREEMPTED_EXIT)
-  print(f"lev-train: {config.name} step {result['step']}: validation loss "
-        f"{result['loss']:.4f}, perplexity {result['perplexity']:.2f} -> {workdir}/eval.json")
+  if distributed.is_primary():
+    print(f"lev-train: {config.name} step {result['step']}: validation loss "
+          f"{result['loss']:.4f}, perplexity {result['perplexity']:.2f} -> {workdir}/eval.json")
 
 
 def run():

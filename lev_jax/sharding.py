@@ -66,8 +66,19 @@ class ShardingError(ValueError):
 def rules_from_config(config: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
   """LOGICAL_AXIS_RULES with config.mesh.rules ((name, (mesh axes...)), ...) applied."""
   rules = dict(LOGICAL_AXIS_RULES)
-  for entry in config.mesh.rules:
-    name, axes = entry[0], entry[1]
+  entries = config.mesh.rules
+  expected = "expected ((logical_name, (mesh_axis, ...)), ...), e.g. (('embed', ('data', 'fsdp')),)"
+  if isinstance(entries, str) or not all(
+      isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str) for e in entries):
+    raise ShardingError(f"config.mesh.rules = {entries!r}: {expected}")
+  seen = set()
+  for name, axes in entries:
+    if name not in rules:
+      raise ShardingError(f"config.mesh.rules: unknown logical axis {name!r}; known names: "
+                          f"{', '.join(rules)}")
+    if name in seen:
+      raise ShardingError(f"config.mesh.rules: {name!r} is given twice")
+    seen.add(name)
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
     bad = [a for a in axes if a not in MESH_AXES]
     if bad:
@@ -127,8 +138,12 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices: Sequence | None = No
   devices = list(jax.devices() if devices is None else devices)
   ici, dcn = mesh_shapes(mesh_cfg, len(devices))
   if math.prod(dcn) > 1:
-    grid = mesh_utils.create_hybrid_device_mesh(
-        ici, dcn, devices, process_is_granule=devices[0].platform != "tpu")
+    try:
+      grid = mesh_utils.create_hybrid_device_mesh(
+          ici, dcn, devices, process_is_granule=devices[0].platform != "tpu")
+    except ValueError as e:  # e.g. DCN sizes that do not match the slices / hosts
+      raise ShardingError(f"config.mesh DCN sizes {tuple(dcn)} (ICI {tuple(ici)}) do not fit "
+                          f"this job's slices / hosts: {e}") from e
   else:
     grid = mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
   return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
@@ -235,10 +250,10 @@ def check_batch(global_batch: int, sizes: dict[str, int], rules, what: str):
   axes = [a for a in rules["batch"] if sizes.get(a, 1) > 1]
   n = math.prod(sizes[a] for a in axes)
   if global_batch % n:
-    raise ShardingError(f"{what} = {global_batch} is not divisible by the batch mesh axes "
+    raise ShardingError(f"{what} is {global_batch}, not divisible by the batch mesh axes "
                         f"{tuple(axes)} of total size {n}")
   if global_batch % jax.process_count():
-    raise ShardingError(f"{what} = {global_batch} is not divisible by the "
+    raise ShardingError(f"{what} is {global_batch}, not divisible by the "
                         f"{jax.process_count()} processes")
 
 

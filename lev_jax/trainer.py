@@ -74,6 +74,26 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
   return result
 
 
+def _check_gcs_support(config: ml_collections.ConfigDict, workdir) -> None:
+  """gs:// paths need gcsfs (etils.epath's backend) and google-cloud-storage (TensorBoard).
+
+  Raises:
+    ConfigError: naming the field with a gs:// path when those packages are missing.
+  """
+  paths = {"--workdir": [str(workdir)], "data.train_files": list(config.data.train_files),
+           "data.validation_files": list(config.data.validation_files),
+           "data.tiktoken_file": [config.data.tiktoken_file]}
+  for field, values in paths.items():
+    if any(str(v).startswith("gs://") for v in values):
+      try:
+        import gcsfs  # noqa: F401
+        import google.cloud.storage  # noqa: F401
+      except ImportError as e:
+        raise ConfigError(
+            f"{field} is on gs:// but Google Cloud Storage support is not installed "
+            f"({e.name} missing): pip install -e '.[gcs]'") from e
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
                        stop_at_step: int | None = None) -> dict | None:
   """Trains config.train.steps optimizer steps (resuming if possible); returns final eval.
@@ -89,6 +109,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
       the field, file or checkpoint at fault.
   """
   validate(config)
+  _check_gcs_support(config, workdir)
   workdir = epath.Path(workdir).expanduser()
   if "://" not in str(workdir):
     workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative

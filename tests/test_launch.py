@@ -61,7 +61,7 @@ def test_tpu_dry_run_v5p_128_queued_spot():
       f"lev-v5p:lev_jax.tar.gz {where} --worker=all")
   ssh = f"gcloud compute tpus tpu-vm ssh lev-v5p {where} --worker=all "
   assert cmds[6].startswith(ssh + "'--command=rm -rf ~/lev_jax && mkdir -p ~/lev_jax && tar")
-  assert cmds[7].startswith(ssh) and 'pip install -q -e . "jax[tpu]"' in cmds[7]
+  assert cmds[7].startswith(ssh) and 'pip install -q -e ".[gcs]" "jax[tpu]"' in cmds[7]
   assert cmds[8] == ssh + shlex.quote("--command=" + train)
   assert cmds[9] == cmds[0]
   assert cmds[10] == (f"gcloud compute tpus queued-resources delete lev-v5p {where} "

@@ -70,7 +70,7 @@ def test_spec_rules_missing_rule_and_indivisible_dimension():
 def test_batch_that_the_mesh_does_not_divide_names_the_sizes():
   rules = dict(sharding.LOGICAL_AXIS_RULES)
   sharding.check_batch(16, {"data": 2, "fsdp": 4, "tensor": 2}, rules, "train.global_batch_size")
-  with pytest.raises(sharding.ShardingError, match=r"train.global_batch_size = 12 is not "
+  with pytest.raises(sharding.ShardingError, match=r"train.global_batch_size is 12, not "
                      r"divisible by the batch mesh axes \('data', 'fsdp'\) of total size 8"):
     sharding.check_batch(12, {"data": 2, "fsdp": 4, "tensor": 2}, rules, "train.global_batch_size")
 
@@ -82,6 +82,15 @@ def test_config_rules_override_by_name():
   assert rules["embed"] == ("data", "fsdp") and rules["vocab"] == () and rules["mlp"] == ("tensor",)
   c.mesh.rules = (("embed", ("pipeline",)),)
   with pytest.raises(sharding.ShardingError, match="unknown mesh axes"):
+    sharding.rules_from_config(c)
+  c.mesh.rules = (("embedd", ("data",)),)
+  with pytest.raises(sharding.ShardingError, match="unknown logical axis 'embedd'; known"):
+    sharding.rules_from_config(c)
+  c.mesh.rules = (("embed", ("data",)), ("embed", ()))
+  with pytest.raises(sharding.ShardingError, match="'embed' is given twice"):
+    sharding.rules_from_config(c)
+  c.mesh.rules = tuple("garbage")  # what --config.mesh.rules=garbage becomes
+  with pytest.raises(sharding.ShardingError, match="expected \(\(logical_name"):
     sharding.rules_from_config(c)
 
 

@@ -199,3 +199,18 @@ def test_documents_mode_gives_each_host_its_own_documents(data_cache):
   b0 = next(iter(bundle.train_dataset(4, 0, 2)))
   b1 = next(iter(bundle.train_dataset(4, 1, 2)))
   assert b0["inputs"].shape == (4, 32) and not np.array_equal(b0["inputs"], b1["inputs"])
+
+
+def test_gs_workdir_without_gcs_support_names_the_install(data_cache, monkeypatch):
+  import builtins
+  real_import = builtins.__import__
+
+  def no_gcsfs(name, *a, **k):
+    if name == "gcsfs":
+      raise ImportError("No module named 'gcsfs'", name="gcsfs")
+    return real_import(name, *a, **k)
+
+  monkeypatch.setattr(builtins, "__import__", no_gcsfs)
+  c = run_config("tied", data_cache)
+  with pytest.raises(ConfigError, match=r"--workdir is on gs:// .*gcsfs missing.*\[gcs\]"):
+    train_and_evaluate(c, "gs://bucket/runs/x")
