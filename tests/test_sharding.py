@@ -90,7 +90,7 @@ def test_config_rules_override_by_name():
   with pytest.raises(sharding.ShardingError, match="'embed' is given twice"):
     sharding.rules_from_config(c)
   c.mesh.rules = tuple("garbage")  # what --config.mesh.rules=garbage becomes
-  with pytest.raises(sharding.ShardingError, match="expected \(\(logical_name"):
+  with pytest.raises(sharding.ShardingError, match=r"expected \(\(logical_name"):
     sharding.rules_from_config(c)
 
 
