@@ -93,11 +93,20 @@ def partition(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Pa
                      sharding.batch_sharding(mesh, rules))
 
 
+def init_state(part: Partitioned, config: ml_collections.ConfigDict) -> dict:
+  """Fresh params and optimizer state, created directly sharded (no full copy anywhere)."""
+  return jax.jit(lambda: _init_state(config), out_shardings=part.state_sharding)()
+
+
+def abstract_state(part: Partitioned, config: ml_collections.ConfigDict) -> dict:
+  """The state's shapes, dtypes and shardings, without computing it (for a restore)."""
+  return part.abstract_state(jax.eval_shape(lambda: _init_state(config)))
+
+
 def create_train_state(config: ml_collections.ConfigDict, mesh: Mesh | None = None):
   """Returns (partitioned, state): fresh params and optimizer state, created sharded."""
   part = partition(config, mesh)
-  state = jax.jit(lambda: _init_state(config), out_shardings=part.state_sharding)()
-  return part, state
+  return part, init_state(part, config)
 
 
 def token_nll(graphdef, params, batch) -> jax.Array:

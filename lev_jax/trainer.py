@@ -30,7 +30,7 @@ from lev_jax.evaluate import evaluate
 from lev_jax.flops import mfu, tokens_per_s_per_device, train_flops_per_step
 from lev_jax import sharding
 from lev_jax.metrics import MetricWriter
-from lev_jax.train import create_train_state, make_eval_step, make_train_step
+from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
 
 
 class _Preemption:
@@ -120,7 +120,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     raise ConfigError(
         f"config.model.vocab_size = {config.model.vocab_size} but the tokenizer has "
         f"{bundle.tokenizer.vocab_size} ids: model and data must agree")
-  part, state = create_train_state(config)
+  part = partition(config)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())
   global_stream = config.data.host_batches == "global"
@@ -135,9 +135,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints,
                       portable_data=global_stream)
   latest = ckpt.latest_step()
-  if latest is not None:
-    state = ckpt.restore(latest, part.abstract_state(state), train_iter, config)
+  if latest is not None:  # restored straight into its shardings; no fresh init first
+    state = ckpt.restore(latest, abstract_state(part, config), train_iter, config)
     logging.info("resumed from step %d", latest)
+  else:
+    state = init_state(part, config)
   step = int(state["step"])
   eval_path = workdir / "eval.json"
   if step == t.steps and eval_path.exists():
