@@ -364,13 +364,17 @@ def test_local_prefixes_output_and_stops_the_others_when_one_fails():
 def test_local_two_jax_processes_form_one_cluster():
   """A real 2-process x 2-device jax.distributed start-up through lev_jax.distributed."""
   prog = textwrap.dedent("""
+      import sys
       import jax, numpy as np
       from jax.experimental import multihost_utils
       from lev_jax import distributed
       distributed.initialize()
       ids = multihost_utils.process_allgather(np.array([jax.process_index()]))
-      print("index", jax.process_index(), "count", jax.process_count(), "devices",
-            jax.device_count(), "local", jax.local_device_count(), "all", ids.ravel().tolist())
+      # One write() per line: Gloo's C++ log lines share the pipe and must not land
+      # inside ours (print() would write the pieces separately when unbuffered).
+      sys.stdout.write(f"index {jax.process_index()} count {jax.process_count()} devices "
+                       f"{jax.device_count()} local {jax.local_device_count()} "
+                       f"all {ids.ravel().tolist()}\\n")
   """)
   out = io.StringIO()
   assert local.launch_local([sys.executable, "-c", prog], 2, 2, command=True, out=out) == 0, \
