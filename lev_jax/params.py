@@ -21,8 +21,8 @@ from lev_jax.lev import lev_param_count
 PARTS = ("embedding", "lev", "backbone", "head")
 
 
-def _part(path: tuple) -> str:
-  names = [str(p) for p in path]
+def _part(name: str) -> str:
+  names = name.split("/")
   if names[0] != "embedding":
     return "backbone"
   if names[1] == "lev":
@@ -39,8 +39,7 @@ def count_params(config: ml_collections.ConfigDict) -> dict:
   state = nnx.state(abstract_model(config), nnx.Param)
   counts = dict.fromkeys(PARTS, 0)
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-    keys = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
-    counts[_part(keys)] += int(leaf.size)
+    counts[_part(jax.tree_util.keystr(path, simple=True, separator="/"))] += int(leaf.size)
   counts["total"] = sum(counts[p] for p in PARTS)
   return counts
 
