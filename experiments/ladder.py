@@ -1,7 +1,8 @@
 """The 200M-1.2B scaling ladder: tied baselines and their Leviathan twins.
 
   lev-params --config=experiments/ladder.py:tied_1.2b
-  lev-train  --config=experiments/ladder.py:leviathan_400m --config.data.train_files=...
+  lev-prepare-data --config=experiments/ladder.py:tied_200m      # once, shared by all rungs
+  lev-train  --config=experiments/ladder.py:leviathan_400m --config.data.prepared_dir=...
 
 Setup as reported for Leviathan (arXiv 2601.22040; ../shared/LEV.md "Reported setup"):
 o200k_base vocabulary (200,019 ids, padded to 200,064), seq_len 512, global batch 512
@@ -46,14 +47,23 @@ def get_config(variant: str = "leviathan_1.2b"):
   m.head_dim, m.d_ff = head_dim, d_ff
   m.max_seq_len = SEQ_LEN
   m.dtype = "bfloat16"
-  c.data.source = "jsonl"
+  # The Pile as shipped (train/00.jsonl.zst .. 29, val, test), prepared once with
+  # `lev-prepare-data --config=experiments/ladder.py:tied_200m` into token ArrayRecord
+  # shards that every rung shares (same tokenizer and files -> same dataset).
+  c.data.source = "prepared"
   c.data.train_files = ("pile/train/*.jsonl.zst",)
   c.data.validation_files = ("pile/val.jsonl.zst",)
-  c.data.shuffle_buffer = 10_000
+  c.data.test_files = ("pile/test.jsonl.zst",)
+  c.data.prepared_dir = "pile/prepared/o200k_base"
+  c.data.shuffle_buffer = 10_000  # packed sequences, as the paper's streaming buffer
   c.data.tokenizer = "o200k_base"
   # At pod scale each host tokenizes only its share (global mode would make every host
   # build all 262,144 tokens of each step); resume needs the same process count.
   c.data.host_batches = "documents"
+  # Batches built by 8 grain processes per host (benchmarks/data_throughput.py: one
+  # loader process delivers ~0.8M tokens/s, two ~1.7M on 2 cores; a 1.2B step on
+  # 64 H100s needs ~0.53M tokens/s per 8-GPU host). Resume needs the same value.
+  c.data.worker_processes = 8
   c.train.seq_len = SEQ_LEN
   c.train.global_batch_size = GLOBAL_BATCH
   c.train.steps = int(20 * label / (SEQ_LEN * GLOBAL_BATCH))

@@ -14,7 +14,9 @@ Modules, one concern each:
   checkpoint  Orbax manager (state, data iterator, config)
   metrics     metrics.jsonl and TensorBoard writers
   trainer     the training loop;  main: `lev-train`;  params: `lev-params`
-  data        embedded corpus, JSONL readers, tokenizers, grain pipeline
+  prepare_data  `lev-prepare-data` (the command; the work is in data.prepare)
+  data        readers (corpus, stream), tokenizers, grain pipeline, prepared
+              ArrayRecord datasets (prepare, prepared, tfds_builder), seqio Tasks
 
 Shape legend used in names (x_BxLxD):
   B batch (sequences)  L seq_len  D d_model  V padded vocab  H heads  G kv heads

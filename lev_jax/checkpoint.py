@@ -35,8 +35,9 @@ SHAPE_FIELDS = {
 
 # Fields that do not change shapes but change what the restored data position means.
 DATA_FIELDS = {"train": ("seq_len", "global_batch_size"),
-               "data": ("source", "train_files", "pile_set_names", "tokenizer", "seed",
-                        "shuffle_buffer")}
+               "data": ("source", "train_files", "prepared_dir", "pile_set_names",
+                        "tokenizer", "seed", "shuffle_buffer", "segment_masking",
+                        "worker_processes")}
 
 
 class CheckpointMismatchError(ValueError):

@@ -18,8 +18,9 @@ BASIS_VARIANTS = ("normalized", "khronos")
 LEV_MODES = ("auto", "table", "tokens")
 DECAY_MASKS = ("matrices", "all", "none")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-DATA_SOURCES = ("embedded", "jsonl")
-TOKENIZERS = ("sentencepiece", "o200k_base")
+DATA_SOURCES = ("embedded", "jsonl", "jsonl_stream", "prepared")
+TOKENIZERS = ("sentencepiece", "o200k_base", "bytes")
+PREPARE_FORMATS = ("tokens", "text")
 HOST_BATCHES = ("global", "documents")
 
 
@@ -79,11 +80,26 @@ def base_config() -> ml_collections.ConfigDict:
   mh.rules = ()                # ((logical_name, (mesh axes...)), ...) overriding the table
 
   c.data = d = ml_collections.ConfigDict()
+  # embedded: the corpus shipped with Python; jsonl: Pile-format files read into memory
+  # (small corpora); jsonl_stream: the same files streamed with a shuffle buffer (the
+  # paper's setting, quick starts); prepared: ArrayRecord shards written by
+  # lev-prepare-data (random access, global shuffle; The Pile at pod scale).
   d.source = "embedded"        # one of DATA_SOURCES
   d.tokenizer = "sentencepiece"  # one of TOKENIZERS; sentencepiece is trained on train split
   d.tiktoken_file = ""         # o200k_base: local .tiktoken ranks file ("" = tiktoken's cache)
-  d.train_files = ()           # Pile-format *.jsonl / *.jsonl.zst (source=jsonl)
+  d.sentencepiece_file = ""    # sentencepiece: a trained *.model ("" = train one, cached)
+  d.train_files = ()           # Pile-format *.jsonl / *.jsonl.zst paths, globs, gs:// URLs
   d.validation_files = ()
+  d.test_files = ()            # prepared as the "test" split; never used in training
+  d.prepared_dir = ""          # lev-prepare-data output (source=prepared); local or gs://
+  d.prepare_format = "tokens"  # one of PREPARE_FORMATS: token arrays or raw text records
+  d.prepare_workers = 0        # preparation processes; 0 = one per CPU core
+  # Pack with segment ids / positions so attention and the loss never cross a document
+  # boundary (RoPE positions restart at each document); off = plain concatenation.
+  d.segment_masking = False
+  # Processes building the training batches (grain mp_prefetch); 0 = in the training
+  # process. Scales the loader with host cores; resume needs the same value.
+  d.worker_processes = 0
   d.pile_set_names = ()        # keep only these subsets; () keeps all
   d.validation_fraction = 0.05  # embedded source: share of documents held out
   d.cache_dir = "~/.cache/lev_jax"
@@ -211,9 +227,25 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _one_of(c, "data", "source", DATA_SOURCES)
   _one_of(c, "data", "tokenizer", TOKENIZERS)
   _one_of(c, "data", "host_batches", HOST_BATCHES)
-  if c.data.source == "jsonl" and not c.data.train_files:
+  _one_of(c, "data", "prepare_format", PREPARE_FORMATS)
+  if c.data.source in ("jsonl", "jsonl_stream") and not c.data.train_files:
     _fail("data.train_files", tuple(c.data.train_files),
-          "at least one Pile-format *.jsonl or *.jsonl.zst path when data.source = 'jsonl'")
+          "at least one Pile-format *.jsonl or *.jsonl.zst path when data.source = "
+          f"{c.data.source!r}")
+  if c.data.source == "jsonl_stream" and not c.data.validation_files:
+    _fail("data.validation_files", tuple(c.data.validation_files),
+          "at least one Pile-format file when data.source = 'jsonl_stream' (a stream "
+          "has no hold-out)")
+  if c.data.source == "prepared" and not c.data.prepared_dir:
+    _fail("data.prepared_dir", c.data.prepared_dir,
+          "the folder written by lev-prepare-data when data.source = 'prepared'")
+  if not isinstance(c.data.worker_processes, int) or c.data.worker_processes < 0:
+    _fail("data.worker_processes", c.data.worker_processes, "an integer >= 0")
+  if c.data.worker_processes and c.data.source == "jsonl_stream":
+    _fail("data.worker_processes", c.data.worker_processes,
+          "0 with data.source = 'jsonl_stream' (a stream cannot be split among workers)")
+  if not isinstance(c.data.prepare_workers, int) or c.data.prepare_workers < 0:
+    _fail("data.prepare_workers", c.data.prepare_workers, "an integer >= 0 (0 = CPU count)")
   if not 0 < c.data.validation_fraction < 1:
     _fail("data.validation_fraction", c.data.validation_fraction, "a number in (0, 1)")
   _positive(c, "data", ["shuffle_buffer"])

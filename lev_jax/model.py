@@ -69,7 +69,10 @@ class Attention(nnx.Module):
     out_std = std / (2 * cfg.n_layers) ** 0.5
     self.wo = _param(rngs, (h, k, d), out_std, ("heads", "head_dim", "embed"), param_dtype)
 
-  def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array,
+               segment_ids_BxL: jax.Array | None = None) -> jax.Array:
+    """x [B, L, D] -> [B, L, D]. positions [B, L] int (RoPE); segment_ids [B, L] int or
+    None: a query attends only to earlier keys of its own segment (packed documents)."""
     c = lambda w: w[...].astype(self.dtype)
     heads = ("batch", "length", "act_heads", "head_dim")
     q_BxLxHxK = rope(jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wq)), positions_BxL, self.theta)
@@ -77,8 +80,12 @@ class Attention(nnx.Module):
     v_BxLxGxK = jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wv))
     q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = (constrain(t, heads)
                                        for t in (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK))
+    mask_Bx1xLxL = None
+    if segment_ids_BxL is not None:
+      mask_Bx1xLxL = (segment_ids_BxL[:, None, :, None] == segment_ids_BxL[:, None, None, :])
     out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
-                                               is_causal=True, implementation="xla")
+                                               mask=mask_Bx1xLxL, is_causal=True,
+                                               implementation="xla")
     return jnp.einsum("blhk,hkd->bld", out_BxLxHxK, c(self.wo))
 
 
@@ -109,8 +116,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype)
     self.mlp = MLP(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
-  def __call__(self, x_BxLxD, positions_BxL):
-    x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL=None):
+    x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL, segment_ids_BxL)
     x_BxLxD = x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD))
     return constrain(x_BxLxD, ("batch", "length", "act_embed"))
 
@@ -144,18 +151,25 @@ class Decoder(nnx.Module):
                               for _ in range(cfg.n_layers)])
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype)
 
-  def __call__(self, ids_BxL: jax.Array, positions_BxL: jax.Array | None = None) -> jax.Array:
+  def __call__(self, ids_BxL: jax.Array, positions_BxL: jax.Array | None = None,
+               segment_ids_BxL: jax.Array | None = None) -> jax.Array:
+    """ids int32 [B, L] -> logits float32 [B, L, V_padded].
+
+    positions int [B, L] (default 0..L-1 in every row) drive RoPE; segment_ids int
+    [B, L] (default None: one sequence per row) restrict attention to earlier tokens of
+    the same segment, for rows packed from several documents (data.segment_masking).
+    """
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(ids_BxL.shape[1]), ids_BxL.shape)
     x_BxLxD = constrain(self.embedding.embed(ids_BxL), ("batch", "length", "act_embed"))
-    apply = lambda b, x, p: b(x, p)
+    apply = lambda b, x, p, s: b(x, p, s)
     if self.remat != "none":
       apply = nnx.remat(apply, policy=REMAT_POLICIES[self.remat])
     if self.scan_layers:
-      scanned = nnx.scan(apply, in_axes=(0, nnx.Carry, None), out_axes=nnx.Carry)
-      x_BxLxD = scanned(self.blocks, x_BxLxD, positions_BxL)
+      scanned = nnx.scan(apply, in_axes=(0, nnx.Carry, None, None), out_axes=nnx.Carry)
+      x_BxLxD = scanned(self.blocks, x_BxLxD, positions_BxL, segment_ids_BxL)
     else:
       for block in self.blocks:
-        x_BxLxD = apply(block, x_BxLxD, positions_BxL)
+        x_BxLxD = apply(block, x_BxLxD, positions_BxL, segment_ids_BxL)
     logits_BxLxV = self.embedding.unembed(self.final_norm(x_BxLxD))
     return constrain(logits_BxLxV, ("batch", "length", "act_vocab"))

@@ -6,7 +6,8 @@ State (a dict pytree, saved whole by Orbax):
   step       int32 []: optimizer steps taken
   rng        uint32 [2]: key data for stochastic parts (reserved; no dropout today)
 
-Batches: {"inputs": int32 [B, L], "targets": int32 [B, L], "weights": float32 [B, L]}.
+Batches: {"inputs": int32 [B, L], "targets": int32 [B, L], "weights": float32 [B, L]},
+plus "positions" and "segment_ids" int32 [B, L] when data.segment_masking is on.
 
 `Partitioned` (T5X's "partitioner" idea) holds the mesh, the rules and the shardings of
 the state and batches; the state is created directly sharded (jit with out_shardings:
@@ -112,7 +113,7 @@ def create_train_state(config: ml_collections.ConfigDict, mesh: Mesh | None = No
 def token_nll(graphdef, params, batch) -> jax.Array:
   """float32 [B, L] negative log-likelihood of each target (ids >= vocab masked)."""
   model = nnx.merge(graphdef, params)
-  logits_BxLxV = model(batch["inputs"])
+  logits_BxLxV = model(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
   return optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, batch["targets"])
 
 
@@ -162,7 +163,7 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
                "lr": schedule(state["step"]), "tokens": n_tokens}
     return new_state, metrics
 
-  batch_sh = {k: part.batch_sharding for k in ("inputs", "targets", "weights")}
+  batch_sh = part.batch_sharding  # one sharding for every [B, L] leaf of the batch
   replicated = NamedSharding(part.mesh, P())
   jitted = jax.jit(train_step, in_shardings=(part.state_sharding, batch_sh),
                    out_shardings=(part.state_sharding, replicated), donate_argnums=0)
@@ -177,7 +178,7 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
 def make_eval_step(part: Partitioned):
   """Builds `eval_step(params, batch) -> nll_BxL` (float32 numpy, unweighted), jitted,
   sharded; every process gets the whole result (evaluation is small)."""
-  batch_sh = {k: part.batch_sharding for k in ("inputs", "targets", "weights")}
+  batch_sh = part.batch_sharding
   jitted = jax.jit(lambda p, b: token_nll(part.graphdef, p, b),
                    in_shardings=(part.state_sharding["params"], batch_sh),
                    out_shardings=NamedSharding(part.mesh, P()))

@@ -5,6 +5,7 @@ checkpoint exists, so re-running the same command continues the run. Outputs:
   WORKDIR/metrics.jsonl     one JSON object per log / eval step
   WORKDIR/tensorboard/      TensorBoard event files
   WORKDIR/eval.json         the latest validation result (with frequency buckets)
+  WORKDIR/data_report.json  the data: source, documents, tokens, skipped lines by reason
   WORKDIR/checkpoints/<step>/{state,data,config}
 """
 
@@ -82,7 +83,9 @@ def _check_gcs_support(config: ml_collections.ConfigDict, workdir) -> None:
   """
   paths = {"--workdir": [str(workdir)], "data.train_files": list(config.data.train_files),
            "data.validation_files": list(config.data.validation_files),
-           "data.tiktoken_file": [config.data.tiktoken_file]}
+           "data.tiktoken_file": [config.data.tiktoken_file],
+           "data.sentencepiece_file": [config.data.sentencepiece_file],
+           "data.prepared_dir": [config.data.prepared_dir]}
   for field, values in paths.items():
     if any(str(v).startswith("gs://") for v in values):
       try:
@@ -120,6 +123,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     raise ConfigError(
         f"config.model.vocab_size = {config.model.vocab_size} but the tokenizer has "
         f"{bundle.tokenizer.vocab_size} ids: model and data must agree")
+  if jax.process_index() == 0:  # documents, tokens, skipped lines by reason, tokenizer
+    (workdir / "data_report.json").write_text(json.dumps(bundle.report, indent=1,
+                                                         default=str))
   part = partition(config)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())
@@ -147,6 +153,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     if finished.get("step") == step:
       logging.info("the run already finished at step %d; its evaluation is %s", step, eval_path)
       ckpt.close()
+      _close(train_iter)
       return finished
   train_step = make_train_step(part, config)
   eval_step = make_eval_step(part)
@@ -217,4 +224,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   bar.close()
   ckpt.close()
   writer.close()
+  _close(train_iter)
   return result if step == t.steps else None
+
+
+def _close(iterator) -> None:
+  """Stops the data iterator's worker processes (data.worker_processes > 0)."""
+  close = getattr(iterator, "close", None)
+  if close is not None:
+    close()

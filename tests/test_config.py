@@ -55,3 +55,11 @@ def test_vocab_padding_and_base():
   assert padded_vocab_size(2048, 128) == 2048
   assert padded_vocab_size(300, 128) == 384
   assert lev_base(200_064, 3) == 59 and lev_base(125, 3) == 5 and lev_base(126, 3) == 6
+
+
+def test_a_stream_cannot_be_split_among_worker_processes():
+  c = base_config()
+  c.data.update(source="jsonl_stream", train_files=("a.jsonl",), validation_files=("b.jsonl",),
+                worker_processes=2)
+  with pytest.raises(ConfigError, match="data.worker_processes = 2: expected 0 with"):
+    validate(c)

@@ -43,9 +43,9 @@ def test_jsonl_with_hold_out(tmp_path, monkeypatch):
   c = _config(tmp_path, source="jsonl", train_files=(train,), validation_fraction=0.2)
   bundle = data.load(c)
   assert bundle.tokenizer.vocab_size == 320
-  assert not set(bundle.train_docs) & set(bundle.validation_docs)
-  assert len(bundle.train_docs) + len(bundle.validation_docs) == 300
-  assert 30 < len(bundle.validation_docs) < 90
+  assert not set(bundle.train_documents(0, 1)) & set(bundle.validation_documents)
+  assert len(bundle.train_documents(0, 1)) + len(bundle.validation_documents) == 300
+  assert 30 < len(bundle.validation_documents) < 90
   assert bundle.report["train"]["documents"] == 300 and bundle.report["validation"] is None
   assert bundle.token_counts_V.shape == (320,) and bundle.token_counts_V.dtype == np.int64
   assert bundle.report["train_tokens"] == bundle.token_counts_V.sum()
@@ -69,7 +69,7 @@ def test_jsonl_with_validation_files_and_subsets(tmp_path):
   c = _config(tmp_path, source="jsonl", train_files=(str(tmp_path / "[to]*.jsonl"),),
               validation_files=(val,), pile_set_names=("Pile-CC",))
   bundle = data.load(c)
-  assert bundle.train_docs == _docs(150) and bundle.validation_docs == _docs(40, 500)
+  assert bundle.train_documents(0, 1) == _docs(150) and bundle.validation_documents == _docs(40, 500)
   assert bundle.report["train"]["skipped"]["filtered_subset"] == 50
 
 
@@ -89,7 +89,7 @@ def test_embedded_source_at_the_default_vocab(tmp_path):
   bundle = data.load(c)
   assert bundle.report["source"] == "embedded"
   assert bundle.tokenizer.vocab_size == 2048
-  assert len(bundle.train_docs) > 300 and len(bundle.validation_docs) > 5
+  assert len(bundle.train_documents(0, 1)) > 300 and len(bundle.validation_documents) > 5
   assert bundle.report["train_tokens"] > 300_000
   assert (bundle.token_counts_V > 0).sum() > 1500  # the merges are used
   assert len(bundle.eval_batches()) == 3

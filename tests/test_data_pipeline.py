@@ -61,12 +61,36 @@ def test_eval_batches_pack_the_text_in_order(tok):
 
 def test_weights_mask_padding_targets():
   # The packer pads with segment id 0; id 0 itself (a real token in o200k) keeps weight 1.
-  shifted = pipeline._shift({"tokens": np.array([7, 0, 9, 0, 0], np.int32),
-                             "tokens_segment_ids": np.array([1, 1, 2, 0, 0], np.int32)})
+  shifted = pipeline._Shift(False)({"tokens": np.array([7, 0, 9, 0, 0], np.int32),
+                                    "tokens_segment_ids": np.array([1, 1, 2, 0, 0], np.int32),
+                                    "tokens_positions": np.array([0, 1, 0, 0, 0], np.int32)})
   np.testing.assert_array_equal(shifted["inputs"], [7, 0, 9, 0])
   np.testing.assert_array_equal(shifted["targets"], [0, 9, 0, 0])
   np.testing.assert_array_equal(shifted["weights"], [1, 1, 0, 0])
   assert shifted["weights"].dtype == np.float32
+  assert set(shifted) == {"inputs", "targets", "weights"}
+
+
+def test_segment_masking_cuts_attention_and_loss_at_document_boundaries(tok):
+  # Row of 7 tokens: doc A (3 ids + eos) then doc B (first 3 ids); positions restart.
+  packed = {"tokens": np.array([5, 6, 7, 2, 8, 9, 10], np.int32),
+            "tokens_segment_ids": np.array([1, 1, 1, 1, 2, 2, 2], np.int32),
+            "tokens_positions": np.array([0, 1, 2, 3, 0, 1, 2], np.int32)}
+  shifted = pipeline._Shift(True)(packed)
+  np.testing.assert_array_equal(shifted["segment_ids"], [1, 1, 1, 1, 2, 2])
+  np.testing.assert_array_equal(shifted["positions"], [0, 1, 2, 3, 0, 1])
+  # eos -> first token of B crosses the boundary: weight 0; everything else counts.
+  np.testing.assert_array_equal(shifted["weights"], [1, 1, 1, 0, 1, 1])
+  # Through the whole pipeline: every row's segments start at 1 and weights are 0
+  # exactly where the target's document differs from the input's.
+  batch = next(iter(pipeline.make_train_dataset(
+      DOCS, tok, seq_len=16, batch_size=4, shuffle_buffer=8, seed=0, vocab_size=VOCAB,
+      segment_masking=True)))
+  seg = batch["segment_ids"]
+  assert (seg[:, 0] == 1).all() and batch["positions"].dtype == np.int32
+  eos_in = batch["inputs"] == tok.eos_id
+  assert (batch["weights"][eos_in] == 0).all()
+  assert (batch["positions"][:, 1:][eos_in[:, :-1]] == 0).all()  # a new document starts
 
 
 def test_eval_returns_fewer_batches_or_explains_the_shortfall(tok, caplog):

@@ -1,12 +1,17 @@
-"""o200k_base adapter with a small ranks file built here (no download, no cache)."""
+"""o200k_base adapter with a small ranks file built here (no download, no cache):
+ids, pickling, info / save / load records and make_tokenizer."""
 
 import base64
+import os
+import pickle
 
 import numpy as np
 import pytest
 
+from lev_jax.config import base_config
 from lev_jax.data import DataError, TiktokenTokenizer
 from lev_jax.data import pipeline
+from lev_jax.data import tokenizer as tok_lib
 
 
 @pytest.fixture
@@ -60,3 +65,58 @@ def test_o200k_without_cache_or_file_points_to_tiktoken_file(monkeypatch):
   monkeypatch.setattr(tiktoken, "get_encoding", offline)
   with pytest.raises(DataError, match="set config.data.tiktoken_file"):
     TiktokenTokenizer("")
+
+
+def test_tiktoken_pickles_saves_and_loads(ranks_file, tmp_path):
+  tok = TiktokenTokenizer(ranks_file)
+  text = "the thing in the ring!\n"
+  restored = pickle.loads(pickle.dumps(tok))
+  assert restored.encode(text) == tok.encode(text)
+  assert restored.fingerprint == tok.fingerprint and restored.eos_id == tok.eos_id
+  info = tok_lib.tokenizer_info(tok)
+  assert info == {"name": "o200k_base", "vocab_size": 200_019,
+                  "padded_vocab_size": 200_064, "eos_id": 199_999, "pad_id": None,
+                  "fingerprint": tok.fingerprint}
+  folder = tmp_path / "dataset"
+  assert tok_lib.save_tokenizer(tok, folder) == info
+  assert {p.name for p in folder.iterdir()} == {"tokenizer.json", "o200k_base.tiktoken"}
+  os.remove(ranks_file)  # the dataset folder is self-contained
+  loaded = tok_lib.load_tokenizer(folder)
+  assert loaded.encode(text) == tok.encode(text) and loaded.fingerprint == tok.fingerprint
+
+
+def test_tiktoken_fingerprint_follows_the_ranks(ranks_file, tmp_path):
+  other = tmp_path / "other.tiktoken"
+  lines = open(ranks_file).read().splitlines()
+  other.write_text("\n".join(lines[:-1]) + "\n")  # one merge fewer
+  tok = TiktokenTokenizer(ranks_file)
+  assert TiktokenTokenizer(str(other)).fingerprint != tok.fingerprint
+  folder = tmp_path / "dataset"
+  tok_lib.save_tokenizer(tok, folder)
+  (folder / "o200k_base.tiktoken").write_bytes(other.read_bytes())
+  with pytest.raises(DataError, match="dataset: the rebuilt o200k_base tokenizer has "
+                     "fingerprint"):
+    tok_lib.load_tokenizer(folder)
+
+
+def test_tiktoken_from_cache_pickles_by_name(ranks_file, monkeypatch):
+  import tiktoken
+  cached = TiktokenTokenizer(ranks_file)._enc
+  calls = []
+  monkeypatch.setattr(tiktoken, "get_encoding", lambda name: calls.append(name) or cached)
+  tok = TiktokenTokenizer("")
+  state = tok.__getstate__()
+  assert state == {"ranks_file": "", "mergeable_ranks": None}
+  restored = pickle.loads(pickle.dumps(tok))
+  assert calls == ["o200k_base", "o200k_base"]
+  assert restored.encode("the ring") == tok.encode("the ring")
+
+
+def test_make_tokenizer_o200k_and_vocab_mismatch(ranks_file):
+  d = base_config().data
+  d.tokenizer = "o200k_base"
+  d.tiktoken_file = ranks_file
+  assert tok_lib.make_tokenizer(d, 200_019).name == "o200k_base"
+  with pytest.raises(DataError, match=r"config.model.vocab_size = 2048 but the o200k_base "
+                     r"tokenizer has 200019 ids: model and data must agree"):
+    tok_lib.make_tokenizer(d, 2048)

@@ -1,8 +1,14 @@
-"""SentencePiece training, ids, exact round trips, the content-keyed cache and errors."""
+"""Tokenizers: SentencePiece training, ids, round trips, the cache, bytes, pickling,
+info / save / load records and make_tokenizer."""
+
+import json
+import pickle
+import re
 
 import pytest
 import sentencepiece as spm
 
+from lev_jax.config import base_config
 from lev_jax.data import tokenizer as tok_lib
 from lev_jax.data.corpus import DataError
 
@@ -79,3 +85,122 @@ def test_no_text_and_bad_model_file(tmp_path):
   (tmp_path / "junk.model").write_bytes(b"not a model")
   with pytest.raises(DataError, match="junk.model: cannot load"):
     tok_lib.SentencePieceTokenizer(tmp_path / "junk.model")
+
+
+# ----------------------------------------------------------- bytes, pickling, info, I/O
+
+
+def test_byte_tokenizer_ids_and_exact_round_trip():
+  tok = tok_lib.ByteTokenizer()
+  assert (tok.name, tok.vocab_size, tok.pad_id, tok.eos_id, tok.unk_id) == (
+      "bytes", 259, 0, 1, 2)
+  assert tok.encode("Ab\n") == [65 + 3, 98 + 3, 10 + 3]
+  assert tok.encode("é") == [0xC3 + 3, 0xA9 + 3]  # UTF-8 bytes, each + 3
+  for text in ["", "plain ascii", "ünïcödé 日本語 🙂\t\n", "\x00\x7f",
+               "lone \ud800 surrogate", DOCS[7]]:
+    ids = tok.encode(text)
+    assert all(3 <= i < 259 for i in ids)
+    assert tok.decode(ids) == text
+  assert tok.decode([0, 1, 2] + tok.encode("fox") + [259, 1000, -1]) == "fox"
+  assert tok.decode([0xFF + 3, 65 + 3]) == "\ufffdA"  # invalid UTF-8 is replaced
+  assert tok.encode_batch(["a", "ü"]) == [tok.encode("a"), tok.encode("ü")]
+
+
+def test_pickled_tokenizers_give_identical_ids(trained, tmp_path):
+  spm_tok, _ = trained
+  model = tmp_path / "moved.model"
+  model.write_bytes(spm_tok.model_proto)
+  moved = tok_lib.SentencePieceTokenizer(model)
+  data = pickle.dumps(moved)
+  model.unlink()  # the pickle carries the model proto, not just the path
+  for tok, restored in [(moved, pickle.loads(data)),
+                        (tok_lib.ByteTokenizer(), pickle.loads(pickle.dumps(
+                            tok_lib.ByteTokenizer())))]:
+    assert type(restored) is type(tok) and restored.name == tok.name
+    assert restored.encode(DOCS[1] + " ü🙂") == tok.encode(DOCS[1] + " ü🙂")
+    assert restored.fingerprint == tok.fingerprint
+
+
+def test_info_is_json_and_fingerprints_tell_models_apart(trained, tmp_path):
+  tok, _ = trained
+  other = tok_lib.train_sentencepiece(DOCS[:20], 320, tmp_path)
+  info = tok_lib.tokenizer_info(tok)
+  assert info == {"name": "sentencepiece", "vocab_size": 320, "padded_vocab_size": 384,
+                  "eos_id": 2, "pad_id": 0, "fingerprint": info["fingerprint"]}
+  assert len(info["fingerprint"]) == 64 and json.loads(json.dumps(info)) == info
+  assert tok_lib.tokenizer_info(other)["fingerprint"] != info["fingerprint"]
+  assert tok_lib.tokenizer_info(tok, vocab_multiple=64)["padded_vocab_size"] == 320
+  byte_info = tok_lib.tokenizer_info(tok_lib.ByteTokenizer())
+  assert (byte_info["vocab_size"], byte_info["padded_vocab_size"], byte_info["eos_id"],
+          byte_info["pad_id"]) == (259, 384, 1, 0)
+  assert byte_info["fingerprint"] != info["fingerprint"]
+
+
+def test_save_load_round_trip(trained, tmp_path):
+  tok, _ = trained
+  for original, files in [(tok, {"tokenizer.json", "spm.model"}),
+                          (tok_lib.ByteTokenizer(), {"tokenizer.json"})]:
+    folder = tmp_path / original.name
+    info = tok_lib.save_tokenizer(original, folder)
+    assert {p.name for p in folder.iterdir()} == files  # no temporary files left
+    assert json.loads((folder / "tokenizer.json").read_text()) == info
+    loaded = tok_lib.load_tokenizer(folder)
+    assert type(loaded) is type(original)
+    assert loaded.encode(DOCS[2] + " 日本") == original.encode(DOCS[2] + " 日本")
+    assert tok_lib.tokenizer_info(loaded) == info
+
+
+def test_load_rejects_tampered_or_mismatched_records(trained, tmp_path):
+  tok, _ = trained
+  folder = tmp_path / "ds"
+  info = tok_lib.save_tokenizer(tok, folder)
+  record = folder / "tokenizer.json"
+  record.write_text(json.dumps({**info, "fingerprint": "0" * 64}))
+  with pytest.raises(DataError, match=re.escape(str(folder)) + ": .*fingerprint .*do not match"):
+    tok_lib.load_tokenizer(folder)
+  record.write_text(json.dumps({**info, "vocab_size": 321}))
+  with pytest.raises(DataError, match="vocab_size = 320 but tokenizer.json records 321"):
+    tok_lib.load_tokenizer(folder)
+  record.write_text("{not json")
+  with pytest.raises(DataError, match="tokenizer.json: cannot read"):
+    tok_lib.load_tokenizer(folder)
+  record.write_text(json.dumps({k: v for k, v in info.items() if k != "eos_id"}))
+  with pytest.raises(DataError, match=r"missing field\(s\) \['eos_id'\]"):
+    tok_lib.load_tokenizer(folder)
+  record.write_text(json.dumps({**info, "name": "wordpiece"}))
+  with pytest.raises(DataError, match="name = 'wordpiece'"):
+    tok_lib.load_tokenizer(folder)
+  other = tok_lib.train_sentencepiece(DOCS[:20], 320, tmp_path / "other")
+  record.write_text(json.dumps(info))
+  (folder / "spm.model").write_bytes(other.model_proto)  # right size, other merges
+  with pytest.raises(DataError, match="fingerprint"):
+    tok_lib.load_tokenizer(folder)
+  with pytest.raises(DataError, match="empty.*tokenizer.json: cannot read"):
+    tok_lib.load_tokenizer(tmp_path / "empty")
+
+
+def test_make_tokenizer_builds_the_configured_one(trained, tmp_path):
+  tok, cache = trained
+  d = base_config().data
+  d.tokenizer = "bytes"
+  assert isinstance(tok_lib.make_tokenizer(d, 259), tok_lib.ByteTokenizer)
+  with pytest.raises(DataError, match=r"^config.model.vocab_size = 2048 but the bytes "
+                     "tokenizer has 259 ids: model and data must agree$"):
+    tok_lib.make_tokenizer(d, 2048)
+  d.tokenizer = "sentencepiece"
+  d.sentencepiece_file = str(tok.model_path)
+  assert tok_lib.make_tokenizer(d, 320).fingerprint == tok.fingerprint
+  with pytest.raises(DataError, match="vocab_size = 512 but the sentencepiece tokenizer "
+                     "has 320 ids"):
+    tok_lib.make_tokenizer(d, 512)
+  d.sentencepiece_file = str(tmp_path / "absent.model")
+  with pytest.raises(DataError, match="sentencepiece_file: .*absent.model: cannot load"):
+    tok_lib.make_tokenizer(d, 320)
+  d.sentencepiece_file = ""
+  trained_again = tok_lib.make_tokenizer(d, 320, train_texts=DOCS, cache_dir=cache)
+  assert trained_again.model_path == tok.model_path  # the cached model
+  d.cache_dir = str(tmp_path)
+  assert tok_lib.make_tokenizer(d, 320, train_texts=DOCS).model_path.parent == (
+      tmp_path / "tokenizers")
+  with pytest.raises(DataError, match="training texts are needed"):
+    tok_lib.make_tokenizer(d, 320)

@@ -347,9 +347,16 @@ def test_local_bad_inputs(argv, needle, capsys):
   assert err.startswith("launch/local.py: error: ") and needle in err, err
 
 
-def test_local_prefixes_output_and_stops_the_others_when_one_fails():
+def test_local_prefixes_output_and_stops_the_others_when_one_fails(tmp_path):
+  # Process 1 fails only once process 0 has printed (a marker file), so the check does
+  # not race the launcher stopping process 0 on a loaded machine.
+  marker = tmp_path / "p0-printed"
   prog = ("import os, sys, time; k = int(os.environ['LEV_JAX_PROCESS_ID']); "
           "print('hello from', k, os.environ['LEV_JAX_NUM_PROCESSES'], flush=True); "
+          f"m = {str(marker)!r}; "
+          "k == 0 and open(m, 'w').close(); "
+          "[time.sleep(0.05) for _ in range(400) if k == 1 and not os.path.exists(m)]; "
+          "time.sleep(0.2); "
           "sys.exit(3) if k == 1 else time.sleep(60)")
   out = io.StringIO()
   start = time.monotonic()

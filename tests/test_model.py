@@ -145,3 +145,23 @@ def test_scan_over_layers_equals_the_python_loop_with_the_same_weights():
   c.model.remat = "full"
   np.testing.assert_allclose(
       np.asarray(fwd(Decoder(c, rngs=nnx.Rngs(0)), ids)).shape, (2, 8, 384))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_packed_documents_with_segment_ids_equal_each_document_alone(scan_layers):
+  """Segment ids + restarting positions make a packed row compute each document as if
+  it were alone (data.segment_masking)."""
+  c = tiny_config("tied")
+  c.model.scan_layers = scan_layers
+  model = Decoder(c, rngs=nnx.Rngs(0))
+  doc_a, doc_b = jnp.array([[5, 6, 7]]), jnp.array([[8, 9, 10, 11]])
+  row = jnp.concatenate([doc_a, doc_b], axis=1)
+  positions = jnp.array([[0, 1, 2, 0, 1, 2, 3]])
+  segments = jnp.array([[1, 1, 1, 2, 2, 2, 2]])
+  fwd = nnx.jit(lambda m, i, p, s: m(i, p, s))
+  packed = np.asarray(fwd(model, row, positions, segments))
+  alone_a, alone_b = np.asarray(_logits(c, doc_a)), np.asarray(_logits(c, doc_b))
+  np.testing.assert_allclose(packed[:, :3], alone_a, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(packed[:, 3:], alone_b, rtol=2e-5, atol=2e-5)
+  plain = np.asarray(fwd(model, row, None, None))  # without masking B sees A
+  assert np.abs(plain[:, 3:] - alone_b).max() > 1e-3

@@ -56,6 +56,9 @@ def test_a_few_steps_lower_the_loss_and_write_every_output(embedding, data_cache
   assert [r["step"] for r in evals] == [4, 8, 12] and evals[-1]["eval/loss"] < evals[0]["eval/loss"]
   assert "eval/perplexity_bucket_10000-inf" in evals[-1]  # TensorBoard-legal tag
   assert list((tmp_path / "tensorboard").iterdir())
+  report = json.loads((tmp_path / "data_report.json").read_text())
+  assert report["source"] == "embedded" and report["train"]["documents"] > 500
+  assert set(report["train"]["skipped"]) >= {"bad_json", "bad_utf8", "missing_file"}
   assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
                 if p.name.isdigit()) == [4, 8, 12]
 

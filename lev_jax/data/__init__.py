@@ -1,21 +1,31 @@
-"""Data for lev_jax: documents -> SentencePiece ids -> packed grain batches.
+"""Data for lev_jax: documents -> token ids -> packed grain batches.
 
-`load(config)` reads ``config.data`` once and returns a `DataBundle`:
+`load(config)` reads ``config.data`` once and returns a `DataBundle`. Sources
+(``config.data.source``):
 
-* source ``'embedded'``: the pydoc topics and standard-library docstrings of this Python
+* ``'embedded'``: the pydoc topics and standard-library docstrings of this Python
   (`corpus.embedded_documents`, about 2.3 MB), written once as Pile-format JSONL under
   ``config.data.cache_dir`` and split per document by a hash of its text;
-* source ``'jsonl'``: Pile-format ``*.jsonl`` / ``*.jsonl.zst`` files or globs in
-  ``config.data.train_files`` (and ``validation_files``, else a hash hold-out of
-  ``validation_fraction`` of the training documents).
+* ``'jsonl'``: Pile-format ``*.jsonl`` / ``*.jsonl.zst`` files or globs (local or
+  ``gs://``) in ``config.data.train_files`` read into memory (and ``validation_files``,
+  else a hash hold-out of ``validation_fraction``); small corpora;
+* ``'jsonl_stream'``: the same files streamed (`stream.JsonlStreamDataset`, file order
+  shuffled per epoch, packed sequences shuffled in a ``shuffle_buffer`` window: the
+  paper's setting); no preparation step; resume re-reads the current file up to its
+  position;
+* ``'prepared'``: the ArrayRecord dataset written by ``lev-prepare-data``
+  (`prepared.open_prepared`): random access, a global shuffle by seed, its own
+  tokenizer, token counts and data report; The Pile at pod scale.
 
-The tokenizer (``config.data.tokenizer``) is a BPE SentencePiece model with
-``config.model.vocab_size`` ids trained on the training split and cached under
-``{cache_dir}/tokenizers``, or o200k_base through tiktoken (``data.tiktoken_file``);
-token counts of the training split are cached beside it (``*.counts.npy``). Batches are ``{"inputs", "targets": int32 [B, L], "weights":
-float32 [B, L]}`` with L = ``config.train.seq_len``.
+Tokenizers (``config.data.tokenizer``): SentencePiece BPE trained on the training text
+(cached under ``{cache_dir}/tokenizers``) or ``data.sentencepiece_file``; o200k_base
+through tiktoken (``data.tiktoken_file``); UTF-8 bytes. Batches are ``{"inputs",
+"targets": int32 [B, L], "weights": float32 [B, L]}`` (+ ``segment_ids``,
+``positions`` with ``data.segment_masking``), L = ``config.train.seq_len``.
 
-Modules: `corpus` (documents, `DataError`), `tokenizer`, `pipeline` (grain).
+Modules: `corpus` (readers, `DataError`), `stream`, `tokenizer`, `pipeline` (grain),
+`prepared` / `prepare` (ArrayRecord datasets), `vocabularies` (seqio; imports
+TensorFlow, so it is never imported here).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from absl import logging
 from etils import epath
@@ -34,14 +44,18 @@ import numpy as np
 from lev_jax.data.corpus import (DataError, embedded_documents, read_documents,
                                  split_documents, write_embedded_corpus)
 from lev_jax.data.pipeline import make_eval_batches, make_train_dataset, token_counts
-from lev_jax.data.tokenizer import (SentencePieceTokenizer, TiktokenTokenizer, cache_key,
-                                    train_sentencepiece)
+from lev_jax.data.tokenizer import (ByteTokenizer, SentencePieceTokenizer, TiktokenTokenizer,
+                                    make_tokenizer, train_sentencepiece)
 
 __all__ = [
-    "DataBundle", "DataError", "SentencePieceTokenizer", "TiktokenTokenizer", "embedded_documents", "load",
-    "make_eval_batches", "make_train_dataset", "read_documents", "token_counts",
-    "train_sentencepiece", "write_embedded_corpus",
+    "ByteTokenizer", "DataBundle", "DataError", "SentencePieceTokenizer", "TiktokenTokenizer",
+    "embedded_documents", "load", "make_eval_batches", "make_train_dataset",
+    "read_documents", "token_counts", "train_sentencepiece", "write_embedded_corpus",
 ]
+
+# jsonl_stream: token counts (for the frequency buckets) and a SentencePiece vocabulary
+# come from the first documents of the stream, up to these many.
+STREAM_SAMPLE_DOCUMENTS = 20_000
 
 
 @dataclasses.dataclass
@@ -49,36 +63,42 @@ class DataBundle:
   """Everything the trainer needs from the data, built once by `load`.
 
   Attributes:
-    tokenizer: trained on ``train_docs``; ``vocab_size == config.model.vocab_size``.
-    train_docs, validation_docs: the texts of each split.
-    report: ``{"source", "train": read report, "validation": read report or None
-      (hold-out), "train_tokens", "tokenizer_path", "counts_path", "corpus_paths"}``.
+    tokenizer: ``vocab_size == config.model.vocab_size`` (checked by `load`).
+    report: ``{"source", "train": read report, "validation": read report or None,
+      "train_tokens", "tokenizer_path", "counts_path", ...}`` (+ the preparation report
+      of a prepared dataset).
     token_counts_V: int64 [config.model.vocab_size], occurrences of each id (one eos
-      per document) in ``train_docs``.
+      per document) in the training split (a sample of it for jsonl_stream).
     config: the experiment config the batches are built from.
+    train_documents: ``(shard_index, shard_count) -> documents`` of that shard: a list
+      of texts, a ``grain.MapDataset`` of prepared records, or a stream.
+    validation_documents: a list of texts, a random-access source or a finite stream.
   """
 
-  tokenizer: SentencePieceTokenizer
-  train_docs: list[str] = dataclasses.field(repr=False)
-  validation_docs: list[str] = dataclasses.field(repr=False)
+  tokenizer: object
   report: dict
   token_counts_V: np.ndarray = dataclasses.field(repr=False)
   config: ml_collections.ConfigDict = dataclasses.field(repr=False)
+  train_documents: Callable[[int, int], object] = dataclasses.field(repr=False)
+  validation_documents: object = dataclasses.field(repr=False)
   _eval_batches: list | None = dataclasses.field(default=None, repr=False)
 
   def train_dataset(self, batch_size: int, shard_index: int = 0, shard_count: int = 1
                     ) -> grain.IterDataset:
     """Endless shuffled batches, int32/float32 [batch_size, seq_len]; see
-    `pipeline.make_train_dataset` (shuffle_buffer and seed from config.data).
+    `pipeline.make_train_dataset` (shuffle_buffer, seed, segment_masking,
+    worker_processes from config.data; close the iterator when done with it).
 
-    With shard_count > 1 (one shard per process), this process reads only documents
-    shard_index, shard_index + shard_count, ... and `batch_size` is its per-host share.
+    With shard_count > 1 (one shard per process, data.host_batches = "documents"),
+    this process reads only its share of the documents (every shard_count-th document
+    or line, from shard_index) and `batch_size` is its per-host share.
     """
     c = self.config
     return make_train_dataset(
-        self.train_docs[shard_index::shard_count], self.tokenizer, seq_len=c.train.seq_len, batch_size=batch_size,
-        shuffle_buffer=c.data.shuffle_buffer, seed=c.data.seed,
-        vocab_size=c.model.vocab_size)
+        self.train_documents(shard_index, shard_count), self.tokenizer,
+        seq_len=c.train.seq_len, batch_size=batch_size, shuffle_buffer=c.data.shuffle_buffer,
+        seed=c.data.seed, vocab_size=c.model.vocab_size,
+        segment_masking=c.data.segment_masking, worker_processes=c.data.worker_processes)
 
   def eval_batches(self) -> list[dict[str, np.ndarray]]:
     """The fixed validation batches [eval.batch_size, seq_len] (built once, then reused).
@@ -89,9 +109,9 @@ class DataBundle:
     if self._eval_batches is None:
       c = self.config
       self._eval_batches = make_eval_batches(
-          self.validation_docs, self.tokenizer, seq_len=c.train.seq_len,
+          self.validation_documents, self.tokenizer, seq_len=c.train.seq_len,
           batch_size=c.eval.batch_size, n_batches=c.eval.batches,
-          vocab_size=c.model.vocab_size)
+          vocab_size=c.model.vocab_size, segment_masking=c.data.segment_masking)
     return self._eval_batches
 
 
@@ -105,6 +125,25 @@ def _read(patterns: Sequence[str] | str, d: ml_collections.ConfigDict, field: st
     raise DataError(f"config.data.{field}: {e}") from e
 
 
+def _stream(patterns, d: ml_collections.ConfigDict, field: str, **kwargs):
+  from lev_jax.data.stream import JsonlStreamDataset  # pylint: disable=g-import-not-at-top
+  if isinstance(patterns, (str, os.PathLike)):
+    patterns = [patterns]
+  try:
+    return JsonlStreamDataset(list(patterns), seed=d.seed, strict=d.strict,
+                              pile_set_names=tuple(d.pile_set_names), **kwargs)
+  except DataError as e:
+    raise DataError(f"config.data.{field}: {e}") from e
+
+
+def _save_npy(array: np.ndarray, path: epath.Path) -> None:
+  buf = io.BytesIO()
+  np.save(buf, array)
+  tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+  tmp.write_bytes(buf.getvalue())
+  tmp.replace(path)
+
+
 def _cached_counts(tokenizer, docs: list[str], vocab_size: int, path: epath.Path
                    ) -> tuple[np.ndarray, epath.Path]:
   """Token counts of docs, cached at `path` (keyed by the docs, vocab and tokenizer)."""
@@ -113,43 +152,11 @@ def _cached_counts(tokenizer, docs: list[str], vocab_size: int, path: epath.Path
     if counts_V.shape == (vocab_size,) and counts_V.dtype == np.int64:
       return counts_V, path
   counts_V = token_counts(docs, tokenizer, vocab_size)
-  buf = io.BytesIO()
-  np.save(buf, counts_V)
-  tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-  tmp.write_bytes(buf.getvalue())
-  tmp.replace(path)
+  _save_npy(counts_V, path)
   return counts_V, path
 
 
-def load(config: ml_collections.ConfigDict) -> DataBundle:
-  """Reads the documents, trains or loads the tokenizer and the token counts.
-
-  Reads ``config.data`` (source, train_files, validation_files, pile_set_names,
-  validation_fraction, cache_dir, strict), ``config.model.vocab_size``; the bundle's
-  batch methods read ``config.train.seq_len``, ``config.data.shuffle_buffer`` /
-  ``seed`` and ``config.eval.batch_size`` / ``batches``.
-
-  Raises:
-    DataError: missing or bad files (named, with ``config.data.<field>``), an empty
-      training or validation split, or a vocab_size the corpus cannot fill.
-  """
-  d = config.data
-  cache_dir = epath.Path(os.path.expanduser(d.cache_dir))
-  report = {"source": d.source, "validation": None, "corpus_paths": None}
-  if d.source == "embedded":
-    paths = write_embedded_corpus(cache_dir, d.validation_fraction)
-    report["corpus_paths"] = {k: os.fspath(v) for k, v in paths.items()}
-    train_docs, report["train"] = _read([paths["train"]], d, "cache_dir")
-    validation_docs, report["validation"] = _read([paths["validation"]], d, "cache_dir")
-  elif d.source == "jsonl":
-    train_docs, report["train"] = _read(d.train_files, d, "train_files")
-    if d.validation_files:
-      validation_docs, report["validation"] = _read(d.validation_files, d,
-                                                    "validation_files")
-    else:
-      train_docs, validation_docs = split_documents(train_docs, d.validation_fraction)
-  else:
-    raise DataError(f"config.data.source = {d.source!r}: expected 'embedded' or 'jsonl'")
+def _check_not_empty(train_docs, validation_docs, d) -> None:
   if not train_docs:
     where = ("the embedded corpus" if d.source == "embedded"
              else f"config.data.train_files = {tuple(d.train_files)}")
@@ -164,30 +171,139 @@ def load(config: ml_collections.ConfigDict) -> DataBundle:
                f"{len(train_docs)} training documents selected none; set "
                "config.data.validation_files or raise data.validation_fraction")
     raise DataError(f"the validation split has no documents: {where}")
-  vocab_size = config.model.vocab_size
-  if d.tokenizer == "o200k_base":
-    tokenizer = TiktokenTokenizer(d.tiktoken_file)
-    if tokenizer.vocab_size != vocab_size:
-      raise DataError(f"config.model.vocab_size = {vocab_size} but o200k_base has "
-                      f"{tokenizer.vocab_size} ids: model and data must agree")
-    counts_path = (cache_dir / "tokenizers" /
-                   f"o200k_base-{cache_key(train_docs, vocab_size)[:16]}.counts.npy")
-    counts_path.parent.mkdir(parents=True, exist_ok=True)
-    report["tokenizer_path"] = d.tiktoken_file or "tiktoken:o200k_base"
+
+
+def _in_memory(config, report: dict) -> DataBundle:
+  """Sources 'embedded' and 'jsonl': every document in memory, split, tokenizer, counts."""
+  d = config.data
+  cache_dir = epath.Path(os.path.expanduser(d.cache_dir))
+  if d.source == "embedded":
+    paths = write_embedded_corpus(cache_dir, d.validation_fraction)
+    report["corpus_paths"] = {k: os.fspath(v) for k, v in paths.items()}
+    train_docs, report["train"] = _read([paths["train"]], d, "cache_dir")
+    validation_docs, report["validation"] = _read([paths["validation"]], d, "cache_dir")
   else:
-    try:
-      tokenizer = train_sentencepiece(train_docs, vocab_size, cache_dir / "tokenizers")
-    except DataError as e:
-      raise DataError(f"config.model.vocab_size: {e}") from e
-    model_path = tokenizer.model_path
-    counts_path = model_path.parent / (model_path.stem + ".counts.npy")
-    report["tokenizer_path"] = os.fspath(model_path)
-  counts_V, counts_path = _cached_counts(tokenizer, train_docs, vocab_size, counts_path)
+    train_docs, report["train"] = _read(d.train_files, d, "train_files")
+    if d.validation_files:
+      validation_docs, report["validation"] = _read(d.validation_files, d,
+                                                    "validation_files")
+    else:
+      train_docs, validation_docs = split_documents(train_docs, d.validation_fraction)
+  _check_not_empty(train_docs, validation_docs, d)
+  tokenizer, counts_path = _tokenizer(config, train_docs, report)
+  counts_V, counts_path = _cached_counts(tokenizer, train_docs, config.model.vocab_size,
+                                         counts_path)
   report.update(train_tokens=int(counts_V.sum()), counts_path=os.fspath(counts_path))
   logging.info(
       "Data (%s): %d train documents (%d tokens), %d validation documents; tokenizer %s; "
       "token counts %s.", d.source, len(train_docs), report["train_tokens"],
       len(validation_docs), report["tokenizer_path"], report["counts_path"])
-  return DataBundle(tokenizer=tokenizer, train_docs=train_docs,
-                    validation_docs=validation_docs, report=report,
-                    token_counts_V=counts_V, config=config)
+  return DataBundle(tokenizer=tokenizer, report=report, token_counts_V=counts_V,
+                    config=config, train_documents=lambda i, n: train_docs[i::n],
+                    validation_documents=validation_docs)
+
+
+def _tokenizer(config, sample_docs: list[str], report: dict):
+  """The configured tokenizer and the path of its token-counts cache file."""
+  d = config.data
+  cache_dir = epath.Path(os.path.expanduser(d.cache_dir)) / "tokenizers"
+  cache_dir.mkdir(parents=True, exist_ok=True)
+  try:
+    tokenizer = make_tokenizer(d, config.model.vocab_size, train_texts=sample_docs,
+                               cache_dir=cache_dir)
+  except DataError as e:
+    raise DataError(e if "config." in str(e) else f"config.model.vocab_size: {e}") from e
+  from lev_jax.data.tokenizer import cache_key, tokenizer_info  # pylint: disable=g-import-not-at-top
+  info = tokenizer_info(tokenizer)
+  if tokenizer.name == "sentencepiece":
+    model_path = tokenizer.model_path
+    report["tokenizer_path"] = os.fspath(model_path)
+  else:
+    report["tokenizer_path"] = (d.tiktoken_file or "tiktoken:o200k_base"
+                                if tokenizer.name == "o200k_base" else "bytes")
+  key = cache_key(sample_docs, config.model.vocab_size)[:16]
+  counts_path = cache_dir / f"{tokenizer.name}-{info['fingerprint'][:12]}-{key}.counts.npy"
+  return tokenizer, counts_path
+
+
+def _streamed(config, report: dict) -> DataBundle:
+  """Source 'jsonl_stream': nothing read up front beyond a sample of the training
+  stream (tokenizer training, token counts)."""
+  import itertools  # pylint: disable=g-import-not-at-top
+  d = config.data
+  sample_stream = _stream(d.train_files, d, "train_files", num_epochs=1)
+  sample_docs = list(itertools.islice(iter(sample_stream), STREAM_SAMPLE_DOCUMENTS))
+  tokenizer, counts_path = _tokenizer(config, sample_docs, report)
+  counts_V, counts_path = _cached_counts(tokenizer, sample_docs, config.model.vocab_size,
+                                         counts_path)
+  validation = _stream(d.validation_files, d, "validation_files", num_epochs=1)
+  report.update(train_tokens=None, sample_documents=len(sample_docs),
+                sample_tokens=int(counts_V.sum()), counts_path=os.fspath(counts_path),
+                train=None, validation=None)
+  logging.info("Data (jsonl_stream): token counts from the first %d training documents "
+               "(%d tokens); tokenizer %s.", len(sample_docs), report["sample_tokens"],
+               report["tokenizer_path"])
+  return DataBundle(
+      tokenizer=tokenizer, report=report, token_counts_V=counts_V, config=config,
+      train_documents=lambda i, n: _stream(d.train_files, d, "train_files",
+                                           shard_index=i, shard_count=n),
+      validation_documents=validation)
+
+
+def _prepared(config, report: dict) -> DataBundle:
+  """Source 'prepared': the lev-prepare-data dataset at data.prepared_dir."""
+  from lev_jax.data import prepared  # pylint: disable=g-import-not-at-top
+  d = config.data
+  try:
+    dataset = prepared.open_prepared(os.path.expanduser(d.prepared_dir))
+  except DataError as e:
+    raise DataError(f"config.data.prepared_dir: {e}") from e
+  dataset.check_vocab(config.model.vocab_size)
+  tokenizer = dataset.tokenizer
+  if tokenizer.name != d.tokenizer:
+    raise DataError(
+        f"config.data.tokenizer = {d.tokenizer!r} but {d.prepared_dir} was prepared with "
+        f"{tokenizer.name!r}: model and data must agree (prepare again or fix the config)")
+  if "validation" not in dataset.splits:
+    raise DataError(f"config.data.prepared_dir: {d.prepared_dir} has no validation split "
+                    "(set data.validation_files and run lev-prepare-data again)")
+  train_source = dataset.source("train")
+  report.update(prepared_dir=os.fspath(d.prepared_dir), preparation=dataset.report,
+                train_tokens=int(dataset.token_counts_V.sum()),
+                tokenizer_path=os.fspath(d.prepared_dir), counts_path=None,
+                train=None, validation=None)
+  logging.info("Data (prepared %s): %d train / %d validation documents, %d train tokens; "
+               "tokenizer %s.", d.prepared_dir, dataset.splits["train"],
+               dataset.splits["validation"], report["train_tokens"], tokenizer.name)
+  return DataBundle(
+      tokenizer=tokenizer, report=report, token_counts_V=dataset.token_counts_V,
+      config=config,
+      train_documents=lambda i, n: grain.MapDataset.source(train_source)[i::n],
+      validation_documents=dataset.source("validation"))
+
+
+def load(config: ml_collections.ConfigDict) -> DataBundle:
+  """Reads the documents (or opens the stream / prepared dataset), the tokenizer and
+  the token counts of ``config.data``.
+
+  Reads ``config.data`` (source, train_files, validation_files, pile_set_names,
+  validation_fraction, cache_dir, strict, tokenizer, tiktoken_file,
+  sentencepiece_file, prepared_dir) and ``config.model.vocab_size``; the bundle's batch
+  methods read ``config.train.seq_len``, ``config.data.shuffle_buffer`` / ``seed`` /
+  ``segment_masking`` and ``config.eval.batch_size`` / ``batches``.
+
+  Raises:
+    DataError: missing or bad files (named, with ``config.data.<field>``), an empty
+      training or validation split, an unfinished or mismatched prepared dataset, or a
+      vocab_size the tokenizer does not have.
+  """
+  d = config.data
+  report = {"source": d.source, "validation": None, "corpus_paths": None}
+  if d.source in ("embedded", "jsonl"):
+    return _in_memory(config, report)
+  if d.source == "jsonl_stream":
+    return _streamed(config, report)
+  if d.source == "prepared":
+    return _prepared(config, report)
+  raise DataError(f"config.data.source = {d.source!r}: expected 'embedded', 'jsonl', "
+                  "'jsonl_stream' or 'prepared'")

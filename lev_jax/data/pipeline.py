@@ -3,9 +3,11 @@
 Train (endless, checkpointable)::
 
   MapDataset.source(docs).shuffle(seed).repeat()   documents, a fresh order each epoch
+    (or a grain.IterDataset stream, as it is)      texts or prepared records
     .map(tokenize + eos) .to_iter_dataset()        {"tokens": int32 [n_i]}
   ConcatThenSplitIterDataset(seq_len + 1)          documents concatenated, then cut
     .map(shift)                                    inputs/targets int32, weights float32
+                                                   (+ segment_ids/positions if masked)
   WindowShuffleIterDataset(shuffle_buffer)         sequences shuffled within windows
     .batch(batch_size, drop_remainder=True)        [batch_size, seq_len] each
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from absl import flags
 from absl import logging
 import grain
 import numpy as np
@@ -34,17 +37,29 @@ _EVAL_READ = grain.ReadOptions(num_threads=0, prefetch_buffer_size=16)
 _ENCODE_CHUNK = 256
 
 
-class _Tokenize:
-  """text -> {"tokens": int32 [n + 1]}: the ids then eos; ids >= vocab_size -> DataError."""
+class _ToTokens:
+  """A document -> {"tokens": int32 [n + 1]}: its ids, then eos.
+
+  A document is a str, or a record of a prepared dataset: ``{"tokens": int array}``
+  (ids without eos) or ``{"text": bytes | str}``. Ids >= vocab_size -> DataError.
+  """
 
   def __init__(self, tokenizer, vocab_size: int):
     self._tokenizer = tokenizer
     self._vocab_size = int(vocab_size)
 
-  def __call__(self, text: str) -> dict[str, np.ndarray]:
-    ids = self._tokenizer.encode(text)
-    ids.append(self._tokenizer.eos_id)
-    tokens_N = np.asarray(ids, dtype=np.int32)
+  def __call__(self, doc) -> dict[str, np.ndarray]:
+    eos = self._tokenizer.eos_id
+    if isinstance(doc, dict) and "tokens" in doc:
+      ids_N = np.asarray(doc["tokens"], dtype=np.int32)
+      tokens_N = np.concatenate([ids_N, np.asarray([eos], np.int32)])
+    else:
+      text = doc["text"] if isinstance(doc, dict) else doc
+      if isinstance(text, bytes):
+        text = text.decode("utf-8")
+      ids = self._tokenizer.encode(text)
+      ids.append(eos)
+      tokens_N = np.asarray(ids, dtype=np.int32)
     _check_ids(tokens_N, self._vocab_size)
     return {"tokens": tokens_N}
 
@@ -56,13 +71,30 @@ def _check_ids(ids_N: np.ndarray, vocab_size: int) -> None:
                     "tokenizer and config.model.vocab_size disagree")
 
 
-def _shift(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """{"tokens", "tokens_segment_ids": [L + 1]} -> inputs, targets [L] (int32), weights [L]
-  (float32, 0 where the packer padded: segment id 0). Independent of the pad id, so
-  tokenizers whose id 0 is a real token (tiktoken) are weighted correctly."""
-  tokens_L1 = packed["tokens"]
-  return {"inputs": tokens_L1[:-1], "targets": tokens_L1[1:],
-          "weights": (packed["tokens_segment_ids"][1:] != 0).astype(np.float32)}
+class _Shift:
+  """Packed ``{"tokens", "tokens_segment_ids", "tokens_positions": [L + 1]}`` -> inputs,
+  targets int32 [L] and weights float32 [L] (0 where the packer padded: segment id 0,
+  so a tokenizer whose id 0 is a real token is weighted right).
+
+  With segment_masking the batch also carries ``segment_ids`` and ``positions`` int32
+  [L] of the inputs (positions restart at 0 in every document, and in every row), and a
+  target in another document than its input gets weight 0, so neither attention nor
+  the loss crosses a document boundary.
+  """
+
+  def __init__(self, segment_masking: bool):
+    self._segment_masking = bool(segment_masking)
+
+  def __call__(self, packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    tokens_L1, segments_L1 = packed["tokens"], packed["tokens_segment_ids"]
+    real_L = segments_L1[1:] != 0
+    out = {"inputs": tokens_L1[:-1], "targets": tokens_L1[1:]}
+    if self._segment_masking:
+      real_L &= segments_L1[1:] == segments_L1[:-1]
+      out["segment_ids"] = segments_L1[:-1].astype(np.int32)
+      out["positions"] = packed["tokens_positions"][:-1].astype(np.int32)
+    out["weights"] = real_L.astype(np.float32)
+    return out
 
 
 def _require_tokens(docs: Sequence[str], tokenizer) -> None:
@@ -103,42 +135,78 @@ class _JsonSafePackingIterator(grain.DatasetIterator):
 
 
 def _packed(ds: grain.IterDataset, seq_len: int) -> grain.IterDataset:
-  ds = _JsonSafePacking(grain.experimental.ConcatThenSplitIterDataset(
+  """Documents concatenated and cut into rows of seq_len + 1 tokens (with segment ids
+  and positions); a document longer than the rest of a row continues in the next."""
+  return _JsonSafePacking(grain.experimental.ConcatThenSplitIterDataset(
       ds, length_struct={"tokens": seq_len + 1}))
-  # Keep only the tokens: positions / segment ids are not used by the model.
-  return ds.map(_shift)
 
 
-def make_train_dataset(docs: Sequence[str], tokenizer, *, seq_len: int, batch_size: int,
-                       shuffle_buffer: int, seed: int, vocab_size: int
+def _documents(documents, seed: int | None) -> grain.IterDataset | grain.MapDataset:
+  """A grain dataset of documents: an IterDataset (a stream) as it is; a MapDataset or
+  any random-access sequence (list, TFDS data source) shuffled per epoch when seed is
+  set (a new permutation each epoch, endless), else in order, once."""
+  if isinstance(documents, grain.IterDataset):
+    return documents
+  ds = documents if isinstance(documents, grain.MapDataset) else grain.MapDataset.source(documents)
+  if seed is not None:
+    ds = ds.shuffle(seed=seed % _U32).repeat(None)
+  return ds
+
+
+def make_train_dataset(documents, tokenizer, *, seq_len: int, batch_size: int,
+                       shuffle_buffer: int, seed: int, vocab_size: int,
+                       segment_masking: bool = False, worker_processes: int = 0
                        ) -> grain.IterDataset:
   """The endless, shuffled, packed training batches.
 
   Args:
-    docs: training texts (kept in memory; indexed by the shuffle).
+    documents: random access (a list of texts, a ``grain.MapDataset`` or a TFDS data
+      source of prepared records): shuffled globally by `seed`, a fresh permutation per
+      epoch; or a ``grain.IterDataset`` stream (e.g. `stream.JsonlStreamDataset`), read
+      in its own order. Documents are texts or prepared records (see `_ToTokens`).
     tokenizer: has ``encode(str) -> list[int]`` and ``eos_id``.
     seq_len: L, tokens per example; each packed row holds L + 1 consecutive tokens.
     batch_size: B, rows per batch (incomplete batches are dropped).
-    shuffle_buffer: sequences per shuffle window.
-    seed: document order (a new permutation per epoch) and window shuffles.
+    shuffle_buffer: packed sequences per shuffle window (the paper streams with a
+      10,000-sequence buffer).
+    seed: document order and window shuffles.
     vocab_size: every id must be < vocab_size.
+    segment_masking: add ``segment_ids`` / ``positions`` and zero the weights of
+      targets across document boundaries (see `_Shift`).
+    worker_processes: 0 builds batches in this process; n > 0 builds them in n
+      processes (``grain`` ``mp_prefetch``), worker w packing documents w, w + n, ...
+      of the shuffled order into whole batches, taken round-robin: throughput scales
+      with host cores; the batches are deterministic for a given n (and differ
+      between values of n), resume needs the same n. Random-access documents only.
 
   Returns:
     ``grain.IterDataset`` of ``{"inputs": int32 [B, L], "targets": int32 [B, L],
-    "weights": float32 [B, L]}``, ``targets[:, t] == next token after inputs[:, t]``,
-    weights 1 where the target is a real token (0 where the packer padded). ``iter(ds)`` supports ``get_state()`` /
-    ``set_state()`` (exact resume) and ``grain.checkpoint.CheckpointSave/Restore``.
+    "weights": float32 [B, L]}`` (+ ``segment_ids``, ``positions`` int32 [B, L]),
+    ``targets[:, t] == next token after inputs[:, t]``, weights 1 where the target is a
+    real token. ``iter(ds)`` supports ``get_state()`` / ``set_state()`` (exact resume)
+    and ``grain.checkpoint.CheckpointSave/Restore``.
 
   Raises:
-    DataError: no documents or no tokens (now); an id >= vocab_size (when iterated).
+    DataError: a list of texts none of which has a token (now); an id >= vocab_size
+      (when iterated).
   """
-  _require_tokens(docs, tokenizer)
-  ds = grain.MapDataset.source(list(docs)).shuffle(seed=seed % _U32).repeat(None)
-  ds = ds.map(_Tokenize(tokenizer, vocab_size)).to_iter_dataset(_TRAIN_READ)
-  ds = _packed(ds, seq_len)
+  if isinstance(documents, list):
+    _require_tokens(documents, tokenizer)
+  ds = _documents(documents, seed).map(_ToTokens(tokenizer, vocab_size))
+  if isinstance(ds, grain.MapDataset):
+    ds = ds.to_iter_dataset(_TRAIN_READ)
+  ds = _packed(ds, seq_len).map(_Shift(segment_masking))
   ds = grain.experimental.WindowShuffleIterDataset(
       ds, window_size=int(shuffle_buffer), seed=(seed + 1) % _U32)
-  return ds.batch(batch_size, drop_remainder=True)
+  ds = ds.batch(batch_size, drop_remainder=True)
+  if worker_processes:
+    if isinstance(documents, grain.IterDataset):
+      raise DataError(f"data.worker_processes = {worker_processes} needs random-access "
+                      "documents (sources embedded, jsonl, prepared), not a stream")
+    if not flags.FLAGS.is_parsed():  # grain reads its absl flags in the workers
+      flags.FLAGS.mark_as_parsed()  # outside an absl app (notebooks, tests): defaults
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(worker_processes)))
+  return ds
 
 
 def _encoded_chunks(docs: Sequence[str], tokenizer):
@@ -149,40 +217,50 @@ def _encoded_chunks(docs: Sequence[str], tokenizer):
     yield encode_batch(texts) if encode_batch else [tokenizer.encode(t) for t in texts]
 
 
-def _count_tokens(docs: Sequence[str], tokenizer) -> int:
-  return sum(len(ids) + 1 for chunk in _encoded_chunks(docs, tokenizer) for ids in chunk)
+def _count_tokens(documents, tokenizer, vocab_size: int) -> tuple[int, int]:
+  """(documents, tokens with eos) of a finite document collection (error messages)."""
+  ds = _documents(documents, None).map(_ToTokens(tokenizer, vocab_size))
+  counts = [len(ex["tokens"]) for ex in ds]
+  return len(counts), sum(counts)
 
 
-def make_eval_batches(docs: Sequence[str], tokenizer, *, seq_len: int, batch_size: int,
-                      n_batches: int, vocab_size: int) -> list[dict[str, np.ndarray]]:
+def make_eval_batches(documents, tokenizer, *, seq_len: int, batch_size: int,
+                      n_batches: int, vocab_size: int, segment_masking: bool = False
+                      ) -> list[dict[str, np.ndarray]]:
   """Fixed evaluation batches: the documents in order, packed, no shuffle, no padding.
 
   Args:
-    docs: validation texts. tokenizer, seq_len, batch_size, vocab_size: as in
-      `make_train_dataset`.
+    documents: validation documents, read in order and only as far as needed: a list
+      of texts, a random-access source of prepared records, or a finite
+      ``grain.IterDataset`` stream. tokenizer, seq_len, batch_size, vocab_size,
+      segment_masking: as in `make_train_dataset`.
     n_batches: wanted batches; fewer are returned (with a warning) when the documents
       hold fewer full batches of ``batch_size * (seq_len + 1)`` tokens.
 
   Returns:
     1 to n_batches dicts ``{"inputs", "targets": int32 [B, L], "weights": float32
-    [B, L]}`` (weights all 1: partial rows at the end are dropped).
+    [B, L]}`` (+ ``segment_ids``, ``positions``); rows are full (the partial row at the
+    end is dropped), so weights are 1 except across document boundaries with
+    segment_masking.
 
   Raises:
     DataError: an id >= vocab_size, or not enough tokens for one batch (naming the
       tokens found and needed).
   """
   need = batch_size * (seq_len + 1)
-  if not docs:
+  if isinstance(documents, Sequence) and not len(documents):
     raise DataError(f"no validation documents: one eval batch needs {need} tokens "
                     f"(eval.batch_size {batch_size} x (seq_len {seq_len} + 1))")
-  ds = grain.MapDataset.source(list(docs)).map(_Tokenize(tokenizer, vocab_size))
-  ds = _packed(ds.to_iter_dataset(_EVAL_READ), seq_len)
-  ds = ds.filter(lambda ex: bool(ex["weights"].all()))
-  batches = list(itertools.islice(ds.batch(batch_size, drop_remainder=True), n_batches))
+  ds = _documents(documents, None).map(_ToTokens(tokenizer, vocab_size))
+  if isinstance(ds, grain.MapDataset):
+    ds = ds.to_iter_dataset(_EVAL_READ)
+  ds = _packed(ds, seq_len).filter(lambda ex: bool(ex["tokens_segment_ids"].all()))
+  ds = ds.map(_Shift(segment_masking)).batch(batch_size, drop_remainder=True)
+  batches = list(itertools.islice(ds, n_batches))
   if not batches:
-    found = _count_tokens(docs, tokenizer)
+    n_docs, found = _count_tokens(documents, tokenizer, vocab_size)
     raise DataError(
-        f"the validation documents give {found} tokens ({len(docs)} documents, eos "
+        f"the validation documents give {found} tokens ({n_docs} documents, eos "
         f"included) but one eval batch needs {need} = eval.batch_size {batch_size} x "
         f"(seq_len {seq_len} + 1); add validation text or lower eval.batch_size")
   if len(batches) < n_batches:

@@ -1,14 +1,24 @@
-"""SentencePiece tokenizer: training on documents in memory, a content-keyed cache, ids.
+"""Tokenizers: SentencePiece (trained here), o200k_base (tiktoken) and UTF-8 bytes.
 
-Ids: pad = 0, unk = 1, eos = 2, no bos; id 3 is the newline. Byte fallback makes every
-string encodable, and the identity normalisation (no NFKC, whitespace kept, no dummy
-prefix) makes ``decode(encode(text)) == text`` for any text. Library: SentencePiece,
-https://github.com/google/sentencepiece/blob/master/doc/options.md (trainer options)
-and python/README.md (``sentence_iterator`` / ``model_writer`` training in memory).
+SentencePiece ids: pad = 0, unk = 1, eos = 2, no bos; id 3 is the newline. Byte fallback
+makes every string encodable, and the identity normalisation (no NFKC, whitespace kept,
+no dummy prefix) makes ``decode(encode(text)) == text`` for any text. Library:
+SentencePiece, https://github.com/google/sentencepiece/blob/master/doc/options.md
+(trainer options) and python/README.md (``sentence_iterator`` / ``model_writer``
+training in memory).
+
+Every tokenizer has ``name`` (one of config.TOKENIZERS), ``vocab_size``, ``eos_id``,
+``pad_id``, ``fingerprint``, ``encode`` / ``encode_batch`` / ``decode``, and pickles
+(data-preparation worker processes receive it). `tokenizer_info`, `save_tokenizer` and
+`load_tokenizer` record a tokenizer beside prepared data so a model and its data can
+never disagree; `make_tokenizer` builds the one ``config.data`` names. Nothing here
+imports TensorFlow or seqio (see `lev_jax.data.vocabularies` for those).
 """
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
 import io
 import json
@@ -21,6 +31,7 @@ from absl import logging
 from etils import epath
 import sentencepiece as spm
 
+from lev_jax import config as config_lib
 from lev_jax.data.corpus import DataError
 
 PAD_ID, UNK_ID, EOS_ID = 0, 1, 2
@@ -53,23 +64,53 @@ class SentencePieceTokenizer:
   Args:
     model_path: a ``*.model`` file (local or `etils.epath` URL).
 
+  Pickles as its path and serialized model proto (the processor is rebuilt from the
+  proto, so the file need not exist where it is unpickled).
+
   Raises:
     DataError: the file is missing or not a SentencePiece model, or its special ids are
       not pad 0 / unk 1 / eos 2 / no bos.
   """
 
+  name = "sentencepiece"
+
   def __init__(self, model_path):
     self.model_path = epath.Path(model_path)
     try:
       proto = self.model_path.read_bytes()
+    except OSError as e:
+      raise DataError(f"{self.model_path}: cannot load a SentencePiece model ({e}); "
+                      "expected a *.model file written by train_sentencepiece") from e
+    self._load(proto)
+
+  def _load(self, proto: bytes) -> None:
+    try:
       self._sp = spm.SentencePieceProcessor(model_proto=proto)
-    except (OSError, RuntimeError) as e:
+    except (RuntimeError, TypeError) as e:
       raise DataError(f"{self.model_path}: cannot load a SentencePiece model ({e}); "
                       "expected a *.model file written by train_sentencepiece") from e
     ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.eos_id(), self._sp.bos_id())
     if ids != (PAD_ID, UNK_ID, EOS_ID, -1):
       raise DataError(f"{self.model_path}: special ids (pad, unk, eos, bos) = {ids}; "
                       f"expected {(PAD_ID, UNK_ID, EOS_ID, -1)}")
+    self._proto = proto
+
+  def __getstate__(self) -> dict:
+    return {"model_path": os.fspath(self.model_path), "proto": self._proto}
+
+  def __setstate__(self, state: dict) -> None:
+    self.model_path = epath.Path(state["model_path"])
+    self._load(state["proto"])
+
+  @property
+  def model_proto(self) -> bytes:
+    """The serialized SentencePiece ModelProto (the bytes of the *.model file)."""
+    return self._proto
+
+  @property
+  def fingerprint(self) -> str:
+    """sha256 hex of the model proto: equal fingerprints give equal ids."""
+    return hashlib.sha256(self._proto).hexdigest()
 
   @property
   def vocab_size(self) -> int:
@@ -215,6 +256,10 @@ class TiktokenTokenizer:
   pad id (padding is marked by the packer's segment ids). Library: tiktoken,
   https://github.com/openai/tiktoken (``Encoding``, ``load.load_tiktoken_bpe``).
 
+  Pickles its mergeable ranks (rebuilt with tiktoken's o200k_base pattern and special
+  tokens, no file needed) or, with ``ranks_file == ""``, only the name (rebuilt with
+  ``tiktoken.get_encoding``, i.e. from tiktoken's cache).
+
   Args:
     ranks_file: a local or gs:// ``o200k_base.tiktoken`` file; "" uses
       ``tiktoken.get_encoding("o200k_base")``, which reads tiktoken's cache
@@ -227,9 +272,15 @@ class TiktokenTokenizer:
   name = "o200k_base"
 
   def __init__(self, ranks_file: str = ""):
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-    self.ranks_file = ranks_file
+    self.ranks_file = os.fspath(ranks_file)
+    self._enc = self._build(self.ranks_file, None)
+
+  @classmethod
+  def _build(cls, ranks_file: str, mergeable_ranks: dict[bytes, int] | None):
+    import tiktoken  # pylint: disable=g-import-not-at-top
+    from tiktoken.load import load_tiktoken_bpe  # pylint: disable=g-import-not-at-top
+    if mergeable_ranks is not None:
+      return tiktoken.Encoding(**_o200k_spec(mergeable_ranks))
     if ranks_file:
       path = epath.Path(os.path.expanduser(ranks_file))
       if not path.exists():
@@ -239,15 +290,24 @@ class TiktokenTokenizer:
         spec = _o200k_spec(load_tiktoken_bpe(os.fspath(path)))
       except (ValueError, OSError) as e:
         raise DataError(f"{ranks_file}: not a tiktoken ranks file ({e})") from e
-      self._enc = tiktoken.Encoding(**spec)
-    else:
-      try:
-        self._enc = tiktoken.get_encoding(self.name)
-      except Exception as e:  # no cache and no network: requests / OSError / ValueError
-        raise DataError(
-            f"config.data.tokenizer = 'o200k_base': tiktoken has no cached copy and could "
-            f"not fetch one ({type(e).__name__}); set config.data.tiktoken_file to a local "
-            "o200k_base.tiktoken file (or TIKTOKEN_CACHE_DIR to a folder holding it)") from e
+      return tiktoken.Encoding(**spec)
+    try:
+      return tiktoken.get_encoding(cls.name)
+    except Exception as e:  # no cache and no network: requests / OSError / ValueError
+      raise DataError(
+          f"config.data.tokenizer = 'o200k_base': tiktoken has no cached copy and could "
+          f"not fetch one ({type(e).__name__}); set config.data.tiktoken_file to a local "
+          "o200k_base.tiktoken file (or TIKTOKEN_CACHE_DIR to a folder holding it)") from e
+
+  def __getstate__(self) -> dict:
+    # Encoding._mergeable_ranks: tiktoken keeps no public accessor for the ranks.
+    enc = self._enc
+    ranks = enc._mergeable_ranks if self.ranks_file else None  # pylint: disable=protected-access
+    return {"ranks_file": self.ranks_file, "mergeable_ranks": ranks}
+
+  def __setstate__(self, state: dict) -> None:
+    self.ranks_file = state["ranks_file"]
+    self._enc = self._build(self.ranks_file, state["mergeable_ranks"])
 
   @property
   def vocab_size(self) -> int:
@@ -261,6 +321,22 @@ class TiktokenTokenizer:
   def pad_id(self) -> None:
     return None
 
+  def ranks_bytes(self) -> bytes:
+    """The mergeable ranks in tiktoken's ``.tiktoken`` format: ``base64(token) rank``
+    lines sorted by rank (what ``tiktoken.load.dump_tiktoken_bpe`` writes)."""
+    ranks = self._enc._mergeable_ranks  # pylint: disable=protected-access
+    return b"".join(base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
+                    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """sha256 hex of the ranks (`ranks_bytes`), the split pattern and special tokens."""
+    enc = self._enc
+    spec = {"pat_str": enc._pat_str, "special_tokens": enc._special_tokens}  # pylint: disable=protected-access
+    h = hashlib.sha256(self.ranks_bytes())
+    h.update(json.dumps(spec, sort_keys=True).encode())
+    return h.hexdigest()
+
   def encode(self, text: str) -> list[int]:
     """Ids of `text` (special-token text is encoded as plain text), without eos."""
     return self._enc.encode_ordinary(text)
@@ -273,3 +349,210 @@ class TiktokenTokenizer:
 
   def __repr__(self) -> str:
     return f"TiktokenTokenizer({self.name}, vocab_size={self.vocab_size})"
+
+
+class ByteTokenizer:
+  """UTF-8 bytes, ids laid out exactly like ``seqio.ByteVocabulary`` (ByT5).
+
+  Ids: pad = 0, eos = 1, unk = 2 (never produced), byte b -> b + 3; 259 ids. Text is
+  encoded with ``errors="surrogatepass"``, so every Python str (lone surrogates
+  included) round-trips: ``decode(encode(text)) == text``. Source:
+  https://github.com/google/seqio/blob/main/seqio/vocabularies.py (``ByteVocabulary``).
+  """
+
+  name = "bytes"
+  OFFSET = 3  # pad, eos, unk
+
+  @property
+  def vocab_size(self) -> int:
+    return self.OFFSET + 256
+
+  @property
+  def eos_id(self) -> int:
+    return 1
+
+  @property
+  def pad_id(self) -> int:
+    return 0
+
+  @property
+  def unk_id(self) -> int:
+    return 2
+
+  @property
+  def fingerprint(self) -> str:
+    """sha256 hex of "bytes-v1" (the id layout above)."""
+    return hashlib.sha256(b"bytes-v1").hexdigest()
+
+  def encode(self, text: str) -> list[int]:
+    """Ids of the UTF-8 bytes of `text` (each byte + 3), without eos."""
+    return [b + self.OFFSET for b in text.encode("utf-8", "surrogatepass")]
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [self.encode(t) for t in texts]
+
+  def decode(self, ids) -> str:
+    """Text of `ids` (list or int array): pad / eos / unk and ids >= 259 are dropped;
+    invalid UTF-8 sequences become U+FFFD (seqio.ByteVocabulary drops them instead)."""
+    data = bytes(i - self.OFFSET for i in map(int, ids)
+                 if self.OFFSET <= i < self.vocab_size)
+    try:
+      return data.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+      return data.decode("utf-8", "replace")
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, ByteTokenizer)
+
+  def __hash__(self) -> int:
+    return hash(self.name)
+
+  def __repr__(self) -> str:
+    return "ByteTokenizer(vocab_size=259)"
+
+
+Tokenizer = SentencePieceTokenizer | TiktokenTokenizer | ByteTokenizer
+TOKENIZER_JSON = "tokenizer.json"
+_FILES = {"sentencepiece": "spm.model", "o200k_base": "o200k_base.tiktoken", "bytes": None}
+_INFO_KEYS = ("name", "vocab_size", "padded_vocab_size", "eos_id", "pad_id", "fingerprint")
+
+
+def tokenizer_info(tokenizer: Tokenizer, vocab_multiple: int = 128) -> dict:
+  """What identifies a tokenizer's ids, JSON-serialisable; recorded with prepared data.
+
+  Args:
+    tokenizer: a SentencePieceTokenizer, TiktokenTokenizer or ByteTokenizer.
+    vocab_multiple: the model's padding multiple (config.model.vocab_multiple).
+
+  Returns:
+    ``{"name": str, "vocab_size": int, "padded_vocab_size": int (vocab_size rounded up
+    to vocab_multiple, `config.padded_vocab_size`), "eos_id": int, "pad_id": int or
+    None, "fingerprint": sha256 hex str}``; the fingerprint hashes what defines the ids
+    (the SentencePiece model proto; the tiktoken ranks, pattern and special tokens;
+    "bytes-v1").
+  """
+  return {"name": tokenizer.name, "vocab_size": int(tokenizer.vocab_size),
+          "padded_vocab_size": config_lib.padded_vocab_size(tokenizer.vocab_size,
+                                                            vocab_multiple),
+          "eos_id": int(tokenizer.eos_id), "pad_id": tokenizer.pad_id,
+          "fingerprint": tokenizer.fingerprint}
+
+
+def save_tokenizer(tokenizer: Tokenizer, folder, vocab_multiple: int = 128) -> dict:
+  """Writes what rebuilds `tokenizer` into `folder` (local or `etils.epath` URL).
+
+  Files: ``tokenizer.json`` (`tokenizer_info`), plus ``spm.model`` (SentencePiece model
+  proto) or ``o200k_base.tiktoken`` (the ranks, `TiktokenTokenizer.ranks_bytes`), so the
+  folder is self-contained; nothing else for bytes. Each file is written to a temporary
+  name, then renamed into place; ``tokenizer.json`` last.
+
+  Returns:
+    The info written to ``tokenizer.json``.
+  """
+  folder = epath.Path(os.path.expanduser(os.fspath(folder)))
+  folder.mkdir(parents=True, exist_ok=True)
+  info = tokenizer_info(tokenizer, vocab_multiple)
+  files = {TOKENIZER_JSON: (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()}
+  if isinstance(tokenizer, SentencePieceTokenizer):
+    files = {_FILES["sentencepiece"]: tokenizer.model_proto, **files}
+  elif isinstance(tokenizer, TiktokenTokenizer):
+    files = {_FILES["o200k_base"]: tokenizer.ranks_bytes(), **files}
+  for name, data in files.items():  # dicts keep order: tokenizer.json last
+    tmp = folder / f".{name}.tmp-{os.getpid()}"
+    tmp.write_bytes(data)
+    tmp.replace(folder / name)
+  return info
+
+
+def load_tokenizer(folder) -> Tokenizer:
+  """Rebuilds the tokenizer `save_tokenizer` wrote into `folder`.
+
+  Raises:
+    DataError: ``tokenizer.json`` is missing, not JSON or lacks a field; an unknown
+      name; a missing model/ranks file; or the rebuilt tokenizer's fingerprint (or
+      vocab_size / eos_id) differs from the recorded one. The message names the folder.
+  """
+  folder = epath.Path(os.path.expanduser(os.fspath(folder)))
+  path = folder / TOKENIZER_JSON
+  try:
+    info = json.loads(path.read_text())
+  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DataError(f"{path}: cannot read the tokenizer record ({e}); expected the "
+                    "tokenizer.json written by save_tokenizer") from e
+  missing = [k for k in _INFO_KEYS if not isinstance(info, dict) or k not in info]
+  if missing:
+    raise DataError(f"{path}: missing field(s) {missing}; expected {list(_INFO_KEYS)}")
+  name = info["name"]
+  if name not in _FILES:
+    raise DataError(f"{path}: name = {name!r}; expected one of {sorted(_FILES)}")
+  if name == "bytes":
+    tokenizer = ByteTokenizer()
+  elif name == "sentencepiece":
+    tokenizer = SentencePieceTokenizer(folder / _FILES[name])
+  else:
+    ranks = folder / _FILES[name]
+    if not ranks.exists():
+      raise DataError(f"{folder}: no {_FILES[name]}; expected the ranks file written "
+                      "by save_tokenizer beside tokenizer.json")
+    tokenizer = TiktokenTokenizer(os.fspath(ranks))
+  for key in ("fingerprint", "vocab_size", "eos_id", "pad_id"):
+    if getattr(tokenizer, key) != info[key]:
+      raise DataError(
+          f"{folder}: the rebuilt {name} tokenizer has {key} = {getattr(tokenizer, key)!r} "
+          f"but tokenizer.json records {info[key]!r}: the tokenizer files do not match "
+          "the data they were saved with")
+  return tokenizer
+
+
+def make_tokenizer(data_config, vocab_size: int, train_texts: Sequence[str] | None = None,
+                   cache_dir=None) -> Tokenizer:
+  """Builds the tokenizer ``config.data.tokenizer`` names.
+
+  Args:
+    data_config: ``config.data`` (reads ``tokenizer``, ``tiktoken_file``,
+      ``sentencepiece_file``, ``cache_dir``).
+    vocab_size: ``config.model.vocab_size``; the tokenizer must have exactly this many.
+    train_texts: training documents for a new SentencePiece model (``sentencepiece``
+      without ``sentencepiece_file``).
+    cache_dir: folder for trained SentencePiece models; default
+      ``{data.cache_dir}/tokenizers``.
+
+  Returns:
+    "bytes" -> ByteTokenizer; "o200k_base" -> TiktokenTokenizer(data.tiktoken_file);
+    "sentencepiece" -> SentencePieceTokenizer(data.sentencepiece_file) if set, else
+    `train_sentencepiece` (train_texts, vocab_size, cache_dir).
+
+  Raises:
+    DataError: an unknown tokenizer name; no training texts when one must be trained;
+      the tokenizer's errors; or ``tokenizer.vocab_size != vocab_size``.
+  """
+  name = data_config.tokenizer
+  if name == "bytes":
+    tokenizer = ByteTokenizer()
+  elif name == "o200k_base":
+    tokenizer = TiktokenTokenizer(data_config.get("tiktoken_file", "") or "")
+  elif name == "sentencepiece":
+    model_file = data_config.get("sentencepiece_file", "") or ""
+    if model_file:
+      try:
+        tokenizer = SentencePieceTokenizer(os.path.expanduser(model_file))
+      except DataError as e:
+        raise DataError(f"config.data.sentencepiece_file: {e}") from e
+    else:
+      if train_texts is None:
+        raise DataError("config.data.tokenizer = 'sentencepiece' with no "
+                        "config.data.sentencepiece_file: training texts are needed to "
+                        "train one (train_texts)")
+      if cache_dir is None:
+        cache_dir = epath.Path(os.path.expanduser(data_config.cache_dir)) / "tokenizers"
+      try:
+        tokenizer = train_sentencepiece(train_texts, vocab_size, cache_dir)
+      except DataError as e:
+        raise DataError(f"config.model.vocab_size: {e}") from e
+  else:
+    raise DataError(f"config.data.tokenizer = {name!r}: expected one of "
+                    f"{sorted(_FILES)}")
+  if tokenizer.vocab_size != vocab_size:
+    raise DataError(f"config.model.vocab_size = {vocab_size} but the {tokenizer.name} "
+                    f"tokenizer has {tokenizer.vocab_size} ids: model and data must agree")
+  return tokenizer

@@ -1,0 +1,78 @@
+"""`lev-prepare-data`: Pile-format JSONL -> ArrayRecord shards for data.source='prepared'.
+
+  lev-prepare-data --config=experiments/ladder.py:tied_1.2b \
+      --config.data.prepared_dir=gs://bucket/pile-o200k [--workers=N] [--overwrite]
+
+Reads config.data (train/validation/test files, tokenizer, prepare_format, strict,
+pile_set_names, prepare_workers) and writes the dataset `lev_jax.data.prepared`
+describes, one shard per input file, in parallel. Re-running the same command resumes
+an interrupted preparation (finished shards are kept) and does nothing for a finished
+one; a folder holding another run's dataset is an error unless --overwrite. Then train
+with --config.data.source=prepared --config.data.prepared_dir=<the same folder>.
+"""
+
+from __future__ import annotations
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from lev_jax import cli
+from lev_jax.config import ConfigError, validate
+from lev_jax.data.corpus import DataError
+
+PROG = "lev-prepare-data"
+
+
+def _define_flags():
+  config_flags.DEFINE_config_file(
+      "config", None, "Experiment file and variant, e.g. experiments/ladder.py:tied_1.2b.")
+  flags.DEFINE_string("output_dir", None, "Dataset folder (default config.data.prepared_dir).")
+  flags.DEFINE_integer("workers", None, "Worker processes (default "
+                       "config.data.prepare_workers, 0 = one per CPU core).", lower_bound=1)
+  flags.DEFINE_bool("overwrite", False, "Replace a folder holding another preparation "
+                    "run's dataset (finished or not).")
+
+
+def summary(report: dict) -> str:
+  """The lines `lev-prepare-data` prints: per split documents, tokens and skipped lines
+  by reason; the folder; seconds and tokens per second of this call."""
+  tok = report["tokenizer"]
+  state = "already prepared" if report.get("already_prepared") else "prepared"
+  lines = [f"{PROG}: {state} {report['output_dir']} (run {report['run_id']}, "
+           f"{report['format']} records, {tok['name']} tokenizer, {tok['vocab_size']:,} ids)"]
+  for split, r in report["splits"].items():
+    skipped = ", ".join(f"{k}={v:,}" for k, v in r["skipped"].items() if v) or "none"
+    lines.append(f"  {split:<10} {r['files']:>6,} files {r['documents']:>14,} documents "
+                 f"{r['tokens']:>16,} tokens  skipped: {skipped}")
+  seconds = report["seconds"]
+  rate = report["written_tokens"] / seconds if seconds > 0 else 0.0
+  lines.append(f"  {seconds:.1f} s, {report['written_shards']} shard(s) written, "
+               f"{rate:,.0f} tokens/s")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.quiet_library_logs()
+  if flags.FLAGS.config is None:
+    cli.fail(PROG, "--config is required, e.g. --config=experiments/ladder.py:tied_1.2b")
+  config = cli.config_or_exit(PROG)
+  from lev_jax.data.prepare import prepare  # after flags: keeps --help fast
+  try:
+    validate(config)
+    report = prepare(config, output_dir=flags.FLAGS.output_dir,
+                     workers=flags.FLAGS.workers, overwrite=flags.FLAGS.overwrite)
+  except (ConfigError, DataError) as e:
+    cli.fail(PROG, str(e))
+  logging.info("%s: report %s/report.json", PROG, report["output_dir"])
+  print(summary(report))
+
+
+def run():
+  _define_flags()
+  app.run(main, flags_parser=cli.flags_parser(PROG))
+
+
+if __name__ == "__main__":
+  run()
