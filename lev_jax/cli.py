@@ -23,9 +23,22 @@ def _last_line(error: BaseException) -> str:
   return lines[-1] if lines else type(error).__name__
 
 
-def flags_parser(prog: str):
-  """An `app.run(flags_parser=...)` that turns flag errors into one line."""
+_HELP = ("--help", "-help", "-h", "--helpshort", "-?")
+
+
+def flags_parser(prog: str, module: str | None = None):
+  """An `app.run(flags_parser=...)` that turns flag errors into one line.
+
+  ``--help`` prints the docstring of `module` (the command's own module, e.g.
+  "lev_jax.prepare_data") and the flags it defines, then exits 0 (absl would print
+  the console-script wrapper's empty docstring).
+  """
   def parse(argv):
+    if module is not None and any(a in _HELP for a in argv[1:]):
+      print((sys.modules[module].__doc__ or prog).strip() + "\n")
+      print(flags.FLAGS.module_help(module) or "")
+      print("\nAny config field: --config.<section>.<field>=value. All flags: --helpfull")
+      sys.exit(0)
     try:
       return flags.FLAGS(argv)
     except flags.Error as e:

@@ -228,6 +228,12 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _one_of(c, "data", "tokenizer", TOKENIZERS)
   _one_of(c, "data", "host_batches", HOST_BATCHES)
   _one_of(c, "data", "prepare_format", PREPARE_FORMATS)
+  if c.data.source == "embedded":
+    for field in ("train_files", "validation_files", "test_files"):
+      if c.data[field]:
+        _fail(f"data.{field}", tuple(c.data[field]),
+              "no files with data.source = 'embedded' (it reads the embedded corpus); set "
+              "data.source to 'jsonl', 'jsonl_stream' or 'prepared' to use them")
   if c.data.source in ("jsonl", "jsonl_stream") and not c.data.train_files:
     _fail("data.train_files", tuple(c.data.train_files),
           "at least one Pile-format *.jsonl or *.jsonl.zst path when data.source = "

@@ -68,7 +68,7 @@ def main(argv):
 
 def run():
   _define_flags()
-  app.run(main, flags_parser=cli.flags_parser("lev-train"))
+  app.run(main, flags_parser=cli.flags_parser("lev-train", __name__))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Parameter counts by part, for any config, without allocating the model.
+"""`lev-params`: parameter counts by part, for any config, without allocating the model.
 
 `lev-params --config=experiments/ladder.py:leviathan_1.2b` prints embedding (input
 table), LEV, backbone, head and total; for a `lev` model it also builds the tied twin
@@ -91,7 +91,7 @@ def main(argv):
 def run():
   config_flags.DEFINE_config_file(
       "config", str(experiments_dir() / "smoke.py") + ":leviathan", "Experiment file[:variant].")
-  app.run(main, flags_parser=cli.flags_parser("lev-params"))
+  app.run(main, flags_parser=cli.flags_parser("lev-params", __name__))
 
 
 if __name__ == "__main__":

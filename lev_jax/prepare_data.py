@@ -1,10 +1,15 @@
 """`lev-prepare-data`: Pile-format JSONL -> ArrayRecord shards for data.source='prepared'.
 
-  lev-prepare-data --config=experiments/ladder.py:tied_1.2b \
-      --config.data.prepared_dir=gs://bucket/pile-o200k [--workers=N] [--overwrite]
+  lev-prepare-data --config=experiments/ladder.py:tied_1.2b [--workers=N] [--overwrite]
+      [--config.data.prepared_dir=gs://bucket/pile-o200k]
+  lev-prepare-data --config=experiments/smoke.py:leviathan --config.data.source=prepared
+      --config.data.train_files="('/data/pile/train/*.jsonl.zst',)"
+      --config.data.validation_files="('/data/pile/val.jsonl.zst',)"
+      --config.data.prepared_dir=/data/pile-prepared
 
 Reads config.data (train/validation/test files, tokenizer, prepare_format, strict,
-pile_set_names, prepare_workers) and writes the dataset `lev_jax.data.prepared`
+pile_set_names, prepare_workers = --workers; with data.source = 'embedded' it prepares
+the embedded corpus, so set data.source for your own files) and writes the dataset `lev_jax.data.prepared`
 describes, one shard per input file, in parallel. Re-running the same command resumes
 an interrupted preparation (finished shards are kept) and does nothing for a finished
 one; a folder holding another run's dataset is an error unless --overwrite. Then train
@@ -12,6 +17,8 @@ with --config.data.source=prepared --config.data.prepared_dir=<the same folder>.
 """
 
 from __future__ import annotations
+
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -43,7 +50,7 @@ def summary(report: dict) -> str:
   for split, r in report["splits"].items():
     skipped = ", ".join(f"{k}={v:,}" for k, v in r["skipped"].items() if v) or "none"
     lines.append(f"  {split:<10} {r['files']:>6,} files {r['documents']:>14,} documents "
-                 f"{r['tokens']:>16,} tokens  skipped: {skipped}")
+                 f"{r['tokens']:>16,} tokens (no eos)  skipped: {skipped}")
   seconds = report["seconds"]
   rate = report["written_tokens"] / seconds if seconds > 0 else 0.0
   lines.append(f"  {seconds:.1f} s, {report['written_shards']} shard(s) written, "
@@ -65,13 +72,17 @@ def main(argv):
                      workers=flags.FLAGS.workers, overwrite=flags.FLAGS.overwrite)
   except (ConfigError, DataError) as e:
     cli.fail(PROG, str(e))
+  except KeyboardInterrupt:
+    print(f"{PROG}: interrupted; finished shards are kept: run the same command again to "
+          "resume", file=sys.stderr)
+    sys.exit(130)
   logging.info("%s: report %s/report.json", PROG, report["output_dir"])
   print(summary(report))
 
 
 def run():
   _define_flags()
-  app.run(main, flags_parser=cli.flags_parser(PROG))
+  app.run(main, flags_parser=cli.flags_parser(PROG, __name__))
 
 
 if __name__ == "__main__":

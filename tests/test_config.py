@@ -63,3 +63,11 @@ def test_a_stream_cannot_be_split_among_worker_processes():
                 worker_processes=2)
   with pytest.raises(ConfigError, match="data.worker_processes = 2: expected 0 with"):
     validate(c)
+
+
+def test_data_files_need_a_source_that_reads_them():
+  c = base_config()
+  c.data.train_files = ("pile/train/*.jsonl.zst",)  # source is still 'embedded'
+  with pytest.raises(ConfigError, match=r"data.train_files = .*: expected no files with "
+                     r"data.source = 'embedded'"):
+    validate(c)

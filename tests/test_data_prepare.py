@@ -272,6 +272,9 @@ def test_open_and_prepare_errors(tmp_path, pile):
     prepare(_config(tmp_path, pile), output_dir=tmp_path / "busy", overwrite=True)
   with pytest.raises(DataError, match=r"config.data.train_files: .*nowhere"):
     prepare(_config(tmp_path, pile, train_files=(str(tmp_path / "nowhere.jsonl"),)))
+  with pytest.raises(DataError, match=r"config.data.validation_files: .*val.jsonl is also "
+                     "matched by config.data.train_files"):
+    prepare(_config(tmp_path, pile, train_files=(str(pile["root"] / "*.jsonl"),)))
 
 
 def test_loading_does_not_import_tensorflow(tmp_path, pile):

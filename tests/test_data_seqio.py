@@ -1,7 +1,7 @@
 """lev_jax tokenizers and corpora as seqio vocabularies, Tasks and Mixtures (tiny data).
 
-Skipped where seqio is not installed (it is not a lev_jax dependency: it pulls in
-TensorFlow, which the training path never imports).
+seqio (and the TensorFlow it brings) is a lev_jax dependency, imported only by
+lev_jax.data.vocabularies and these tests; the training path never imports it.
 """
 
 import base64
@@ -9,12 +9,11 @@ import collections
 import json
 
 import pytest
+import seqio
+import tensorflow as tf
+import zstandard
 
-seqio = pytest.importorskip("seqio")
-tf = pytest.importorskip("tensorflow")
-zstandard = pytest.importorskip("zstandard")
-
-from lev_jax.data import corpus  # pylint: disable=g-import-not-at-top
+from lev_jax.data import corpus
 from lev_jax.data import tokenizer as tok_lib
 from lev_jax.data import vocabularies
 from lev_jax.data.corpus import DataError

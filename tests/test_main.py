@@ -124,3 +124,17 @@ def test_bad_config_file_or_variant_is_one_line(config, needle, tmp_path):
   proc = lev("train", f"--config={config}", f"--workdir={tmp_path}")
   assert_clean_error(proc, needle)
   assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("module,prog", [("lev_jax.prepare_data", "lev-prepare-data"),
+                                         ("lev_jax.main", "lev-train"),
+                                         ("lev_jax.params", "lev-params")])
+def test_help_shows_the_commands_own_docstring(module, prog, capsys):
+  import importlib
+  from lev_jax import cli
+  importlib.import_module(module)
+  with pytest.raises(SystemExit) as exit_info:
+    cli.flags_parser(prog, module)([prog, "--help"])
+  assert exit_info.value.code == 0
+  out = capsys.readouterr().out
+  assert out.startswith(f"`{prog}`") and "--config.<section>.<field>=value" in out

@@ -195,7 +195,8 @@ def _in_memory(config, report: dict) -> DataBundle:
                                          counts_path)
   report.update(train_tokens=int(counts_V.sum()), counts_path=os.fspath(counts_path))
   logging.info(
-      "Data (%s): %d train documents (%d tokens), %d validation documents; tokenizer %s; "
+      "Data (%s): %d train documents (%d tokens, eos included), %d validation documents; "
+      "tokenizer %s; "
       "token counts %s.", d.source, len(train_docs), report["train_tokens"],
       len(validation_docs), report["tokenizer_path"], report["counts_path"])
   return DataBundle(tokenizer=tokenizer, report=report, token_counts_V=counts_V,
@@ -237,12 +238,13 @@ def _streamed(config, report: dict) -> DataBundle:
   counts_V, counts_path = _cached_counts(tokenizer, sample_docs, config.model.vocab_size,
                                          counts_path)
   validation = _stream(d.validation_files, d, "validation_files", num_epochs=1)
-  report.update(train_tokens=None, sample_documents=len(sample_docs),
-                sample_tokens=int(counts_V.sum()), counts_path=os.fspath(counts_path),
-                train=None, validation=None)
-  logging.info("Data (jsonl_stream): token counts from the first %d training documents "
-               "(%d tokens); tokenizer %s.", len(sample_docs), report["sample_tokens"],
-               report["tokenizer_path"])
+  report.update(train_tokens=None, counts_path=os.fspath(counts_path), train=None,
+                validation=None, counts_from=(
+                    f"the first {len(sample_docs)} documents of the training stream "
+                    f"({int(counts_V.sum())} tokens, eos included); a stream is not "
+                    "counted in full"))
+  logging.info("Data (jsonl_stream): token counts from %s; tokenizer %s.",
+               report["counts_from"], report["tokenizer_path"])
   return DataBundle(
       tokenizer=tokenizer, report=report, token_counts_V=counts_V, config=config,
       train_documents=lambda i, n: _stream(d.train_files, d, "train_files",
@@ -268,12 +270,14 @@ def _prepared(config, report: dict) -> DataBundle:
     raise DataError(f"config.data.prepared_dir: {d.prepared_dir} has no validation split "
                     "(set data.validation_files and run lev-prepare-data again)")
   train_source = dataset.source("train")
+  splits = (dataset.report or {}).get("splits", {})
   report.update(prepared_dir=os.fspath(d.prepared_dir), preparation=dataset.report,
+                train=splits.get("train"), validation=splits.get("validation"),
                 train_tokens=int(dataset.token_counts_V.sum()),
-                tokenizer_path=os.fspath(d.prepared_dir), counts_path=None,
-                train=None, validation=None)
-  logging.info("Data (prepared %s): %d train / %d validation documents, %d train tokens; "
-               "tokenizer %s.", d.prepared_dir, dataset.splits["train"],
+                tokenizer_path=os.fspath(epath.Path(d.prepared_dir) / "tokenizer"),
+                counts_path=os.fspath(epath.Path(d.prepared_dir) / "token_counts.npy"))
+  logging.info("Data (prepared %s): %d train / %d validation documents, %d train tokens "
+               "(eos included); tokenizer %s.", d.prepared_dir, dataset.splits["train"],
                dataset.splits["validation"], report["train_tokens"], tokenizer.name)
   return DataBundle(
       tokenizer=tokenizer, report=report, token_counts_V=dataset.token_counts_V,

@@ -232,6 +232,13 @@ def new_report() -> dict:
           "skipped": dict.fromkeys(SKIP_REASONS, 0)}
 
 
+def describe_skipped(report: dict) -> str:
+  """The non-zero skip counts of a report as ``"bad_json 2, filtered_subset 50"``
+  (``"nothing skipped"`` when all are zero), for messages."""
+  parts = [f"{reason} {n:,}" for reason, n in report["skipped"].items() if n]
+  return ", ".join(parts) or "nothing skipped"
+
+
 def merge_reports(*reports: dict) -> dict:
   """The field-wise sum of read reports, as a new dict (the inputs are left unchanged).
 

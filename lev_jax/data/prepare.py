@@ -172,6 +172,12 @@ def input_files(config: ml_collections.ConfigDict, reports: dict[str, dict]
                                          report=reports[split])
     except DataError as e:
       raise DataError(f"config.data.{field}: {e}") from e
+  train = {os.fspath(p) for p in files["train"]}
+  for split in ("validation", "test"):
+    shared = sorted(os.fspath(p) for p in files.get(split, ()) if os.fspath(p) in train)
+    if shared:
+      raise DataError(f"config.data.{_FIELDS[split]}: {shared[0]} is also matched by "
+                      "config.data.train_files; a file belongs to one split only")
   return files
 
 
@@ -436,9 +442,12 @@ def _finish(out: epath.Path, fmt: str, rid: str, identity: dict, tok_info: dict,
         num_bytes=sum(done[s.name]["num_bytes"] for s in split_shards),
         filename_template=prepared.shard_template(out, split)))
   if not splits["train"]["documents"]:
-    raise DataError(f"the training split has no documents: {len(files['train'])} file(s) "
-                    f"gave none (skipped: {splits['train']['skipped']}); check "
-                    "config.data.train_files and config.data.pile_set_names")
+    subsets = tuple(identity["pile_set_names"])
+    raise DataError(
+        f"the training split has no documents: {len(files['train'])} file(s) gave none "
+        f"({corpus.describe_skipped(splits['train'])}); check config.data.train_files"
+        + (f" and config.data.pile_set_names = {subsets} (the subsets kept)"
+           if subsets else ""))
   counts_V = np.zeros(tok_info["vocab_size"], np.int64)
   for shard in shards:
     if shard.counts_path is not None:

@@ -26,7 +26,7 @@ import grain
 import numpy as np
 
 from lev_jax.data.corpus import (DataError, _check_index, _pattern_texts, _subsets,
-                                 expand_files, iter_file, merge_reports,
+                                 describe_skipped, expand_files, iter_file, merge_reports,
                                  new_report)
 
 _STATE_KEYS = ("epoch", "file", "line")
@@ -164,7 +164,7 @@ class JsonlStreamIterator(grain.DatasetIterator):
           raise DataError(
               f"{ds.patterns}: epoch {self._epoch} of the stream yielded no document "
               f"(shard {ds.shard_index} of {ds.shard_count}, {len(ds.files)} file(s); "
-              f"skipped so far: {self.report['skipped']}); expected at least one "
+              f"skipped so far: {describe_skipped(self.report)}); expected at least one "
               "non-empty Pile-format document per epoch")
         self._epoch, self._file, self._epoch_has_documents = self._epoch + 1, 0, False
     raise StopIteration
