@@ -11,6 +11,7 @@ Modules, one concern each:
   optimizer   AdamW, clipping, warm-up + cosine schedule
   train       train state, jitted train and eval steps
   evaluate    validation perplexity, per token-frequency bucket
+  scaling     power-law fits, effective parameters, tokens to reach a target loss
   checkpoint  Orbax manager (state, data iterator, config)
   metrics     metrics.jsonl and TensorBoard writers
   trainer     the training loop;  main: `lev-train`;  params: `lev-params`
