@@ -118,11 +118,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative
   workdir.mkdir(parents=True, exist_ok=True)
   t = config.train
-  bundle = data_lib.load(config)
-  if bundle.tokenizer.vocab_size != config.model.vocab_size:
-    raise ConfigError(
-        f"config.model.vocab_size = {config.model.vocab_size} but the tokenizer has "
-        f"{bundle.tokenizer.vocab_size} ids: model and data must agree")
+  bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree
   if jax.process_index() == 0:  # documents, tokens, skipped lines by reason, tokenizer
     (workdir / "data_report.json").write_text(json.dumps(bundle.report, indent=1,
                                                          default=str))

@@ -31,7 +31,6 @@ TensorFlow, so it is never imported here).
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 from collections.abc import Callable, Sequence
 
@@ -43,9 +42,10 @@ import numpy as np
 
 from lev_jax.data.corpus import (DataError, embedded_documents, read_documents,
                                  split_documents, write_embedded_corpus)
+from lev_jax.data.files import npy_bytes, read_npy, write_bytes_atomic
 from lev_jax.data.pipeline import make_eval_batches, make_train_dataset, token_counts
 from lev_jax.data.tokenizer import (ByteTokenizer, SentencePieceTokenizer, TiktokenTokenizer,
-                                    make_tokenizer, train_sentencepiece)
+                                    cache_key, make_tokenizer, train_sentencepiece)
 
 __all__ = [
     "ByteTokenizer", "DataBundle", "DataError", "SentencePieceTokenizer", "TiktokenTokenizer",
@@ -136,23 +136,15 @@ def _stream(patterns, d: ml_collections.ConfigDict, field: str, **kwargs):
     raise DataError(f"config.data.{field}: {e}") from e
 
 
-def _save_npy(array: np.ndarray, path: epath.Path) -> None:
-  buf = io.BytesIO()
-  np.save(buf, array)
-  tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-  tmp.write_bytes(buf.getvalue())
-  tmp.replace(path)
-
-
 def _cached_counts(tokenizer, docs: list[str], vocab_size: int, path: epath.Path
                    ) -> tuple[np.ndarray, epath.Path]:
   """Token counts of docs, cached at `path` (keyed by the docs, vocab and tokenizer)."""
   if path.exists():
-    counts_V = np.load(io.BytesIO(path.read_bytes()))
+    counts_V = read_npy(path)
     if counts_V.shape == (vocab_size,) and counts_V.dtype == np.int64:
       return counts_V, path
   counts_V = token_counts(docs, tokenizer, vocab_size)
-  _save_npy(counts_V, path)
+  write_bytes_atomic(path, npy_bytes(counts_V))
   return counts_V, path
 
 
@@ -214,16 +206,13 @@ def _tokenizer(config, sample_docs: list[str], report: dict):
                                cache_dir=cache_dir)
   except DataError as e:
     raise DataError(e if "config." in str(e) else f"config.model.vocab_size: {e}") from e
-  from lev_jax.data.tokenizer import cache_key, tokenizer_info  # pylint: disable=g-import-not-at-top
-  info = tokenizer_info(tokenizer)
   if tokenizer.name == "sentencepiece":
-    model_path = tokenizer.model_path
-    report["tokenizer_path"] = os.fspath(model_path)
+    report["tokenizer_path"] = os.fspath(tokenizer.model_path)
   else:
     report["tokenizer_path"] = (d.tiktoken_file or "tiktoken:o200k_base"
                                 if tokenizer.name == "o200k_base" else "bytes")
   key = cache_key(sample_docs, config.model.vocab_size)[:16]
-  counts_path = cache_dir / f"{tokenizer.name}-{info['fingerprint'][:12]}-{key}.counts.npy"
+  counts_path = cache_dir / f"{tokenizer.name}-{tokenizer.fingerprint[:12]}-{key}.counts.npy"
   return tokenizer, counts_path
 
 

@@ -35,6 +35,8 @@ from etils import epath
 import numpy as np
 import zstandard
 
+from lev_jax.data.files import write_bytes_atomic
+
 # Why an input was skipped (counted in a read report's "skipped"): a path that does not
 # exist; a glob or folder with no files; a .zst cut short or corrupt (its lines before the
 # damage are kept); then per line: not UTF-8, not JSON, no string "text", empty or
@@ -169,11 +171,7 @@ def split_documents(texts: Sequence[str], validation_fraction: float
 
 
 def _write_atomic(path: epath.Path, lines: Iterable[str]) -> None:
-  tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-  with tmp.open("w") as f:
-    for line in lines:
-      f.write(line)
-  tmp.replace(path)  # os.replace for local paths: readers never see a partial file
+  write_bytes_atomic(path, "".join(lines).encode("utf-8"))
 
 
 def write_embedded_corpus(cache_dir, validation_fraction: float

@@ -32,6 +32,7 @@ import tensorflow_datasets as tfds
 import tqdm
 
 from lev_jax.data import corpus
+from lev_jax.data.files import npy_bytes, read_npy, write_bytes_atomic
 from lev_jax.data import prepared
 from lev_jax.data import tokenizer as tokenizer_lib
 from lev_jax.data.corpus import DataError
@@ -122,14 +123,14 @@ def _write_shard(shard: Shard) -> dict:
     tmp.copy(out, overwrite=True)
     shutil.rmtree(tmp_dir, ignore_errors=True)
   if counter is not None:
-    prepared.write_bytes_atomic(shard.counts_path, prepared.npy_bytes(counter.counts_V))
+    write_bytes_atomic(shard.counts_path, npy_bytes(counter.counts_V))
   report["files"] = 1
   stats = {"run_id": _WORKER["run_id"], "split": shard.split, "shard": out.name,
            "index": shard.index, "count": shard.count, "source": shard.source,
            "source_bytes": shard.source_bytes, "num_bytes": num_bytes,
            "seconds": round(time.perf_counter() - start, 3),
            "report": prepared.split_report(report, tokens, records)}
-  prepared.write_bytes_atomic(shard.stats_path,
+  write_bytes_atomic(shard.stats_path,
                               (json.dumps(stats, indent=2) + "\n").encode())
   return stats
 
@@ -399,7 +400,7 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
   work.mkdir(parents=True, exist_ok=True)
   run_file = work / prepared.RUN_FILE
   if not run_file.exists():
-    prepared.write_bytes_atomic(run_file, (json.dumps(
+    write_bytes_atomic(run_file, (json.dumps(
         {"run_id": rid, "identity": identity}, indent=2) + "\n").encode())
   for p in work.iterdir():  # temporary files of killed workers
     if ".tmp" in p.name:
@@ -451,10 +452,10 @@ def _finish(out: epath.Path, fmt: str, rid: str, identity: dict, tok_info: dict,
   counts_V = np.zeros(tok_info["vocab_size"], np.int64)
   for shard in shards:
     if shard.counts_path is not None:
-      counts_V += prepared.read_npy(shard.counts_path)
+      counts_V += read_npy(shard.counts_path)
   report = prepared.dataset_report(rid, fmt, tok_info, splits)
-  prepared.write_bytes_atomic(out / prepared.COUNTS_FILE, prepared.npy_bytes(counts_V))
-  prepared.write_bytes_atomic(out / prepared.REPORT_FILE,
+  write_bytes_atomic(out / prepared.COUNTS_FILE, npy_bytes(counts_V))
+  write_bytes_atomic(out / prepared.REPORT_FILE,
                               (json.dumps(report, indent=2) + "\n").encode())
   metadata = tfds.core.MetadataDict(
       format_version=prepared.FORMAT_VERSION, run_id=rid, format=fmt, tokenizer=tok_info,

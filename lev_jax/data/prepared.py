@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import io
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -53,6 +52,7 @@ import tensorflow_datasets as tfds
 from lev_jax.data import corpus
 from lev_jax.data import tokenizer as tokenizer_lib
 from lev_jax.data.corpus import DataError
+from lev_jax.data.files import read_npy
 
 DATASET_NAME = "lev_text"
 FILE_FORMAT = "array_record"
@@ -260,25 +260,6 @@ def dataset_report(rid: str, fmt: str, tok_info: dict, splits: dict[str, dict]) 
   {split: split_report}, "total": aggregate}``."""
   return {"run_id": rid, "format": fmt, "tokenizer": tok_info,
           "splits": splits, "total": aggregate_reports(list(splits.values()))}
-
-
-def write_bytes_atomic(path: epath.Path, data: bytes) -> None:
-  """Writes `data` to a temporary name beside `path`, then renames it into place."""
-  tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-  tmp.write_bytes(data)
-  tmp.replace(path)
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-  """`array` in NumPy's ``.npy`` format (`np.save`), for `write_bytes_atomic`."""
-  buf = io.BytesIO()
-  np.save(buf, array)
-  return buf.getvalue()
-
-
-def read_npy(path: epath.Path) -> np.ndarray:
-  """The array in a ``.npy`` file (local or `etils.epath` URL)."""
-  return np.load(io.BytesIO(path.read_bytes()))
 
 
 # ----------------------------------------------------------------------------- reading

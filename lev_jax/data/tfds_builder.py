@@ -21,11 +21,11 @@ import tensorflow_datasets as tfds
 from lev_jax.data import corpus
 from lev_jax.data import tokenizer as tokenizer_lib
 from lev_jax.data.corpus import DataError
+from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.prepared import (COUNTS_FILE, DATASET_VERSION, FORMAT_VERSION, REPORT_FILE,
                                    TOKENIZER_DIR, TokenCounter, dataset_report,
-                                   describe_files, features, file_examples, npy_bytes,
-                                   run_id, run_identity, split_report, training_sample,
-                                   write_bytes_atomic)
+                                   describe_files, features, file_examples, run_id,
+                                   run_identity, split_report, training_sample)
 
 
 

@@ -33,6 +33,7 @@ import sentencepiece as spm
 
 from lev_jax import config as config_lib
 from lev_jax.data.corpus import DataError
+from lev_jax.data.files import write_bytes_atomic
 
 PAD_ID, UNK_ID, EOS_ID = 0, 1, 2
 # Documents beyond this many characters are subsampled (every k-th) for training only.
@@ -225,9 +226,7 @@ def train_sentencepiece(docs: Sequence[str], vocab_size: int, cache_dir
     raise DataError(f"SentencePiece training failed on {len(docs)} documents "
                     f"({chars} characters), vocab_size = {vocab_size}: {reason}") from e
   cache.mkdir(parents=True, exist_ok=True)
-  tmp = cache / f".{path.name}.tmp-{os.getpid()}"
-  tmp.write_bytes(writer.getvalue())
-  tmp.replace(path)
+  write_bytes_atomic(path, writer.getvalue())
   logging.info("Trained SentencePiece (bpe, vocab %d) on %d documents, %d characters in "
                "%.1f s -> %s", vocab_size, len(docs), chars, time.perf_counter() - start,
                path)
@@ -458,9 +457,7 @@ def save_tokenizer(tokenizer: Tokenizer, folder, vocab_multiple: int = 128) -> d
   elif isinstance(tokenizer, TiktokenTokenizer):
     files = {_FILES["o200k_base"]: tokenizer.ranks_bytes(), **files}
   for name, data in files.items():  # dicts keep order: tokenizer.json last
-    tmp = folder / f".{name}.tmp-{os.getpid()}"
-    tmp.write_bytes(data)
-    tmp.replace(folder / name)
+    write_bytes_atomic(folder / name, data)
   return info
 
 

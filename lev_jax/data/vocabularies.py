@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from lev_jax.data import corpus
 from lev_jax.data.corpus import DataError
+from lev_jax.data.files import write_bytes_atomic
 from lev_jax.data.tokenizer import ByteTokenizer, SentencePieceTokenizer, TiktokenTokenizer
 
 # seqio.dataset_providers._VALID_TASK_NAME_REGEX: Task names allow only these.
@@ -197,10 +198,7 @@ def _spm_model_file(tokenizer: SentencePieceTokenizer) -> str:
   path = os.path.join(folder, f"{hashlib.sha256(proto).hexdigest()}.model")
   if not os.path.exists(path):
     os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-      f.write(proto)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, proto)
   return path
 
 

@@ -1,0 +1,35 @@
+"""Small file helpers the data modules share: atomic writes and ``.npy`` bytes.
+
+Paths are `etils.epath` paths (local or ``gs://``). An atomic write goes to a
+temporary name beside the target (``.{name}.tmp-{pid}``), then is renamed into place
+(`os.replace` for local files), so a reader never sees a partial file and a killed
+writer leaves only a ``.tmp`` file behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+from etils import epath
+import numpy as np
+
+
+def write_bytes_atomic(path, data: bytes) -> None:
+  """Writes `data` to ``path`` (str or path-like) through a temporary name."""
+  path = epath.Path(path)
+  tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+  tmp.write_bytes(data)
+  tmp.replace(path)
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+  """`array` in NumPy's ``.npy`` format (`np.save`), for `write_bytes_atomic`."""
+  buf = io.BytesIO()
+  np.save(buf, array)
+  return buf.getvalue()
+
+
+def read_npy(path) -> np.ndarray:
+  """The array in a ``.npy`` file (local or `etils.epath` URL)."""
+  return np.load(io.BytesIO(epath.Path(path).read_bytes()))
