@@ -141,6 +141,16 @@ def base_config() -> ml_collections.ConfigDict:
   e.batch_size = 16
   # Token-frequency buckets (count of the id in the training split): [0, e1), [e1, e2), ...
   e.freq_bucket_edges = (1, 10, 100, 1000, 10000)
+  # lev-eval also forms this many equal-mass buckets (each ~1/n of the training tokens;
+  # evaluate.equal_mass_edges); 0 = log-frequency buckets only.
+  e.equal_mass_buckets = 4
+  # Zero-shot tasks for lev-eval (lev_jax.downstream): a path (local or gs://) to each
+  # task's file in its released format; "" = skip the task. PIQA's labels file defaults
+  # to <file stem>-labels.lst beside it.
+  e.downstream = ml_collections.ConfigDict({
+      "lambada": "", "hellaswag": "", "piqa": "", "piqa_labels": "", "arc_easy": "",
+      "arc_challenge": "", "winogrande": ""})
+  e.downstream_limit = 0       # items per task (0 = all)
   return c
 
 
@@ -256,6 +266,10 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("data.validation_fraction", c.data.validation_fraction, "a number in (0, 1)")
   _positive(c, "data", ["shuffle_buffer"])
   _positive(c, "eval", ["batches", "batch_size"])
+  if c.eval.equal_mass_buckets == 1 or c.eval.equal_mass_buckets < 0:
+    _fail("eval.equal_mass_buckets", c.eval.equal_mass_buckets, "0 (off) or at least 2")
+  if c.eval.downstream_limit < 0:
+    _fail("eval.downstream_limit", c.eval.downstream_limit, "0 (all items) or a positive count")
   edges = list(c.eval.freq_bucket_edges)
   if not edges or edges != sorted(set(edges)) or edges[0] <= 0:
     _fail("eval.freq_bucket_edges", tuple(edges), "increasing positive counts")

@@ -41,16 +41,37 @@ def evaluate(eval_step: Callable, params, batches: Sequence[dict], counts_V: np.
     {"loss", "perplexity", "tokens", "buckets": [{"range", "tokens", "ids", "loss",
     "perplexity"}], "bucket_edges"}; a bucket with no targets has loss None.
   """
-  bucket_V = bucket_of_ids(counts_V, edges)
-  n_buckets = len(edges) + 1
-  nll_sum = np.zeros(n_buckets)
-  n_tok = np.zeros(n_buckets)
+  result = evaluate_schemes(eval_step, params, batches, counts_V, {"": edges})[""]
+  del result["bucket_scheme"]
+  return result
+
+
+def evaluate_schemes(eval_step: Callable, params, batches: Sequence[dict],
+                     counts_V: np.ndarray, schemes: dict[str, Sequence[int]]) -> dict:
+  """`evaluate` under several bucket schemes from one pass over the batches.
+
+  Args:
+    schemes: scheme name (e.g. "log", "equal_mass") -> its bucket edges.
+  Returns:
+    scheme name -> the `evaluate` result, with "bucket_scheme": the name.
+  """
+  bucket_V = {k: bucket_of_ids(counts_V, e) for k, e in schemes.items()}
+  n_buckets = {k: len(e) + 1 for k, e in schemes.items()}
+  nll_sum = {k: np.zeros(n) for k, n in n_buckets.items()}
+  n_tok = {k: np.zeros(n) for k, n in n_buckets.items()}
   for batch in batches:
     nll_BxL = np.asarray(eval_step(params, batch), np.float64)
     w_BxL = np.asarray(batch["weights"], np.float64)
-    b_BxL = bucket_V[np.asarray(batch["targets"])]
-    nll_sum += np.bincount(b_BxL.ravel(), (nll_BxL * w_BxL).ravel(), n_buckets)
-    n_tok += np.bincount(b_BxL.ravel(), w_BxL.ravel(), n_buckets)
+    for k, n in n_buckets.items():
+      b_BxL = bucket_V[k][np.asarray(batch["targets"])]
+      nll_sum[k] += np.bincount(b_BxL.ravel(), (nll_BxL * w_BxL).ravel(), n)
+      n_tok[k] += np.bincount(b_BxL.ravel(), w_BxL.ravel(), n)
+  return {k: _result(nll_sum[k], n_tok[k], bucket_V[k], schemes[k]) | {"bucket_scheme": k}
+          for k in schemes}
+
+
+def _result(nll_sum, n_tok, bucket_V, edges) -> dict:
+  n_buckets = len(edges) + 1
   total = n_tok.sum()
   loss = float(nll_sum.sum() / max(total, 1))
   ids_per_bucket = np.bincount(bucket_V, minlength=n_buckets)

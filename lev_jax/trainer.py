@@ -6,6 +6,8 @@ checkpoint exists, so re-running the same command continues the run. Outputs:
   WORKDIR/tensorboard/      TensorBoard event files
   WORKDIR/eval.json         the latest validation result (with frequency buckets)
   WORKDIR/data_report.json  the data: source, documents, tokens, skipped lines by reason
+  WORKDIR/tokenizer/        the tokenizer (save_tokenizer), for inference and export
+  WORKDIR/token_counts.npy  int64 [V] training-split count of each id (frequency buckets)
   WORKDIR/checkpoints/<step>/{state,data,config}
 """
 
@@ -27,6 +29,8 @@ from tqdm import tqdm
 from lev_jax import data as data_lib
 from lev_jax.checkpoint import Checkpointer
 from lev_jax.config import ConfigError, validate
+from lev_jax.data.files import npy_bytes, write_bytes_atomic
+from lev_jax.data.tokenizer import save_tokenizer
 from lev_jax.evaluate import evaluate
 from lev_jax.flops import mfu, tokens_per_s_per_device, train_flops_per_step
 from lev_jax import sharding
@@ -122,6 +126,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   if jax.process_index() == 0:  # documents, tokens, skipped lines by reason, tokenizer
     (workdir / "data_report.json").write_text(json.dumps(bundle.report, indent=1,
                                                          default=str))
+    save_tokenizer(bundle.tokenizer, workdir / "tokenizer", config.model.vocab_multiple)
+    write_bytes_atomic(workdir / "token_counts.npy", npy_bytes(bundle.token_counts_V))
   part = partition(config)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())

@@ -47,3 +47,32 @@ def make_config():
 def data_cache(tmp_path_factory):
   """One embedded-corpus + tokenizer cache shared by the tests that train."""
   return tmp_path_factory.mktemp("lev_jax_cache")
+
+
+def byte_config(embedding="lev"):
+  """tiny_config over the 259-id ByteTokenizer (no tokenizer training needed)."""
+  c = tiny_config(embedding)
+  c.model.vocab_size = 259
+  c.data.tokenizer = "bytes"
+  return c
+
+
+def write_workdir(path, config, steps=(1, 2)):
+  """A lev-train workdir without training: checkpoints at `steps` (params scaled by
+  1 + 0.1 * step, so steps differ) and the ByteTokenizer in WORKDIR/tokenizer."""
+  import grain
+  import jax
+  import jax.numpy as jnp
+  from lev_jax.checkpoint import Checkpointer
+  from lev_jax.data.tokenizer import ByteTokenizer, save_tokenizer
+  from lev_jax.train import create_train_state
+  _, state = create_train_state(config)
+  ckpt = Checkpointer(path / "checkpoints", keep=5, async_save=False)
+  it = iter(grain.MapDataset.range(4).to_iter_dataset())
+  for s in steps:
+    state = dict(state, step=jnp.int32(s),
+                 params=jax.tree.map(lambda x: x * (1 + 0.1 * s), state["params"]))
+    ckpt.save(s, state, it, config)
+  ckpt.close()
+  save_tokenizer(ByteTokenizer(), path / "tokenizer")
+  return state

@@ -1,0 +1,250 @@
+"""`lev-eval`: evaluate a checkpoint: perplexity, frequency buckets, zero-shot tasks.
+
+  lev-eval --checkpoint=runs/smoke_leviathan                      # latest step
+  lev-eval --checkpoint=runs/smoke_leviathan --step=200 --split=test
+  lev-eval --checkpoint=exports/leviathan --baseline=runs/smoke_tied/lev_eval.json
+  lev-eval --checkpoint=runs/x --config.eval.downstream.piqa=piqa/valid.jsonl \\
+           --config.eval.downstream.hellaswag=hellaswag/hellaswag_val.jsonl
+
+The checkpoint is a `lev-train` workdir or a `lev-export` folder. Its own config decides
+the model and the data; any `--config.<section>.<field>=value` given here overrides
+that config for this evaluation (the data, `eval.*`), never the model's shape (an
+override of a shape field is refused). `--config.data.validation_files=...` evaluates
+on other Pile-format JSONL files (read in order, packed like the validation split).
+
+Writes `--output` (default CHECKPOINT/lev_eval.json) with:
+  validation               loss, perplexity, tokens, and per-bucket perplexity under
+                           the log-frequency edges (eval.freq_bucket_edges)
+  validation_equal_mass    the same under equal-mass buckets (eval.equal_mass_buckets)
+  relative_change          with --baseline: per bucket, perplexity / baseline - 1
+  downstream               per task: acc, acc_norm, their standard errors, n (and
+                           LAMBADA's perplexity), from lev_jax.downstream
+Buckets are by each id's count in the training split (arXiv 2601.22040, Sec. 5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags, logging
+from etils import epath
+from ml_collections import config_flags
+
+from lev_jax import cli
+from lev_jax.checkpoint import SHAPE_FIELDS
+from lev_jax.config import ConfigError, base_config, validate
+
+PROG = "lev-eval"
+
+
+def _define_flags():
+  flags.DEFINE_string("checkpoint", None, "A lev-train workdir or a lev-export folder.")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+  flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
+                    "Parameter dtype for evaluation (default: as stored).")
+  flags.DEFINE_enum("split", "validation", ["validation", "test"],
+                    "validation: data.validation_files (or the embedded split); "
+                    "test: data.test_files.")
+  flags.DEFINE_string("baseline", None, "Another run's lev_eval.json (or its folder): "
+                      "adds the per-bucket relative perplexity change against it.")
+  flags.DEFINE_string("output", None, "Result file (default CHECKPOINT/lev_eval.json).")
+  flags.DEFINE_bool("perplexity", True, "Evaluate validation perplexity and buckets.")
+  config_flags.DEFINE_config_dict(
+      "config", base_config(), "Overrides of the checkpoint's config, as "
+      "--config.<section>.<field>=value (data, eval; not the model's shape).")
+
+
+def _overrides() -> dict:
+  """{dotted field: value} of the --config.* flags given on the command line."""
+  fl = flags.FLAGS
+  return {name[len("config."):]: fl[name].value for name in fl
+          if name.startswith("config.") and fl[name].present}
+
+
+def apply_overrides(config, overrides: dict):
+  """The checkpoint's config with `overrides` applied; shape fields are refused.
+
+  Raises:
+    ConfigError: an override of a field in checkpoint.SHAPE_FIELDS, or an invalid
+      resulting config (the field named).
+  """
+  shape = {f"{section}.{f}" for section, fields in SHAPE_FIELDS.items() for f in fields}
+  for field, value in overrides.items():
+    if field in shape:
+      raise ConfigError(f"--config.{field}: the model's shape comes from the checkpoint "
+                        "and cannot be overridden")
+    node, *path, leaf = [config, *field.split(".")]
+    for part in path:
+      node = node[part]
+    node[leaf] = value
+  return validate(config)
+
+
+def _eval_batches(config, tokenizer, validation_override: bool):
+  """Validation batches from the configured split, or straight from given files."""
+  from lev_jax import data as data_lib
+  from lev_jax.data.corpus import read_documents
+  from lev_jax.data.pipeline import make_eval_batches
+  d = config.data
+  if not validation_override:
+    bundle = data_lib.load(config)
+    if bundle.tokenizer.fingerprint != tokenizer.fingerprint:
+      raise ConfigError("config.data builds a different tokenizer than the checkpoint's "
+                        f"({bundle.tokenizer!r} vs {tokenizer!r})")
+    return bundle.eval_batches(), bundle.token_counts_V
+  texts, _ = read_documents(list(d.validation_files), strict=d.strict,
+                            pile_set_names=tuple(d.pile_set_names))
+  batches = make_eval_batches(texts, tokenizer, seq_len=config.train.seq_len,
+                              batch_size=config.eval.batch_size, n_batches=config.eval.batches,
+                              vocab_size=config.model.vocab_size,
+                              segment_masking=d.segment_masking)
+  return batches, None
+
+
+def perplexity(im, config, validation_override: bool = False) -> dict:
+  """{"validation", "validation_equal_mass"?}: `evaluate` results for `im` (one pass).
+
+  Raises:
+    ConfigError / DataError: bad data settings, or no token counts for the buckets.
+  """
+  import jax
+  from flax import nnx
+  from lev_jax.evaluate import equal_mass_edges, evaluate_schemes
+  from lev_jax.train import make_eval_step, partition
+  batches, counts = _eval_batches(config, im.tokenizer, validation_override)
+  counts = im.token_counts_V if im.token_counts_V is not None else counts
+  if counts is None:
+    raise ConfigError(f"{im.source}: no token_counts.npy beside the checkpoint; "
+                      "frequency buckets need the training split's counts")
+  schemes = {"log": list(config.eval.freq_bucket_edges)}
+  if config.eval.equal_mass_buckets:
+    schemes["equal_mass"] = equal_mass_edges(counts, config.eval.equal_mass_buckets)
+  part = partition(config)
+  params = jax.device_put(nnx.state(im.model, nnx.Param), part.state_sharding["params"])
+  results = evaluate_schemes(make_eval_step(part), params, batches, counts, schemes)
+  out = {"validation": results["log"]}
+  if "equal_mass" in results:
+    out["validation_equal_mass"] = results["equal_mass"]
+  return out
+
+
+def relative_changes(result: dict, baseline_path) -> dict:
+  """{"baseline": path, scheme: evaluate.relative_change rows} against another run.
+
+  Raises:
+    ConfigError: the baseline file is missing or not a lev_eval.json; ValueError from
+      relative_change when the bucket edges differ.
+  """
+  from lev_jax.evaluate import relative_change
+  path = epath.Path(baseline_path)
+  if path.is_dir():
+    path = path / "lev_eval.json"
+  try:
+    base = json.loads(path.read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise ConfigError(f"--baseline={baseline_path}: cannot read a lev_eval.json ({e})") from e
+  out = {"baseline": os.fspath(path)}
+  for key in ("validation", "validation_equal_mass"):
+    if key in result and key in base:
+      out[key] = relative_change(base[key], result[key])
+  if len(out) == 1:
+    raise ConfigError(f"--baseline={path}: it holds no validation result to compare with")
+  return out
+
+
+def downstream_tasks(im, config) -> dict:
+  """Zero-shot results for every task with a file in config.eval.downstream."""
+  from lev_jax import downstream
+  from lev_jax.scoring import Scorer
+  files = {k: v for k, v in config.eval.downstream.items() if v and k != "piqa_labels"}
+  if not files:
+    return {}
+  scorer = Scorer(im.model, im.tokenizer, max_len=config.train.seq_len,
+                  batch_size=config.eval.batch_size)
+  options = {"piqa": {"labels": config.eval.downstream.piqa_labels or None}}
+  return downstream.evaluate_tasks(scorer, files, limit=config.eval.downstream_limit or None,
+                                   options=options)
+
+
+def _print_summary(out: dict) -> None:
+  v = out.get("validation")
+  if v:
+    print(f"{PROG}: step {out['step']}: {out['split']} loss {v['loss']:.4f}, "
+          f"perplexity {v['perplexity']:.2f} over {v['tokens']} tokens")
+    for key in ("validation", "validation_equal_mass"):
+      if key in out:
+        rows = ", ".join(f"{b['range']} {b['perplexity']:.1f}" for b in out[key]["buckets"]
+                         if b["perplexity"] is not None)
+        print(f"  {out[key]['bucket_scheme']} buckets (training count): {rows}")
+  for key, rows in out.get("relative_change", {}).items():
+    if key != "baseline":
+      print(f"  vs baseline ({key}): " + ", ".join(
+          f"{r['range']} {100 * r['change']:+.1f}%" for r in rows if r["change"] is not None))
+  for task, r in out.get("downstream", {}).items():
+    extra = f", perplexity {r['perplexity']:.2f}" if "perplexity" in r else ""
+    print(f"  {task}: acc {r['acc']:.4f} ± {r['acc_stderr']:.4f}, acc_norm "
+          f"{r['acc_norm']:.4f} ± {r['acc_norm_stderr']:.4f} (n={r['n']}){extra}")
+
+
+def evaluate_checkpoint(checkpoint, *, step=None, dtype=None, split="validation",
+                        baseline=None, overrides: dict | None = None,
+                        perplexity_too: bool = True) -> dict:
+  """Everything `lev-eval` computes for one checkpoint (see the module docstring).
+
+  Raises:
+    InferenceError, ConfigError, DataError, DownstreamError (ValueErrors): a bad
+      checkpoint, override, split, baseline, data or task file, named in the message.
+  """
+  from lev_jax import inference
+  im = inference.load(checkpoint, step=step, dtype=dtype)
+  overrides = overrides or {}
+  config = apply_overrides(im.config, overrides)
+  validation_override = "data.validation_files" in overrides
+  if split == "test":
+    if not config.data.test_files:
+      raise ConfigError("--split=test: config.data.test_files is empty")
+    config.data.validation_files = config.data.test_files
+    validation_override = True
+  out = {"checkpoint": im.source, "step": im.step, "split": split,
+         "embedding": config.model.embedding}
+  if perplexity_too:
+    out.update(perplexity(im, config, validation_override))
+    if baseline:
+      out["relative_change"] = relative_changes(out, baseline)
+  results = downstream_tasks(im, config)
+  if results:
+    out["downstream"] = results
+  return out
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.quiet_library_logs()
+  fl = flags.FLAGS
+  if not fl.checkpoint:
+    cli.fail(PROG, "--checkpoint is required (a lev-train workdir or a lev-export folder)")
+  try:
+    out = evaluate_checkpoint(fl.checkpoint, step=fl.step, dtype=fl.dtype, split=fl.split,
+                              baseline=fl.baseline, overrides=_overrides(),
+                              perplexity_too=fl.perplexity)
+  except (ValueError, FileNotFoundError) as e:  # every error of ours is a ValueError
+    cli.fail(PROG, str(e).splitlines()[0] if str(e) else type(e).__name__)
+  path = epath.Path(fl.output or os.path.join(out["checkpoint"], "lev_eval.json"))
+  tmp = path.parent / (path.name + ".tmp")
+  tmp.write_text(json.dumps(out, indent=1))
+  tmp.replace(path)
+  _print_summary(out)
+  print(f"{PROG}: wrote {path}", file=sys.stderr)
+  logging.info("wrote %s", path)
+
+
+def run():
+  _define_flags()
+  app.run(main, flags_parser=cli.flags_parser(PROG, __name__))
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,336 @@
+"""A trained model ready for inference, from a training workdir or an inference export.
+
+Two layouts are read:
+
+  training workdir (lev-train)     WORKDIR/checkpoints/<step>/{state, config}
+                                   WORKDIR/tokenizer/        (save_tokenizer)
+                                   WORKDIR/token_counts.npy  (int64 [V], training split)
+  inference export (lev-export)    DIR/params/               (Orbax, parameters only)
+                                   DIR/config.json           (the experiment config)
+                                   DIR/tokenizer/, DIR/token_counts.npy
+                                   DIR/export.json           (written last: complete)
+
+`save` writes the second from either: parameters only (no optimizer state, no data
+position), cast to a chosen dtype, and optionally with LEV *materialised*: the LEV
+generator evaluated once at every id into a plain V x D input table, so inference needs
+no generator (the model becomes `model.embedding = "untied"` with the same head; its
+logits equal the LEV model's). The export is written into a temporary folder and
+renamed into place when complete: a failed export never leaves a half-written folder
+under the requested name, and the source checkpoint is only read.
+
+Source: orbax-checkpoint docs, "StandardCheckpointer" and "CheckpointManager"
+(partial restore of one item); Flax NNX docs, "nnx.split / nnx.merge".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import uuid
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from flax import nnx
+
+from lev_jax.checkpoint import SHAPE_FIELDS, _differences
+from lev_jax.config import ConfigError, base_config, validate
+from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
+from lev_jax.data.tokenizer import load_tokenizer, save_tokenizer
+from lev_jax.model import Decoder
+
+EXPORT_FORMAT = "lev_jax.inference/1"
+EXPORT_JSON = "export.json"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class InferenceError(ValueError):
+  """A checkpoint or export that cannot be loaded as asked (path, step, config, dtype)."""
+
+
+@dataclasses.dataclass
+class InferenceModel:
+  """A model with what inference needs beside it.
+
+  Attributes:
+    model: the Decoder; parameters in `dtype`.
+    config: the experiment config it was trained with (for a materialised export,
+      `model.embedding = "untied"`; `export.json` records the original).
+    tokenizer: encode / decode / eos_id / vocab_size (lev_jax.data.tokenizer).
+    step: the optimizer step of the checkpoint.
+    token_counts_V: int64 [vocab_size] training-split count of each id, or None when
+      the source has none (then frequency buckets cannot be formed).
+    source: the path it was loaded from.
+    dtype: the parameters' dtype name.
+  """
+
+  model: Decoder
+  config: ml_collections.ConfigDict
+  tokenizer: object
+  step: int
+  token_counts_V: np.ndarray | None = dataclasses.field(default=None, repr=False)
+  source: str = ""
+  dtype: str = "float32"
+
+
+def _path(path) -> epath.Path:
+  p = epath.Path(os.path.expanduser(os.fspath(path)))
+  return p if "://" in os.fspath(p) else p.absolute()  # Orbax needs absolute paths
+
+
+def _check_dtype(dtype: str | None) -> None:
+  if dtype is not None and dtype not in DTYPES:
+    raise InferenceError(f"dtype = {dtype!r}: expected one of {', '.join(DTYPES)}")
+
+
+def _cast(params, dtype: str | None):
+  if dtype is None:
+    return params
+  want = jnp.dtype(dtype)
+  return jax.tree.map(
+      lambda x: x.astype(want) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
+def _abstract(config: ml_collections.ConfigDict):
+  """(graphdef, abstract params) of `config`'s Decoder, no memory allocated."""
+  model = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
+  return nnx.split(model, nnx.Param)
+
+
+def _merge(base: ml_collections.ConfigDict, saved: dict) -> None:
+  for key, value in saved.items():
+    if key in base and isinstance(base[key], ml_collections.ConfigDict) and isinstance(
+        value, dict):
+      _merge(base[key], value)
+    elif key in base and isinstance(base[key], tuple) and isinstance(value, list):
+      base[key] = tuple(value)
+    elif key in base and base[key] is not None and value is not None:
+      base[key] = type(base[key])(value) if isinstance(base[key], float) else value
+    else:
+      with base.unlocked():
+        base[key] = value
+
+
+def _config_from_json(data: dict, where) -> ml_collections.ConfigDict:
+  """The stored config over `base_config()`: fields added since it was saved get their
+  defaults; stored lists become the tuples the config declares."""
+  config = base_config()
+  _merge(config, data)
+  try:
+    return validate(config)
+  except ConfigError as e:
+    raise InferenceError(f"{where}: the stored config is not valid: {e}") from e
+
+
+def _check_expected(saved: dict, expect: ml_collections.ConfigDict | None, where) -> None:
+  if expect is None:
+    return
+  diffs = _differences(saved, expect, SHAPE_FIELDS)
+  if diffs:
+    raise InferenceError(f"{where} does not match the given config's model shape: "
+                         + "; ".join(diffs))
+
+
+def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict):
+  """The tokenizer and counts saved beside a checkpoint; else rebuilt from the data."""
+  counts_path = folder / "token_counts.npy"
+  if (folder / "tokenizer").exists():
+    tokenizer = load_tokenizer(folder / "tokenizer")
+    counts = read_npy(counts_path) if counts_path.exists() else None
+    return tokenizer, counts
+  from lev_jax import data as data_lib  # an older workdir: rebuild from the data config
+  logging.warning("%s has no tokenizer/ folder; rebuilding the tokenizer from config.data",
+                  folder)
+  bundle = data_lib.load(config)
+  return bundle.tokenizer, bundle.token_counts_V
+
+
+def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
+  ckpt_dir = root / "checkpoints"
+  if not ckpt_dir.exists():
+    raise InferenceError(f"{root}: neither a training workdir (no checkpoints/) nor an "
+                         f"inference export (no {EXPORT_JSON})")
+  manager = ocp.CheckpointManager(
+      ckpt_dir, options=ocp.CheckpointManagerOptions(create=False),  # never saves or deletes
+      item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                     "config": ocp.JsonCheckpointHandler()})
+  steps = sorted(manager.all_steps())
+  if not steps:
+    raise InferenceError(f"{ckpt_dir}: no complete checkpoint")
+  if step is None:
+    step = steps[-1]
+  elif step not in steps:
+    raise InferenceError(f"{ckpt_dir}: no checkpoint at step {step}; steps: {steps}")
+  where = f"checkpoint {ckpt_dir / str(step)}"
+  saved = manager.restore(step, args=ocp.args.Composite(
+      config=ocp.args.JsonRestore()))["config"]
+  _check_expected(saved, expect, where)
+  config = _config_from_json(saved, where)
+  graphdef, abstract = _abstract(config)
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                        abstract)
+  restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=sharding), abstract)
+  try:  # parameters only: the optimizer state is never read
+    state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item={"params": target}, restore_args={"params": restore_args},
+        partial_restore=True)))["state"]
+  except (ValueError, KeyError) as e:
+    raise InferenceError(f"{where}: the parameters do not match the stored config "
+                         f"({str(e).splitlines()[0]})") from e
+  manager.close()
+  params = _cast(state["params"], dtype)
+  tokenizer, counts = _tokenizer_and_counts(root, config)
+  return InferenceModel(nnx.merge(graphdef, params), config, tokenizer, step, counts,
+                        os.fspath(root), dtype or config.model.param_dtype)
+
+
+def _load_export(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
+  try:
+    info = json.loads((root / EXPORT_JSON).read_text())
+    saved = json.loads((root / "config.json").read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise InferenceError(f"{root}: unreadable export ({e})") from e
+  if info.get("format") != EXPORT_FORMAT:
+    raise InferenceError(f"{root / EXPORT_JSON}: format = {info.get('format')!r}; "
+                         f"expected {EXPORT_FORMAT!r}")
+  if step is not None and step != info["step"]:
+    raise InferenceError(f"{root}: the export holds step {info['step']}, not step {step}")
+  if expect is not None and info.get("materialized_lev"):
+    expect = ml_collections.ConfigDict(expect.to_dict())
+    expect.model.embedding = "untied"  # the materialised table replaced LEV
+  _check_expected(saved, expect, f"export {root}")
+  config = _config_from_json(saved, root / "config.json")
+  graphdef, abstract = _abstract(config)
+  try:
+    params = ocp.StandardCheckpointer().restore(root / "params", abstract)
+  except (ValueError, KeyError, FileNotFoundError) as e:
+    raise InferenceError(f"{root / 'params'}: cannot restore the parameters "
+                         f"({str(e).splitlines()[0]})") from e
+  params = _cast(params, dtype)
+  tokenizer, counts = _tokenizer_and_counts(root, config)
+  return InferenceModel(nnx.merge(graphdef, params), config, tokenizer, info["step"], counts,
+                        os.fspath(root), dtype or info["dtype"])
+
+
+def load(path, *, step: int | None = None, dtype: str | None = None,
+         expect_config: ml_collections.ConfigDict | None = None) -> InferenceModel:
+  """Loads a model for inference from a training workdir or an inference export.
+
+  Args:
+    path: a `lev-train` workdir (latest complete checkpoint unless `step`) or a
+      `lev-export` folder (local or gs://).
+    step: the checkpoint step (workdir); for an export, must equal its step.
+    dtype: "float32" | "bfloat16" | "float16" for the parameters; None keeps them.
+    expect_config: when given, the checkpoint's model shape must equal this config's
+      (`checkpoint.SHAPE_FIELDS`).
+  Returns:
+    InferenceModel.
+  Raises:
+    InferenceError: no such folder, no checkpoint / step, unreadable or invalid stored
+      config, shape mismatch with `expect_config` (every differing field named), or
+      parameters that do not fit the stored config.
+  """
+  _check_dtype(dtype)
+  root = _path(path)
+  if not root.exists():
+    raise InferenceError(f"{root}: no such checkpoint folder")
+  if (root / EXPORT_JSON).exists():
+    return _load_export(root, step, dtype, expect_config)
+  return _load_workdir(root, step, dtype, expect_config)
+
+
+def lev_to_table(model: Decoder, config: ml_collections.ConfigDict):
+  """A Leviathan model -> the same model with LEV replaced by its V x D table.
+
+  Returns:
+    (model, config): `config.model.embedding = "untied"`; the input table is
+    ``LEV.table()`` (float32 [V_padded, D], LEV at every id, cast to the parameters'
+    dtype) and the output head is the Leviathan head, unchanged. Logits are those of
+    the LEV model (LEV.md "The map": the embedding of an id depends on the id only).
+  Raises:
+    InferenceError: the model is not a `lev` model.
+  """
+  if config.model.embedding != "lev":
+    raise InferenceError(f"model.embedding = {config.model.embedding!r}: only a 'lev' "
+                         "model can be materialised")
+  out = ml_collections.ConfigDict(config.to_dict())
+  out.model.embedding = "untied"
+  graphdef, abstract = _abstract(out)
+  pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  lev_emb = model.embedding
+  head = pure["embedding"]["head"]
+  pure["embedding"] = {"table": jax.jit(lambda: lev_emb.lev.table())().astype(head.dtype),
+                       "head": head}
+  nnx.replace_by_pure_dict(abstract, pure)
+  return nnx.merge(graphdef, abstract), out
+
+
+def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
+         materialize_lev: bool = False, overwrite: bool = False) -> dict:
+  """Writes the inference export of `im` into `out_dir` (see the module docstring).
+
+  Args:
+    im: from `load` (or built in memory).
+    out_dir: the export folder; must not exist unless `overwrite`.
+    dtype: parameter dtype of the export ("float32" | "bfloat16" | "float16"); None
+      keeps the current one.
+    materialize_lev: replace LEV by its V x D table (`lev_to_table`); only for a
+      `lev` model.
+    overwrite: replace an existing `out_dir` (the old one is removed only after the new
+      one is complete).
+  Returns:
+    The `export.json` record: format, source, step, dtype, embedding (original),
+    materialized_lev, params (count), bytes (of the parameters), created (UTC).
+  Raises:
+    InferenceError: bad dtype, `out_dir` exists without `overwrite`, `out_dir` is the
+      source, or materialising a non-LEV model.
+  """
+  _check_dtype(dtype)
+  out = _path(out_dir)
+  if out.exists() and not overwrite:
+    raise InferenceError(f"{out} exists; choose another output folder or overwrite")
+  if im.source and os.path.realpath(os.fspath(out)) == os.path.realpath(im.source):
+    raise InferenceError(f"{out} is the checkpoint being exported; choose another folder")
+  model, config = im.model, ml_collections.ConfigDict(im.config.to_dict())
+  embedding = config.model.embedding
+  if materialize_lev:
+    model, config = lev_to_table(model, config)
+  params = _cast(nnx.state(model, nnx.Param), dtype)
+  dtype = dtype or str(jax.tree.leaves(params)[0].dtype)
+  config.model.param_dtype = dtype
+  tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+  tmp.mkdir(parents=True)
+  try:
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp / "params", params)
+    checkpointer.wait_until_finished()
+    write_bytes_atomic(tmp / "config.json", json.dumps(config.to_dict(), indent=1).encode())
+    save_tokenizer(im.tokenizer, tmp / "tokenizer", config.model.vocab_multiple)
+    if im.token_counts_V is not None:
+      write_bytes_atomic(tmp / "token_counts.npy", npy_bytes(im.token_counts_V))
+    leaves = jax.tree.leaves(params)
+    info = {"format": EXPORT_FORMAT, "source": im.source, "step": int(im.step),
+            "dtype": dtype, "embedding": embedding, "materialized_lev": bool(materialize_lev),
+            "params": int(sum(x.size for x in leaves)),
+            "bytes": int(sum(x.size * x.dtype.itemsize for x in leaves)),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds")}
+    write_bytes_atomic(tmp / EXPORT_JSON, json.dumps(info, indent=1).encode())
+  except BaseException:
+    tmp.rmtree(missing_ok=True)
+    raise
+  if out.exists():
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+    out.rename(old)
+    tmp.rename(out)
+    old.rmtree(missing_ok=True)
+  else:
+    tmp.rename(out)
+  return info

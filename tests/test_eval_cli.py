@@ -1,0 +1,93 @@
+"""lev-eval: perplexity and frequency buckets of a checkpoint, overrides, baseline, CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import byte_config, write_workdir
+from lev_jax import eval_cli, inference
+from lev_jax.config import ConfigError
+
+
+def eval_config(embedding, cache_dir):
+  c = byte_config(embedding)
+  c.data.cache_dir = str(cache_dir)
+  c.train.seq_len = 32
+  c.eval.batches = 2
+  c.eval.batch_size = 4
+  return c
+
+
+@pytest.fixture(scope="module")
+def workdirs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("runs")
+  for embedding in ("tied", "lev"):
+    write_workdir(root / embedding, eval_config(embedding, root / "cache"), steps=(3,))
+  return root
+
+
+def test_perplexity_buckets_recombine_under_both_schemes(workdirs):
+  im = inference.load(workdirs / "lev")
+  out = eval_cli.perplexity(im, im.config)
+  v, m = out["validation"], out["validation_equal_mass"]
+  assert v["bucket_scheme"] == "log" and m["bucket_scheme"] == "equal_mass"
+  assert v["tokens"] == m["tokens"] == 2 * 4 * 32
+  assert v["loss"] == pytest.approx(m["loss"], rel=1e-9)
+  for r in (v, m):  # bucket losses recombine, token-weighted, to the overall loss
+    total = sum(b["loss"] * b["tokens"] for b in r["buckets"] if b["tokens"])
+    assert total / r["tokens"] == pytest.approx(r["loss"], rel=1e-9)
+  assert len(m["bucket_edges"]) == 3  # 4 equal-mass buckets
+
+
+def test_overrides_apply_to_data_and_eval_but_never_to_the_shape(workdirs):
+  im = inference.load(workdirs / "tied")
+  c = eval_cli.apply_overrides(im.config, {"eval.batches": 1, "eval.downstream.piqa": "p"})
+  assert c.eval.batches == 1 and c.eval.downstream.piqa == "p"
+  with pytest.raises(ConfigError, match="model.d_model: the model's shape"):
+    eval_cli.apply_overrides(im.config, {"model.d_model": 64})
+  with pytest.raises(ConfigError, match="eval.batches"):
+    eval_cli.apply_overrides(im.config, {"eval.batches": 0})
+
+
+def test_cli_writes_results_and_compares_with_a_baseline(workdirs, tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  cmd = [sys.executable, "-m", "lev_jax.eval_cli", "--config.eval.batches=1"]
+  base = subprocess.run(cmd + [f"--checkpoint={workdirs / 'tied'}"], env=env,
+                        capture_output=True, text=True)
+  assert base.returncode == 0, base.stderr[-2000:]
+  run = subprocess.run(cmd + [f"--checkpoint={workdirs / 'lev'}",
+                              f"--baseline={workdirs / 'tied'}",
+                              f"--output={tmp_path / 'r.json'}"],
+                       env=env, capture_output=True, text=True)
+  assert run.returncode == 0, run.stderr[-2000:]
+  out = json.loads((tmp_path / "r.json").read_text())
+  tied = json.loads((workdirs / "tied" / "lev_eval.json").read_text())
+  assert out["step"] == 3 and out["embedding"] == "lev"
+  rows = out["relative_change"]["validation_equal_mass"]
+  for row, a, b in zip(rows, tied["validation_equal_mass"]["buckets"],
+                       out["validation_equal_mass"]["buckets"]):
+    assert row["change"] == pytest.approx(b["perplexity"] / a["perplexity"] - 1)
+  assert "validation loss" in run.stdout and "vs baseline" in run.stdout
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(checkpoint="/nonexistent/run"), "/nonexistent/run: no such checkpoint folder"),
+    (dict(overrides={"model.n_layers": 4}), "cannot be overridden"),
+    (dict(split="test"), "config.data.test_files is empty"),
+    (dict(baseline="/nonexistent.json"), "--baseline=/nonexistent.json"),
+])
+def test_bad_input_names_what_is_wrong(kwargs, message, workdirs):
+  kwargs = dict(dict(checkpoint=workdirs / "lev"), **kwargs)
+  with pytest.raises(ValueError, match=message):
+    eval_cli.evaluate_checkpoint(**kwargs)
+
+
+def test_cli_error_is_one_line_and_exit_2():
+  run = subprocess.run([sys.executable, "-m", "lev_jax.eval_cli", "--checkpoint=/nonexistent"],
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                       text=True)
+  assert run.returncode == 2 and run.stderr.strip() == (
+      "lev-eval: error: /nonexistent: no such checkpoint folder"), run.stderr[-2000:]

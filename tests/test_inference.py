@@ -1,0 +1,101 @@
+"""Loading for inference from a workdir or an export; params-only export; LEV materialised."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import byte_config, write_workdir
+from lev_jax import inference
+from lev_jax.data.tokenizer import ByteTokenizer
+
+IDS = jnp.asarray(np.random.default_rng(0).integers(0, 259, (2, 7)), jnp.int32)
+
+
+@nnx.jit
+def logits(model):
+  return model(IDS)
+
+
+@pytest.fixture(scope="module")
+def lev_workdir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("workdir")
+  state = write_workdir(path, byte_config("lev"))
+  return path, state
+
+
+def test_workdir_loads_the_latest_or_a_chosen_step(lev_workdir):
+  path, state = lev_workdir
+  im = inference.load(path)
+  assert im.step == 2 and im.tokenizer == ByteTokenizer() and im.token_counts_V is None
+  want = jax.tree.leaves(state["params"])
+  got = jax.tree.leaves(jax.tree.map(np.asarray, nnx.state(im.model)))
+  assert all(np.array_equal(a, b) for a, b in zip(want, got))
+  assert inference.load(path, step=1).step == 1
+  with pytest.raises(inference.InferenceError, match=r"no checkpoint at step 3; steps: \[1, 2\]"):
+    inference.load(path, step=3)
+
+
+def test_export_reload_gives_identical_logits_and_never_touches_the_source(lev_workdir, tmp_path):
+  path, _ = lev_workdir
+  im = inference.load(path)
+  im.token_counts_V = np.arange(259, dtype=np.int64)
+  before = sorted(p.name for p in (path / "checkpoints").iterdir())
+  info = inference.save(im, tmp_path / "export")
+  assert info["format"] == inference.EXPORT_FORMAT and info["step"] == 2
+  assert not any((tmp_path / "export" / "params").glob("**/opt_state*"))
+  again = inference.load(tmp_path / "export")
+  np.testing.assert_array_equal(logits(again.model), logits(im.model))
+  np.testing.assert_array_equal(again.token_counts_V, im.token_counts_V)
+  assert sorted(p.name for p in (path / "checkpoints").iterdir()) == before
+  with pytest.raises(inference.InferenceError, match="exists"):
+    inference.save(im, tmp_path / "export")
+  assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no temporary left behind
+
+
+def test_materialised_lev_table_equals_lev_at_every_id_and_gives_the_same_logits(tmp_path):
+  from lev_jax.train import create_model
+  c = byte_config("lev")
+  im = inference.InferenceModel(create_model(c), c, ByteTokenizer(), step=0)
+  inference.save(im, tmp_path / "x", materialize_lev=True)
+  mat = inference.load(tmp_path / "x")
+  assert mat.config.model.embedding == "untied"
+  assert json.loads((tmp_path / "x" / "export.json").read_text())["embedding"] == "lev"
+  lev_rows = im.model.embedding.lev(jnp.arange(384))
+  np.testing.assert_allclose(mat.model.embedding.table[...], lev_rows, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(logits(mat.model), logits(im.model), rtol=1e-5, atol=1e-5)
+  assert not any("lev" in "/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(mat.model)))
+  with pytest.raises(inference.InferenceError, match="only a 'lev' model"):
+    inference.lev_to_table(mat.model, mat.config)
+
+
+def test_export_dtype_is_applied_and_recorded(tmp_path):
+  from lev_jax.train import create_model
+  c = byte_config("tied")
+  im = inference.InferenceModel(create_model(c), c, ByteTokenizer(), step=3)
+  info = inference.save(im, tmp_path / "bf16", dtype="bfloat16")
+  assert info["dtype"] == "bfloat16" and info["bytes"] == 2 * info["params"]
+  half = inference.load(tmp_path / "bf16")
+  assert {x.dtype for x in jax.tree.leaves(nnx.state(half.model))} == {
+      jnp.dtype("bfloat16")}
+  np.testing.assert_allclose(logits(half.model), logits(im.model), atol=0.1)
+
+
+def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
+  path, _ = lev_workdir
+  cases = [
+      (dict(path=tmp_path / "none"), "no such checkpoint folder"),
+      (dict(path=tmp_path), "neither a training workdir"),
+      (dict(path=path, dtype="int8"), "dtype = 'int8': expected one of"),
+      (dict(path=path, expect_config=byte_config("tied")),
+       "model.embedding: checkpoint 'lev', this run 'tied'"),
+  ]
+  for kwargs, message in cases:
+    with pytest.raises(inference.InferenceError, match=message):
+      inference.load(**kwargs)
+  (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+  with pytest.raises(inference.InferenceError, match="no complete checkpoint"):
+    inference.load(tmp_path / "empty")
