@@ -91,3 +91,26 @@ def test_cli_error_is_one_line_and_exit_2():
                        text=True)
   assert run.returncode == 2 and run.stderr.strip() == (
       "lev-eval: error: /nonexistent: no such checkpoint folder"), run.stderr[-2000:]
+
+
+def test_downstream_tasks_from_config_paths(workdirs, tmp_path):
+  arc = tmp_path / "ARC-Easy-Test.jsonl"
+  arc.write_text("\n".join(json.dumps(
+      {"id": f"q{i}", "question": {"stem": f"What is {i}?", "choices": [
+          {"text": "one", "label": "A"}, {"text": "two", "label": "B"}]},
+       "answerKey": "AB"[i % 2]}) for i in range(4)) + "\n")
+  piqa = tmp_path / "valid.jsonl"
+  piqa.write_text("\n".join(json.dumps({"goal": f"g{i}", "sol1": "a", "sol2": "bb"})
+                            for i in range(3)) + "\n")
+  (tmp_path / "valid-labels.lst").write_text("0\n1\n1\n")
+  out = eval_cli.evaluate_checkpoint(
+      workdirs / "lev", perplexity_too=False,
+      overrides={"eval.downstream.arc_easy": str(arc), "eval.downstream.piqa": str(piqa)})
+  assert "validation" not in out
+  assert out["downstream"]["arc_easy"]["n"] == 4 and out["downstream"]["piqa"]["n"] == 3
+  assert 0 <= out["downstream"]["arc_easy"]["acc"] <= 1
+  piqa.write_text('{"goal": "g", "sol1": "a"}\n')
+  (tmp_path / "valid-labels.lst").write_text("0\n")
+  with pytest.raises(ValueError, match=r"valid.jsonl:1.*sol2"):
+    eval_cli.evaluate_checkpoint(workdirs / "lev", perplexity_too=False,
+                                 overrides={"eval.downstream.piqa": str(piqa)})
