@@ -7,6 +7,11 @@ grouped-query support, SwiGLU MLP, no biases, final RMSNorm (Touvron et al. 2023
 
 Parameters are `param_dtype` (float32); activations are `dtype` (bfloat16 or float32),
 with norms, softmax and logits in float32. Every parameter carries `logical_axes`.
+
+Inference: `Decoder.init_cache` and `Decoder.decode` run the same layers with a
+key/value cache (standard KV caching for autoregressive decoding; Pope et al. 2022,
+"Efficiently Scaling Transformer Inference", Sec. 2): each step computes keys and values
+only for the new tokens and attends to the cached ones. `lev_jax.decode` drives it.
 """
 
 from __future__ import annotations
@@ -88,6 +93,42 @@ class Attention(nnx.Module):
                                                implementation="xla")
     return jnp.einsum("blhk,hkd->bld", out_BxLxHxK, c(self.wo))
 
+  def decode(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, cache: dict,
+             cache_index: jax.Array, key_valid_BxS: jax.Array) -> tuple[jax.Array, dict]:
+    """Attention of T new tokens over a key/value cache of S slots (Pope et al. 2022).
+
+    Args:
+      x_BxTxD: the new tokens' normed activations.
+      positions_BxT: int RoPE positions of the new tokens.
+      cache: {"k": k_BxSxGxK, "v": v_BxSxGxK} of this layer (G = n_kv_heads).
+      cache_index: int scalar slot of the first new token; the new keys and values are
+        written to slots [cache_index, cache_index + T), which must lie inside S.
+      key_valid_BxS: bool, False for slots that hold no token (left padding).
+    Returns:
+      (out_BxTxD, updated cache). A query at slot cache_index + t attends to the valid
+      slots <= its own; a query with no valid slot (a padding slot) gets finite garbage.
+    """
+    c = lambda w: w[...].astype(self.dtype)
+    heads = ("batch", "length", "act_heads", "head_dim")
+    q_BxTxHxK = rope(jnp.einsum("btd,dhk->bthk", x_BxTxD, c(self.wq)), positions_BxT, self.theta)
+    k_BxTxGxK = rope(jnp.einsum("btd,dhk->bthk", x_BxTxD, c(self.wk)), positions_BxT, self.theta)
+    v_BxTxGxK = jnp.einsum("btd,dhk->bthk", x_BxTxD, c(self.wv))
+    start = (0, cache_index, 0, 0)
+    k_BxSxGxK = jax.lax.dynamic_update_slice(
+        cache["k"], k_BxTxGxK.astype(cache["k"].dtype), start)
+    v_BxSxGxK = jax.lax.dynamic_update_slice(
+        cache["v"], v_BxTxGxK.astype(cache["v"].dtype), start)
+    q_BxTxHxK, k_BxSxGxK, v_BxSxGxK = (constrain(t, heads)
+                                       for t in (q_BxTxHxK, k_BxSxGxK, v_BxSxGxK))
+    t, s = x_BxTxD.shape[1], k_BxSxGxK.shape[1]
+    causal_TxS = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]
+    mask_Bx1xTxS = key_valid_BxS[:, None, None, :] & causal_TxS[None, None]
+    out_BxTxHxK = jax.nn.dot_product_attention(
+        q_BxTxHxK, k_BxSxGxK.astype(self.dtype), v_BxSxGxK.astype(self.dtype),
+        mask=mask_Bx1xTxS, implementation="xla")
+    out_BxTxD = jnp.einsum("bthk,hkd->btd", out_BxTxHxK, c(self.wo))
+    return out_BxTxD, {"k": k_BxSxGxK, "v": v_BxSxGxK}
+
 
 class MLP(nnx.Module):
   """SwiGLU feed-forward: W_down (silu(x W_gate) * x W_up) (Shazeer 2020)."""
@@ -121,6 +162,14 @@ class Block(nnx.Module):
     x_BxLxD = x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD))
     return constrain(x_BxLxD, ("batch", "length", "act_embed"))
 
+  def decode(self, x_BxTxD, positions_BxT, cache, cache_index, key_valid_BxS):
+    """The block over T new tokens with this layer's cache: (x_BxTxD, updated cache)."""
+    a_BxTxD, cache = self.attn.decode(self.attn_norm(x_BxTxD), positions_BxT, cache,
+                                      cache_index, key_valid_BxS)
+    x_BxTxD = x_BxTxD + a_BxTxD
+    x_BxTxD = x_BxTxD + self.mlp(self.mlp_norm(x_BxTxD))
+    return constrain(x_BxTxD, ("batch", "length", "act_embed")), cache
+
 
 class Decoder(nnx.Module):
   """ids_BxL (int32) -> logits_BxLxV (float32, V = padded vocab).
@@ -136,6 +185,9 @@ class Decoder(nnx.Module):
     cfg = ml_collections.FrozenConfigDict(config.model)
     dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
     self.remat, self.scan_layers = cfg.remat, cfg.scan_layers
+    # Read by init_cache and lev_jax.decode (static: not parameters).
+    self.vocab_size, self.max_seq_len, self.dtype = cfg.vocab_size, cfg.max_seq_len, dtype
+    self.cache_shape = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
     self.embedding = make_embedding(cfg, ml_collections.FrozenConfigDict(config.lev),
                                     rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     if cfg.scan_layers:
@@ -173,3 +225,51 @@ class Decoder(nnx.Module):
         x_BxLxD = apply(block, x_BxLxD, positions_BxL, segment_ids_BxL)
     logits_BxLxV = self.embedding.unembed(self.final_norm(x_BxLxD))
     return constrain(logits_BxLxV, ("batch", "length", "act_vocab"))
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
+    """An empty key/value cache: {"k", "v"}, each zeros [n_layers, B, S, G, K].
+
+    S = max_len slots, G = n_kv_heads, K = head_dim; dtype defaults to the compute
+    dtype (config.model.dtype). The same layout serves scan_layers True and False.
+    """
+    n_layers, g, k = self.cache_shape
+    shape = (n_layers, batch_size, max_len, g, k)
+    dtype = self.dtype if dtype is None else jnp.dtype(dtype)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+  def decode(self, ids_BxT: jax.Array, positions_BxT: jax.Array, cache: dict,
+             cache_index: jax.Array | int, key_valid_BxS: jax.Array
+             ) -> tuple[jax.Array, dict]:
+    """T new tokens through the model with a key/value cache (Pope et al. 2022, Sec. 2).
+
+    Args:
+      ids_BxT: int32 token ids of the new tokens (T = prompt length for the prefill,
+        1 per generated token).
+      positions_BxT: int RoPE positions of the new tokens (for a left-padded row they
+        restart at 0 at its first real token).
+      cache: from `init_cache` (or a previous call): {"k", "v"} [n_layers, B, S, G, K].
+      cache_index: int scalar, the slot of the first new token; the new keys and values
+        go to slots [cache_index, cache_index + T).
+      key_valid_BxS: bool, which slots hold real tokens (False: left padding). Slots
+        after a query's own are never attended (causal), valid or not.
+    Returns:
+      (logits_BxTxV float32, V = padded vocab with padded ids at -1e9; the updated cache).
+    Raises:
+      ValueError: a concrete cache_index with cache_index + T outside [0, S].
+    No rematerialisation here: decode is for inference only.
+    """
+    t, s = ids_BxT.shape[1], cache["k"].shape[2]
+    if isinstance(cache_index, int) and not 0 <= cache_index <= s - t:
+      raise ValueError(f"cache_index = {cache_index}: expected 0 <= cache_index and "
+                       f"cache_index + T = {cache_index + t} <= cache length S = {s}")
+    x_BxTxD = constrain(self.embedding.embed(ids_BxT), ("batch", "length", "act_embed"))
+    apply = lambda b, x, c: b.decode(x, positions_BxT, c, cache_index, key_valid_BxS)
+    if self.scan_layers:
+      scanned = nnx.scan(apply, in_axes=(0, nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+      x_BxTxD, cache = scanned(self.blocks, x_BxTxD, cache)
+    else:
+      for i, block in enumerate(self.blocks):
+        x_BxTxD, layer = apply(block, x_BxTxD, {"k": cache["k"][i], "v": cache["v"][i]})
+        cache = {n: cache[n].at[i].set(layer[n]) for n in ("k", "v")}
+    logits_BxTxV = self.embedding.unembed(self.final_norm(x_BxTxD))
+    return constrain(logits_BxTxV, ("batch", "length", "act_vocab")), cache
