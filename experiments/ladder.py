@@ -28,6 +28,8 @@ EMBEDDINGS = {"tied": "tied", "leviathan": "lev"}
 O200K_VOCAB = 200_019
 SEQ_LEN = 512
 GLOBAL_BATCH = 512
+# The ladder for lev-ladder, smallest first, each tied rung next to its Leviathan twin.
+RUNGS = tuple(f"{kind}_{size}" for size in SHAPES for kind in EMBEDDINGS)
 
 
 def get_config(variant: str = "leviathan_1.2b"):

@@ -18,10 +18,20 @@ Modules, one concern each:
   prepare_data  `lev-prepare-data` (the command; the work is in data.prepare)
   data        readers (corpus, stream), tokenizers, grain pipeline, prepared
               ArrayRecord datasets (prepare, prepared, tfds_builder), seqio Tasks
+  inference   a workdir or export loaded for inference; the params-only export
+  decode      KV-cached generation (greedy, temperature, top-k, top-p);  sample: `lev-sample`
+  scoring     log-likelihood of continuations and texts (lm-eval semantics)
+  downstream  zero-shot LAMBADA, HellaSwag, PIQA, ARC-E/C, WinoGrande from released files
+  lm_eval_adapter  the lm-eval-harness model `lev_jax` (`lev-lm-eval`)
+  eval_cli    `lev-eval`: perplexity, frequency buckets, zero-shot tasks of a checkpoint
+  hf_export   Hugging Face LLaMA export (safetensors + config);  export: `lev-export`
+  ladder      collect and analyse a ladder of runs;  report: plots, CSV, Markdown;
+              ladder_cli: `lev-ladder`
 
 Shape legend used in names (x_BxLxD):
   B batch (sequences)  L seq_len  D d_model  V padded vocab  H heads  G kv heads
-  K head_dim (or LEV digits)  F d_ff  N flat ids  S LEV d_seed  J knots  R LEV rank
+  K head_dim (or LEV digits)  F d_ff  N flat ids  S LEV d_seed (KV-cache slots in
+  decode)  T new tokens (decode)  J knots  R LEV rank
 """
 
 from pathlib import Path

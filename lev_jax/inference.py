@@ -103,25 +103,31 @@ def _abstract(config: ml_collections.ConfigDict):
   return nnx.split(model, nnx.Param)
 
 
-def _merge(base: ml_collections.ConfigDict, saved: dict) -> None:
+def _merge(base: ml_collections.ConfigDict, saved: dict, where, prefix: str = "") -> None:
   for key, value in saved.items():
     if key in base and isinstance(base[key], ml_collections.ConfigDict) and isinstance(
         value, dict):
-      _merge(base[key], value)
-    elif key in base and isinstance(base[key], tuple) and isinstance(value, list):
-      base[key] = tuple(value)
-    elif key in base and base[key] is not None and value is not None:
-      base[key] = type(base[key])(value) if isinstance(base[key], float) else value
-    else:
+      _merge(base[key], value, where, f"{prefix}{key}.")
+      continue
+    if key in base and isinstance(base[key], tuple) and isinstance(value, list):
+      value = tuple(value)
+    elif key in base and isinstance(base[key], float) and isinstance(value, int):
+      value = float(value)
+    try:
       with base.unlocked():
         base[key] = value
+    except TypeError as e:
+      raise InferenceError(
+          f"{where}: stored config.{prefix}{key} = {value!r} does not fit this lev_jax "
+          f"(expected {type(base[key]).__name__}); the checkpoint is from an older "
+          "version") from e
 
 
 def _config_from_json(data: dict, where) -> ml_collections.ConfigDict:
   """The stored config over `base_config()`: fields added since it was saved get their
   defaults; stored lists become the tuples the config declares."""
   config = base_config()
-  _merge(config, data)
+  _merge(config, data, where)
   try:
     return validate(config)
   except ConfigError as e:

@@ -123,7 +123,7 @@ def _invert(e, log_a, alpha, loss):
   gap = np.asarray(loss - e, np.float64)
   with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
     log_n = (log_a - np.log(np.where(gap > 0, gap, 1.0))) / alpha
-    return np.where(gap > 0, np.exp(np.minimum(log_n, 700.0)), np.inf)
+    return np.where((gap > 0) & (log_n < 700.0), np.exp(np.minimum(log_n, 700.0)), np.inf)
 
 
 def effective_params(fit: PowerLawFit, loss: float, *, samples: int = 4000,

@@ -1,6 +1,5 @@
 """lev-sample: completions equal generate's on an exported model; stop strings; errors."""
 
-import numpy as np
 import pytest
 from absl import flags
 from flax import nnx
