@@ -3,13 +3,13 @@
 Run (lm-eval's command line with this model registered; `--model lev_jax` is the
 default):
 
-  python -m lev_jax.lm_eval_adapter --model_args checkpoint=runs/x,step=3000 \\
+  lev-lm-eval --model_args checkpoint=runs/x,step=3000 \\
       --tasks lambada_openai,hellaswag,piqa,arc_easy --batch_size 16
+  python -m lev_jax.lm_eval_adapter ...        # the same
 
 `lm_eval --model lev_jax ...` alone does not work: lm-eval finds models only in its own
 registry and never imports this module (0.4.13 has no plug-in entry point;
-`--include_path` adds tasks, not models). `run()` is the console-script form of the
-command above (e.g. `[project.scripts] lev-lm-eval = "lev_jax.lm_eval_adapter:run"`).
+`--include_path` adds tasks, not models). `run()` is the `lev-lm-eval` console script.
 From Python:
 
   import lm_eval, lev_jax.lm_eval_adapter
