@@ -18,6 +18,12 @@ def fail(prog: str, message: str):
   sys.exit(2)
 
 
+def first_line(error: BaseException) -> str:
+  """The first non-blank line of an error's message (or its type's name)."""
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+  return lines[0] if lines else type(error).__name__
+
+
 def _last_line(error: BaseException) -> str:
   lines = [l.strip() for l in str(error).splitlines() if l.strip()]
   return lines[-1] if lines else type(error).__name__

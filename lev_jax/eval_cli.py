@@ -34,7 +34,7 @@ from ml_collections import config_flags
 
 from lev_jax import cli
 from lev_jax.checkpoint import SHAPE_FIELDS
-from lev_jax.config import ConfigError, base_config, validate
+from lev_jax.config import DTYPES, ConfigError, base_config, validate
 
 PROG = "lev-eval"
 
@@ -42,7 +42,7 @@ PROG = "lev-eval"
 def _define_flags():
   flags.DEFINE_string("checkpoint", None, "A lev-train workdir or a lev-export folder.")
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
-  flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
+  flags.DEFINE_enum("dtype", None, list(DTYPES),
                     "Parameter dtype for evaluation (default: as stored).")
   flags.DEFINE_enum("split", "validation", ["validation", "test"],
                     "validation: data.validation_files (or the embedded split); "
@@ -231,7 +231,7 @@ def main(argv):
                               baseline=fl.baseline, overrides=_overrides(),
                               perplexity_too=fl.perplexity)
   except (ValueError, FileNotFoundError) as e:  # every error of ours is a ValueError
-    cli.fail(PROG, str(e).splitlines()[0] if str(e) else type(e).__name__)
+    cli.fail(PROG, cli.first_line(e))
   path = epath.Path(fl.output or os.path.join(out["checkpoint"], "lev_eval.json"))
   tmp = path.parent / (path.name + ".tmp")
   tmp.write_text(json.dumps(out, indent=1))

@@ -24,9 +24,9 @@ import os
 from absl import app, flags
 
 from lev_jax import cli
+from lev_jax.config import DTYPES
 
 PROG = "lev-export"
-DTYPES = ("float32", "bfloat16", "float16")
 MB = 1 << 20
 
 
@@ -164,8 +164,7 @@ def main(argv, fv: flags.FlagValues | None = None):
     result = export(fv.checkpoint, fv.output, step=fv.step, dtype=fv.dtype,
                     materialize_lev=fv.materialize_lev, hf=fv.hf, overwrite=fv.overwrite)
   except (ValueError, OSError) as e:  # InferenceError, HFExportError, ConfigError, DataError
-    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
-    cli.fail(PROG, lines[0] if lines else type(e).__name__)
+    cli.fail(PROG, cli.first_line(e))
   print(report(result))
 
 

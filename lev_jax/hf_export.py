@@ -39,9 +39,9 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from lev_jax.config import DTYPES
 from lev_jax.embeddings import LEVEmbedding, TiedEmbedding, UntiedEmbedding
 
-DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"

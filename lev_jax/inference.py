@@ -40,14 +40,13 @@ from etils import epath
 from flax import nnx
 
 from lev_jax.checkpoint import SHAPE_FIELDS, _differences
-from lev_jax.config import ConfigError, base_config, validate
+from lev_jax.config import DTYPES, ConfigError, base_config, validate
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer import load_tokenizer, save_tokenizer
 from lev_jax.model import Decoder
 
 EXPORT_FORMAT = "lev_jax.inference/1"
 EXPORT_JSON = "export.json"
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 class InferenceError(ValueError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 import ml_collections
-from absl import app, flags
+from absl import app
 from flax import nnx
 from ml_collections import config_flags
 

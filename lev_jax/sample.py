@@ -25,9 +25,9 @@ import sys
 from absl import app, flags
 
 from lev_jax import cli
+from lev_jax.config import DTYPES
 
 PROG = "lev-sample"
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -192,8 +192,7 @@ def main(argv, fv: flags.FlagValues | None = None):
                        temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p,
                        seed=fv.seed, stops=fv.stop or (), batch_size=fv.batch_size)
   except (ValueError, OSError) as e:  # InferenceError, DataError, generate's checks
-    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
-    cli.fail(PROG, lines[0] if lines else type(e).__name__)
+    cli.fail(PROG, cli.first_line(e))
   mode = ("greedy" if fv.temperature == 0 else
           f"temperature {fv.temperature:g}, top_k {fv.top_k}, top_p {fv.top_p:g}, "
           f"seed {fv.seed}")

@@ -63,7 +63,7 @@ def test_jsonl_with_hold_out(tmp_path, monkeypatch):
 
 
 def test_jsonl_with_validation_files_and_subsets(tmp_path):
-  train = _write(tmp_path / "train.jsonl", _docs(150))
+  _write(tmp_path / "train.jsonl", _docs(150))
   _write(tmp_path / "other.jsonl", _docs(50, 1000), subset="Github")
   val = _write(tmp_path / "val.jsonl", _docs(40, 500))
   c = _config(tmp_path, source="jsonl", train_files=(str(tmp_path / "[to]*.jsonl"),),

@@ -181,7 +181,7 @@ class _WideTokenizer:
 
 
 def test_ids_beyond_vocab_raise(tok):
-  with pytest.raises(DataError, match=rf"token id \d+ is outside \[0, vocab_size = 100\)"):
+  with pytest.raises(DataError, match=r"token id \d+ is outside \[0, vocab_size = 100\)"):
     next(iter(_train(DOCS, tok, vocab_size=100)))
   with pytest.raises(DataError, match=r"token id 700 .*vocab_size = 512"):
     next(iter(_train(DOCS, _WideTokenizer(), vocab_size=512)))

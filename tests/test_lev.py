@@ -1,6 +1,5 @@
 """LEV: digits, basis, log-space product, parameter count, gradients, jit."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp

@@ -10,7 +10,6 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from conftest import tiny_config
 from lev_jax import sharding
