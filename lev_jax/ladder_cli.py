@@ -152,7 +152,8 @@ def summary(analysis: dict, paths: dict) -> str:
     eff = p["efficiency"]["ratio"]
     e = p["effective"]
     n_eff = ratio_text(e["ratio"]) if e and e["ratio"] is not None else "n/a"
-    if e and e["ratio"] is not None and e["ratio_lo"] is not None:
+    if (e and e["ratio"] is not None and e["ratio_lo"] is not None
+        and not e.get("warning")):  # an interval that misses its estimate says nothing
       n_eff += f" ({ratio_text(e['ratio_lo'])} - {ratio_text(e['ratio_hi'])})"
     eff_text = ratio_text(eff) if eff is not None else "not reached"
     lines.append(f"  {p['size']:<8} {ppl:<34} {eff_text:<11} {n_eff}")
