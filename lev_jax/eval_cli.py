@@ -89,6 +89,8 @@ def _eval_batches(config, tokenizer, validation_override: bool):
   from lev_jax.data.pipeline import make_eval_batches
   d = config.data
   if not validation_override:
+    if d.tokenizer == "sentencepiece" and hasattr(tokenizer, "model_path"):
+      d.sentencepiece_file = str(tokenizer.model_path)  # the checkpoint's: never retrain
     bundle = data_lib.load(config)
     if bundle.tokenizer.fingerprint != tokenizer.fingerprint:
       raise ConfigError("config.data builds a different tokenizer than the checkpoint's "
