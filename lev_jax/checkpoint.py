@@ -157,6 +157,26 @@ class Checkpointer:
       raise CheckpointMismatchError(
           f"{where} does not match this config's model shape:\n  " + "\n  ".join(diffs)
           + "\nUse a new --workdir, or the checkpoint's config.")
+    try:
+      restored = self._read(step, where, abstract_state, data_iterator)
+    except CheckpointMismatchError:
+      raise
+    except Exception as e:  # tensorstore / Orbax errors of a damaged step: any type
+      line = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+      others = [s for s in self.manager.all_steps() if s != step]
+      raise CheckpointMismatchError(
+          f"{where} cannot be read: it is incomplete or corrupt ({line}...). Nothing was "
+          f"changed; move that folder aside to resume from an earlier step {others}"
+      ) from e
+    data_diffs = _differences(saved, config, DATA_FIELDS)
+    if data_diffs:
+      logging.warning("%s: resuming with different data settings; the restored data "
+                      "position refers to the old stream:\n  %s", where, "\n  ".join(data_diffs))
+    logging.info("restored %s", where)
+    return restored["state"]
+
+  def _read(self, step, where, abstract_state, data_iterator):
+    """Checks the stored array shapes, then restores the state and the data position."""
     stored = self.manager.item_metadata(step)["state"]
     stored_shapes = {_name(p): tuple(m.shape) for p, m in
                      jax.tree_util.tree_flatten_with_path(stored)[0] if hasattr(m, "shape")}
@@ -165,15 +185,9 @@ class Checkpointer:
       if name in stored_shapes and stored_shapes[name] != tuple(a.shape):
         raise CheckpointMismatchError(
             f"{where}: {name} has shape {stored_shapes[name]}, this run expects {tuple(a.shape)}")
-    restored = self.manager.restore(step, args=ocp.args.Composite(
+    return self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state),
         data=DataRestore(data_iterator)))
-    data_diffs = _differences(saved, config, DATA_FIELDS)
-    if data_diffs:
-      logging.warning("%s: resuming with different data settings; the restored data "
-                      "position refers to the old stream:\n  %s", where, "\n  ".join(data_diffs))
-    logging.info("restored %s", where)
-    return restored["state"]
 
   def wait(self):
     self.manager.wait_until_finished()

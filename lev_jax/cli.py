@@ -52,6 +52,20 @@ def flags_parser(prog: str, module: str | None = None):
   return parse
 
 
+def define_or_exit(prog: str, define) -> None:
+  """Runs `define()` (flag definitions). ml_collections applies `--config.<field>=...`
+  overrides while the config flag is defined, so an unknown field fails there: that
+  becomes one line naming the field, not a traceback."""
+  try:
+    define()
+  except (AttributeError, KeyError) as e:
+    field = str(e).strip("\"'")
+    given = [a.split("=", 1)[0] for a in sys.argv[1:] if a.startswith("--config.")
+             and a.split("=", 1)[0].rsplit(".", 1)[-1] == field]
+    fail(prog, f"{given[0] if given else field}: the config has no field {field!r} "
+               "(see lev_jax/config.py and the experiment file for the names)")
+
+
 def config_or_exit(prog: str):
   """flags.FLAGS.config, or one line naming the missing or broken config file."""
   try:

@@ -132,27 +132,39 @@ def perplexity(im, config, validation_override: bool = False) -> dict:
   return out
 
 
-def relative_changes(result: dict, baseline_path) -> dict:
-  """{"baseline": path, scheme: evaluate.relative_change rows} against another run.
+def _read_baseline(baseline_path) -> tuple[dict, str]:
+  """(the baseline's lev_eval.json, its path), read before any evaluation.
 
   Raises:
-    ConfigError: the baseline file is missing or not a lev_eval.json; ValueError from
-      relative_change when the bucket edges differ.
+    ConfigError: missing, unreadable, or holding no validation result.
   """
-  from lev_jax.evaluate import relative_change
   path = epath.Path(baseline_path)
   if path.is_dir():
     path = path / "lev_eval.json"
   try:
     base = json.loads(path.read_text())
   except (OSError, json.JSONDecodeError) as e:
-    raise ConfigError(f"--baseline={baseline_path}: cannot read a lev_eval.json ({e})") from e
-  out = {"baseline": os.fspath(path)}
+    raise ConfigError(f"--baseline={baseline_path}: cannot read a lev_eval.json ({e}); "
+                      "run lev-eval on the baseline first") from e
+  if not isinstance(base, dict) or "validation" not in base:
+    raise ConfigError(f"--baseline={path}: it holds no validation result to compare with")
+  return base, os.fspath(path)
+
+
+def relative_changes(result: dict, base: dict, path: str) -> dict:
+  """{"baseline": path, scheme: evaluate.relative_change rows} against another run.
+
+  Raises:
+    ConfigError: the two runs' buckets have different edges (the baseline named).
+  """
+  from lev_jax.evaluate import relative_change
+  out = {"baseline": path}
   for key in ("validation", "validation_equal_mass"):
     if key in result and key in base:
-      out[key] = relative_change(base[key], result[key])
-  if len(out) == 1:
-    raise ConfigError(f"--baseline={path}: it holds no validation result to compare with")
+      try:
+        out[key] = relative_change(base[key], result[key])
+      except ValueError as e:
+        raise ConfigError(f"--baseline={path}: {e}") from e
   return out
 
 
@@ -185,9 +197,14 @@ def _print_summary(out: dict) -> None:
       print(f"  vs baseline ({key}): " + ", ".join(
           f"{r['range']} {100 * r['change']:+.1f}%" for r in rows if r["change"] is not None))
   for task, r in out.get("downstream", {}).items():
-    extra = f", perplexity {r['perplexity']:.2f}" if "perplexity" in r else ""
-    print(f"  {task}: acc {r['acc']:.4f} ± {r['acc_stderr']:.4f}, acc_norm "
-          f"{r['acc_norm']:.4f} ± {r['acc_norm_stderr']:.4f} (n={r['n']}){extra}")
+    figures = [f"{key} {_pm(r[key], r.get(key + '_stderr'))}"
+               for key in ("acc", "acc_norm", "perplexity") if r.get(key) is not None]
+    print(f"  {task}: {', '.join(figures)} (n={r['n']})")
+
+
+def _pm(value: float, stderr: float | None) -> str:
+  """'0.6667 ± 0.3333', or the value alone when there is no standard error (n < 2)."""
+  return f"{value:.4f}" + (f" ± {stderr:.4f}" if stderr is not None else "")
 
 
 def evaluate_checkpoint(checkpoint, *, step=None, dtype=None, split="validation",
@@ -201,20 +218,30 @@ def evaluate_checkpoint(checkpoint, *, step=None, dtype=None, split="validation"
   """
   from lev_jax import inference
   im = inference.load(checkpoint, step=step, dtype=dtype)
-  overrides = overrides or {}
+  overrides = dict(overrides or {})
+  # Other validation files are read straight from disk (see _eval_batches): they need
+  # neither data.source nor data.train_files, so they are not applied to the config.
+  validation_files = overrides.pop("data.validation_files", None)
   config = apply_overrides(im.config, overrides)
-  validation_override = "data.validation_files" in overrides
   if split == "test":
     if not config.data.test_files:
       raise ConfigError("--split=test: config.data.test_files is empty")
-    config.data.validation_files = config.data.test_files
-    validation_override = True
+    validation_files = config.data.test_files
+  if validation_files is not None:
+    if isinstance(validation_files, str):
+      validation_files = [validation_files]
+    if not validation_files:
+      raise ConfigError("--config.data.validation_files is empty")
+    with config.unlocked():
+      config.data.validation_files = tuple(validation_files)
+  validation_override = validation_files is not None
+  base = _read_baseline(baseline) if baseline and perplexity_too else None
   out = {"checkpoint": im.source, "step": im.step, "split": split,
          "embedding": config.model.embedding}
   if perplexity_too:
     out.update(perplexity(im, config, validation_override))
-    if baseline:
-      out["relative_change"] = relative_changes(out, baseline)
+    if base is not None:
+      out["relative_change"] = relative_changes(out, *base)
   results = downstream_tasks(im, config)
   if results:
     out["downstream"] = results
@@ -244,7 +271,7 @@ def main(argv):
 
 
 def run():
-  _define_flags()
+  cli.define_or_exit(PROG, _define_flags)
   app.run(main, flags_parser=cli.flags_parser(PROG, __name__))
 
 

@@ -156,6 +156,12 @@ def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict)
   return bundle.tokenizer, bundle.token_counts_V
 
 
+def _short(error: BaseException, limit: int = 160) -> str:
+  """The start of an error's first line: Orbax and tensorstore errors carry kilobytes."""
+  line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return line if len(line) <= limit else line[:limit] + "..."
+
+
 def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
   ckpt_dir = root / "checkpoints"
   if not ckpt_dir.exists():
@@ -186,10 +192,13 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
     state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item={"params": target}, restore_args={"params": restore_args},
         partial_restore=True)))["state"]
-  except (ValueError, KeyError) as e:
-    raise InferenceError(f"{where}: the parameters do not match the stored config "
-                         f"({str(e).splitlines()[0]})") from e
-  manager.close()
+  except Exception as e:  # tensorstore / Orbax errors of a damaged step are of any type
+    others = [s for s in steps if s != step]
+    hint = f"; other steps: {others} (--step)" if others else ""
+    raise InferenceError(f"{where} cannot be read: it is incomplete or corrupt "
+                         f"({_short(e)}){hint}") from e
+  finally:
+    manager.close()
   params = _cast(state["params"], dtype)
   tokenizer, counts = _tokenizer_and_counts(root, config)
   return InferenceModel(nnx.merge(graphdef, params), config, tokenizer, step, counts,
@@ -215,9 +224,9 @@ def _load_export(root: epath.Path, step: int | None, dtype, expect) -> Inference
   graphdef, abstract = _abstract(config)
   try:
     params = ocp.StandardCheckpointer().restore(root / "params", abstract)
-  except (ValueError, KeyError, FileNotFoundError) as e:
-    raise InferenceError(f"{root / 'params'}: cannot restore the parameters "
-                         f"({str(e).splitlines()[0]})") from e
+  except Exception as e:  # tensorstore / Orbax errors of a damaged export are of any type
+    raise InferenceError(f"{root / 'params'}: cannot restore the parameters: the export "
+                         f"is incomplete or corrupt ({_short(e)})") from e
   params = _cast(params, dtype)
   tokenizer, counts = _tokenizer_and_counts(root, config)
   return InferenceModel(nnx.merge(graphdef, params), config, tokenizer, info["step"], counts,

@@ -179,6 +179,8 @@ def main(argv):
   f = flags.FLAGS
   if "://" in f.root and not f.report_dir:
     cli.fail(PROG, f"--root={f.root} is remote: give a local --report_dir for the report")
+  if not f.run and "://" not in f.root and not Path(f.root).is_dir():
+    cli.fail(PROG, f"--root={f.root}: no such folder (add --run to train the rungs there)")
   report_dir = f.report_dir or str(Path(f.root) / "report")
   try:
     module = ladder_lib.load_ladder(f.ladder)

@@ -172,8 +172,15 @@ def run(argv: Sequence[str] | None = None) -> None:
   has_model = any(a in ("--model", "-M") or a.startswith("--model=") for a in argv)
   if argv and argv[0] not in ("ls", "validate", "-h", "--help") and not has_model:
     argv += ["--model", MODEL_NAME]
+  if not argv or argv[0] in ("-h", "--help"):
+    print((__doc__ or "").strip() + "\n\nlm-eval's own options follow.\n")
   sys.argv = ["lm-eval", *argv]
-  cli_evaluate()
+  try:
+    cli_evaluate()
+  except ValueError as e:  # InferenceError and our other input errors: one line
+    lines = str(e).strip().strip("'\"").splitlines() or [type(e).__name__]
+    print(f"lev-lm-eval: error: {lines[0]}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def main(argv):
 
 
 def run():
-  _define_flags()
+  cli.define_or_exit("lev-train", _define_flags)
   app.run(main, flags_parser=cli.flags_parser("lev-train", __name__))
 
 

@@ -89,8 +89,8 @@ def main(argv):
 
 
 def run():
-  config_flags.DEFINE_config_file(
-      "config", str(experiments_dir() / "smoke.py") + ":leviathan", "Experiment file[:variant].")
+  cli.define_or_exit("lev-params", lambda: config_flags.DEFINE_config_file(
+      "config", str(experiments_dir() / "smoke.py") + ":leviathan", "Experiment file[:variant]."))
   app.run(main, flags_parser=cli.flags_parser("lev-params", __name__))
 
 

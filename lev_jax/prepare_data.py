@@ -81,7 +81,7 @@ def main(argv):
 
 
 def run():
-  _define_flags()
+  cli.define_or_exit("lev-prepare-data", _define_flags)
   app.run(main, flags_parser=cli.flags_parser(PROG, __name__))
 
 

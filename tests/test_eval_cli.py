@@ -114,3 +114,26 @@ def test_downstream_tasks_from_config_paths(workdirs, tmp_path):
   with pytest.raises(ValueError, match=r"valid.jsonl:1.*sol2"):
     eval_cli.evaluate_checkpoint(workdirs / "lev", perplexity_too=False,
                                  overrides={"eval.downstream.piqa": str(piqa)})
+
+
+def test_other_validation_files_need_no_data_source_and_the_summary_prints_lambada(
+    workdirs, tmp_path, capsys):
+  import numpy as np
+  from lev_jax.data.files import npy_bytes, write_bytes_atomic
+  lev = tmp_path / "lev"
+  import shutil
+  shutil.copytree(workdirs / "lev", lev)
+  write_bytes_atomic(lev / "token_counts.npy", npy_bytes(np.arange(259, dtype=np.int64)))
+  val = tmp_path / "val.jsonl"
+  val.write_text("\n".join(json.dumps({"text": "some held-out text " * 20})
+                           for _ in range(8)) + "\n")
+  lambada = tmp_path / "lambada_test.jsonl"
+  lambada.write_text("\n".join(json.dumps({"text": f"a b c word{i}"}) for i in range(3)))
+  out = eval_cli.evaluate_checkpoint(lev, overrides={
+      "data.validation_files": (str(val),), "eval.batches": 1,
+      "eval.downstream.lambada": str(lambada)})
+  assert out["validation"]["tokens"] == 4 * 32 and out["embedding"] == "lev"
+  assert out["downstream"]["lambada"]["acc_norm"] is None
+  eval_cli._print_summary(out)
+  printed = capsys.readouterr().out
+  assert "lambada: acc 0.0000 ± 0.0000, perplexity" in printed and "(n=3)" in printed

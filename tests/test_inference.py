@@ -99,3 +99,13 @@ def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
   (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
   with pytest.raises(inference.InferenceError, match="no complete checkpoint"):
     inference.load(tmp_path / "empty")
+
+
+def test_a_damaged_step_is_named_with_the_steps_that_remain(tmp_path):
+  write_workdir(tmp_path, byte_config("tied"), steps=(1, 2))
+  (tmp_path / "checkpoints" / "2" / "state" / "manifest.ocdbt").unlink()
+  with pytest.raises(inference.InferenceError,
+                     match=r"checkpoints/2 cannot be read: it is incomplete or corrupt .*"
+                           r"other steps: \[1\]"):
+    inference.load(tmp_path)
+  assert inference.load(tmp_path, step=1).step == 1
