@@ -16,7 +16,16 @@ totals are closer together than the backbones. Results at this scale test the pi
 not the paper's claims.
 """
 
-from lev_jax.config import base_config
+import importlib.util
+from pathlib import Path
+
+
+def _smoke():
+  """experiments/smoke.py (beside this file): the base every rung starts from."""
+  spec = importlib.util.spec_from_file_location("smoke", Path(__file__).with_name("smoke.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 # size: (d_model, n_layers, n_heads, head_dim, d_ff)
 SHAPES = {
@@ -37,26 +46,14 @@ def get_config(variant: str = "leviathan_m"):
     raise ValueError(f"experiments/smoke_ladder.py: unknown variant {variant!r}; "
                      f"expected one of {', '.join(RUNGS)}")
   d, n_layers, n_heads, head_dim, d_ff = SHAPES[size]
-  c = base_config()
+  c = _smoke().get_config("tied" if kind == "tied" else "leviathan")  # data, vocab, lr
   c.name = f"smoke_ladder_{variant}"
   m = c.model
-  m.embedding = EMBEDDINGS[kind]
-  m.vocab_size = 2048
   m.d_model, m.n_layers, m.n_heads, m.n_kv_heads = d, n_layers, n_heads, n_heads
   m.head_dim, m.d_ff = head_dim, d_ff
-  c.lev.d_seed = 32
   c.lev.n_heads = 2
-  c.lev.n_knots = 16
-  c.lev.rank = 16
-  c.train.steps = 300
-  c.train.seq_len = 128
-  c.train.global_batch_size = 16
-  c.train.log_every = 10
   c.train.eval_every = 30
   c.train.checkpoint_every = 300
   c.train.keep_checkpoints = 1
-  c.optim.lr = 3e-3
-  c.optim.warmup_steps = 30
   c.eval.batches = 4
-  c.eval.batch_size = 16
   return c
