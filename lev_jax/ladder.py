@@ -327,7 +327,12 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
     return rung
   if final is None or final.get("step") != rung.steps:
     rung.status = "unfinished"
-    rung.reason = f"not finished: step {rung.step} of {rung.steps}"
+    if rung.step == rung.steps:  # trained to the end, but the final evaluation is absent
+      rung.reason = (f"step {rung.step} of {rung.steps} reached but {eval_path} "
+                     f"{'is missing' if final is None else 'is from step ' + str(final.get('step'))}"
+                     ": re-run lev-train on it to evaluate")
+    else:
+      rung.reason = f"not finished: step {rung.step} of {rung.steps}"
     return rung
   if not math.isfinite(_as_number(final["loss"])):
     rung.status = "unreadable"

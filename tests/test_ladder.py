@@ -407,3 +407,13 @@ def test_a_fit_pinned_at_its_bound_is_flagged_not_trusted(tmp_path):
   assert all(e["n_eff"] is not None for e in analysis["effective"])  # shown, flagged
   md = markdown(analysis, provenance())
   assert "**Warning: E = " in md and "not meaningful" in md
+
+
+def test_a_rung_trained_to_the_end_without_its_final_evaluation_says_so(tmp_path):
+  ladder, root, _ = build_ladder(tmp_path)
+  (root / "tied_a" / "eval.json").unlink()
+  missing = {m["variant"]: m for m in analyse(collect(ladder, root))["missing"]}
+  assert missing["tied_a"]["status"] == "unfinished"
+  assert missing["tied_a"]["reason"] == (
+      f"step {STEPS} of {STEPS} reached but {root / 'tied_a' / 'eval.json'} is missing: "
+      "re-run lev-train on it to evaluate")
