@@ -167,7 +167,7 @@ def report(results: list[dict]) -> str:
   blocks = []
   for i, r in enumerate(results, 1):
     blocks.append(f"--- prompt {i}/{len(results)} ({r['label']}) ---\n{r['prompt']}\n"
-                  f"--- completion {i}/{len(results)} ({r['tokens']} tokens, ended: "
+                  f"--- completion {i}/{len(results)} ({r['tokens']} tokens generated, ended: "
                   f"{r['ended']}) ---\n{r['completion']}")
   return "\n\n".join(blocks)
 

@@ -54,9 +54,9 @@ def test_prompts_from_flags_and_file_are_completed_in_order(export, tmp_path, ca
   assert f"tiny_tied (tied, float32) step 7 from {path}; greedy" in err
   want = _expected(im, ["Hi", "Hello world"])
   assert out == (f"--- prompt 1/2 (--prompt 1) ---\nHi\n"
-                 f"--- completion 1/2 ({N} tokens, ended: max_new_tokens) ---\n{want[0]}\n\n"
+                 f"--- completion 1/2 ({N} tokens generated, ended: max_new_tokens) ---\n{want[0]}\n\n"
                  f"--- prompt 2/2 ({prompts_file}:1) ---\nHello world\n"
-                 f"--- completion 2/2 ({N} tokens, ended: max_new_tokens) ---\n{want[1]}\n")
+                 f"--- completion 2/2 ({N} tokens generated, ended: max_new_tokens) ---\n{want[1]}\n")
 
 
 def test_stop_string_cuts_the_completion(export, capsys):
