@@ -40,6 +40,12 @@ DATA_FIELDS = {"train": ("seq_len", "global_batch_size"),
                         "worker_processes")}
 
 
+def error_line(error: BaseException, limit: int = 160) -> str:
+  """The start of an error's first line: Orbax and tensorstore errors carry kilobytes."""
+  line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return line if len(line) <= limit else line[:limit] + "..."
+
+
 class CheckpointMismatchError(ValueError):
   """The checkpoint was written for a different model shape than this config's."""
 
@@ -162,10 +168,9 @@ class Checkpointer:
     except CheckpointMismatchError:
       raise
     except Exception as e:  # tensorstore / Orbax errors of a damaged step: any type
-      line = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
       others = [s for s in self.manager.all_steps() if s != step]
       raise CheckpointMismatchError(
-          f"{where} cannot be read: it is incomplete or corrupt ({line}...). Nothing was "
+          f"{where} cannot be read: it is incomplete or corrupt ({error_line(e)}). Nothing was "
           f"changed; move that folder aside to resume from an earlier step {others}"
       ) from e
     data_diffs = _differences(saved, config, DATA_FIELDS)

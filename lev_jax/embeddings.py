@@ -92,6 +92,15 @@ class LEVEmbedding(_Head):
     return self.lev(ids_BxL).astype(self.dtype)
 
 
+@nnx.jit
+def input_table(embedding) -> jax.Array:
+  """float32 [V_padded, D]: the input embedding of every id, in one compiled program:
+  LEV evaluated at every id for `lev` (LEV.md "The map"), the table itself otherwise."""
+  if isinstance(embedding, LEVEmbedding):
+    return embedding.lev.table()
+  return embedding.table[...].astype(jnp.float32)
+
+
 def make_embedding(model_cfg: ml_collections.ConfigDict, lev_cfg: ml_collections.ConfigDict,
                    *, rngs: nnx.Rngs, dtype, param_dtype):
   """Builds the embedding named by `model_cfg.embedding`.

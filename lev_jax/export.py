@@ -46,18 +46,6 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_bool("overwrite", False, "Replace a non-empty OUTPUT.", flag_values=fv)
 
 
-def _is_url(path: str) -> bool:
-  return "://" in path
-
-
-def _real(path: str) -> str:
-  return os.path.realpath(os.path.expanduser(path))
-
-
-def _inside(child: str, parent: str) -> bool:
-  return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
-
-
 def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
   """Refuses an OUTPUT that would touch the source or lose files without --overwrite.
 
@@ -65,14 +53,9 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
     ValueError: OUTPUT is the checkpoint, inside it or holds it; OUTPUT is a file; OUTPUT
       is a non-empty folder and not `overwrite`.
   """
-  if not _is_url(checkpoint) and not _is_url(output):
-    src, out = _real(checkpoint), _real(output)
-    if _inside(out, src) or _inside(src, out):
-      raise ValueError(f"--output={output} is the checkpoint {checkpoint}, inside it or "
-                       "holds it; the source is never modified: choose a folder elsewhere")
-  elif checkpoint.rstrip("/") == output.rstrip("/"):
-    raise ValueError(f"--output={output} is the checkpoint being exported")
-  if _is_url(output):
+  from lev_jax.inference import check_not_source
+  check_not_source(checkpoint, output)
+  if "://" in output:
     from etils import epath
     path = epath.Path(output)
     nonempty = path.exists() and any(path.iterdir())

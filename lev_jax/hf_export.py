@@ -37,10 +37,10 @@ from pathlib import Path
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from lev_jax.config import DTYPES
-from lev_jax.embeddings import LEVEmbedding, TiedEmbedding, UntiedEmbedding
+from lev_jax.embeddings import (LEVEmbedding, TiedEmbedding, UntiedEmbedding,
+                                input_table)
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -113,18 +113,10 @@ def _blocks(model, n_layers: int) -> list[dict]:
   return [{k: np.asarray(v) for k, v in arrays(b).items()} for b in model.blocks]
 
 
-@nnx.jit
-def _lev_table_jit(lev):
-  return lev.table()
-
-
 def lev_table(model) -> np.ndarray:
   """float32 [V_padded, D]: the model's input embedding of every id (LEV's output for
-  a `lev` model, the table itself otherwise)."""
-  emb = model.embedding
-  if isinstance(emb, LEVEmbedding):
-    return np.asarray(_lev_table_jit(emb.lev), np.float32)
-  return np.asarray(emb.table[...], np.float32)
+  a `lev` model, the table itself otherwise; `embeddings.input_table`)."""
+  return np.asarray(input_table(model.embedding), np.float32)
 
 
 def hf_state_dict(model, config: ml_collections.ConfigDict, dtype: str = "float32") -> dict:

@@ -39,10 +39,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from lev_jax.checkpoint import SHAPE_FIELDS, _differences
+from lev_jax.checkpoint import SHAPE_FIELDS, _differences, error_line
 from lev_jax.config import DTYPES, ConfigError, base_config, validate
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer import load_tokenizer, save_tokenizer
+from lev_jax.embeddings import input_table
 from lev_jax.model import Decoder
 
 EXPORT_FORMAT = "lev_jax.inference/1"
@@ -156,12 +157,6 @@ def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict)
   return bundle.tokenizer, bundle.token_counts_V
 
 
-def _short(error: BaseException, limit: int = 160) -> str:
-  """The start of an error's first line: Orbax and tensorstore errors carry kilobytes."""
-  line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-  return line if len(line) <= limit else line[:limit] + "..."
-
-
 def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
   ckpt_dir = root / "checkpoints"
   if not ckpt_dir.exists():
@@ -196,7 +191,7 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
     others = [s for s in steps if s != step]
     hint = f"; other steps: {others} (--step)" if others else ""
     raise InferenceError(f"{where} cannot be read: it is incomplete or corrupt "
-                         f"({_short(e)}){hint}") from e
+                         f"({error_line(e)}){hint}") from e
   finally:
     manager.close()
   params = _cast(state["params"], dtype)
@@ -226,7 +221,7 @@ def _load_export(root: epath.Path, step: int | None, dtype, expect) -> Inference
     params = ocp.StandardCheckpointer().restore(root / "params", abstract)
   except Exception as e:  # tensorstore / Orbax errors of a damaged export are of any type
     raise InferenceError(f"{root / 'params'}: cannot restore the parameters: the export "
-                         f"is incomplete or corrupt ({_short(e)})") from e
+                         f"is incomplete or corrupt ({error_line(e)})") from e
   params = _cast(params, dtype)
   tokenizer, counts = _tokenizer_and_counts(root, config)
   return InferenceModel(nnx.merge(graphdef, params), config, tokenizer, info["step"], counts,
@@ -278,12 +273,31 @@ def lev_to_table(model: Decoder, config: ml_collections.ConfigDict):
   out.model.embedding = "untied"
   graphdef, abstract = _abstract(out)
   pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  lev_emb = model.embedding
   head = pure["embedding"]["head"]
-  pure["embedding"] = {"table": jax.jit(lambda: lev_emb.lev.table())().astype(head.dtype),
+  pure["embedding"] = {"table": input_table(model.embedding).astype(head.dtype),
                        "head": head}
   nnx.replace_by_pure_dict(abstract, pure)
   return nnx.merge(graphdef, abstract), out
+
+
+def check_not_source(source, out_dir) -> None:
+  """Refuses an export folder that is the source checkpoint, inside it or holds it:
+  writing (or, with overwrite, replacing) it would change the source.
+
+  Raises:
+    InferenceError: naming both folders. URLs are compared as strings (equality only).
+  """
+  src, out = os.fspath(source), os.fspath(out_dir)
+  if "://" in src or "://" in out:
+    overlap = src.rstrip("/") == out.rstrip("/")
+  else:
+    src, out = (os.path.realpath(os.path.expanduser(p)) for p in (src, out))
+    inside = lambda child, parent: child == parent or child.startswith(
+        parent.rstrip(os.sep) + os.sep)
+    overlap = inside(out, src) or inside(src, out)
+  if overlap:
+    raise InferenceError(f"{out_dir} is the checkpoint {source}, inside it or holds it; "
+                         "the source is never modified: choose a folder elsewhere")
 
 
 def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
@@ -304,14 +318,15 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
     materialized_lev, params (count), bytes (of the parameters), created (UTC).
   Raises:
     InferenceError: bad dtype, `out_dir` exists without `overwrite`, `out_dir` is the
-      source, or materialising a non-LEV model.
+      source, inside it or holds it (`check_not_source`), or materialising a non-LEV
+      model.
   """
   _check_dtype(dtype)
   out = _path(out_dir)
   if out.exists() and not overwrite:
     raise InferenceError(f"{out} exists; choose another output folder or overwrite")
-  if im.source and os.path.realpath(os.fspath(out)) == os.path.realpath(im.source):
-    raise InferenceError(f"{out} is the checkpoint being exported; choose another folder")
+  if im.source:
+    check_not_source(im.source, out_dir)
   model, config = im.model, ml_collections.ConfigDict(im.config.to_dict())
   embedding = config.model.embedding
   if materialize_lev:

@@ -109,3 +109,12 @@ def test_a_damaged_step_is_named_with_the_steps_that_remain(tmp_path):
                            r"other steps: \[1\]"):
     inference.load(tmp_path)
   assert inference.load(tmp_path, step=1).step == 1
+
+
+def test_save_never_writes_over_or_around_its_source(lev_workdir, tmp_path):
+  path, _ = lev_workdir
+  im = inference.load(path)
+  for out in (path, path / "export", path.parent):  # is, inside, holds the source
+    with pytest.raises(inference.InferenceError, match="inside it or holds it"):
+      inference.save(im, out, overwrite=True)
+  assert inference.load(path).step == 2
