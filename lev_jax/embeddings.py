@@ -19,6 +19,7 @@ from flax import nnx
 
 from lev_jax.config import ConfigError, padded_vocab_size
 from lev_jax.lev import LEV
+from lev_jax.sharding import constrain, take_rows
 
 PAD_LOGIT = -1e9
 
@@ -49,7 +50,7 @@ class TiedEmbedding(nnx.Module):
     self.table = nnx.Param(w, logical_axes=("vocab", "embed"))
 
   def embed(self, ids_BxL: jax.Array) -> jax.Array:
-    return jnp.take(self.table[...], ids_BxL, axis=0).astype(self.dtype)
+    return take_rows(self.table[...], ids_BxL, self.dtype)
 
   def unembed(self, x_BxLxD: jax.Array) -> jax.Array:
     logits = jnp.einsum("bld,vd->blv", x_BxLxD, self.table[...].astype(x_BxLxD.dtype))
@@ -66,7 +67,7 @@ class UntiedEmbedding(_Head):
     self._init_head(d_model, padded_vocab, std, rngs, param_dtype)
 
   def embed(self, ids_BxL: jax.Array) -> jax.Array:
-    return jnp.take(self.table[...], ids_BxL, axis=0).astype(self.dtype)
+    return take_rows(self.table[...], ids_BxL, self.dtype)
 
 
 class LEVEmbedding(_Head):
@@ -87,8 +88,14 @@ class LEVEmbedding(_Head):
     use_table = self.mode == "table" or (
         self.mode == "auto" and self.lev.vocab_size < ids_BxL.size)
     if use_table:
-      table_VxD = self.lev.table()
-      return jnp.take(table_VxD, ids_BxL, axis=0).astype(self.dtype)
+      # The table is computed with its rows spread over every device ("lev_rows"); it
+      # is all-gathered (V*D per device, in the compute dtype) and each device gathers
+      # its own ids locally. Table mode runs only where V < B*L, so this moves less than
+      # the B*L*D all-reduce over all devices that XLA picks for the gather on its own;
+      # resharding the rows to the vocab layout for take_rows is a full
+      # rematerialisation in XLA.
+      table_VxD = constrain(self.lev.table().astype(self.dtype), (None, None))
+      return jnp.take(table_VxD, ids_BxL, axis=0)
     return self.lev(ids_BxL).astype(self.dtype)
 
 
