@@ -17,6 +17,8 @@ SIGMOID_VARIANTS = ("half", "full")  # sigmoid(u / 2) [default] or sigmoid(u) (K
 BASIS_VARIANTS = ("normalized", "khronos")
 LEV_MODES = ("auto", "table", "tokens")
 DECAY_MASKS = ("matrices", "all", "none")
+CLIP_MODES = ("global", "per_group", "exclude_lev")  # lev_jax/optimizer.py make_clipping
+LEV_OUT_PROJ_INITS = ("paper", "match_table")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DATA_SOURCES = ("embedded", "jsonl", "jsonl_stream", "prepared")
 TOKENIZERS = ("sentencepiece", "o200k_base", "bytes")
@@ -67,6 +69,10 @@ def base_config() -> ml_collections.ConfigDict:
   lv.log_eps = 1e-6            # log(|phi| + log_eps) in the separable product
   lv.mode = "auto"             # table: LEV over all ids then gather; tokens: per token
   lv.chunk_size = 4096         # ids per rematerialised chunk
+  # W_out initialisation: "paper" = N(0, 0.02 / sqrt(h)) (LEV.md); "match_table" = the
+  # same draw rescaled so LEV's output RMS over a fixed sample of ids equals
+  # model.init_std, the tied table's per-row RMS at init (one of LEV_OUT_PROJ_INITS).
+  lv.out_proj_init = "paper"
 
   # Device mesh (lev_jax/sharding.py): ICI sizes within a slice / node, DCN sizes across
   # slices / nodes; -1 = all remaining devices (at most one -1 in ICI or DCN).
@@ -135,6 +141,14 @@ def base_config() -> ml_collections.ConfigDict:
   # LayerNorm scale/bias and KHRONOS basis scale are norms stored as [H, S] arrays.
   o.no_decay = ("ln_scale", "ln_bias", "basis_scale")
   o.clip_norm = 1.0
+  # Which gradient norms clip_norm applies to (one of CLIP_MODES; lev_jax/optimizer.py):
+  # "global" = one norm over all parameters; "per_group" = each parameter group (lev,
+  # embedding_table, head, backbone) by its own norm; "exclude_lev" = one norm over
+  # all but LEV, and LEV by its own norm.
+  o.clip_mode = "global"
+  # LEV's parameters train at lr * lev_lr_multiplier (schedule and weight decay as for
+  # the rest); 0 freezes LEV. 1.0 = one learning rate for the whole model.
+  o.lev_lr_multiplier = 1.0
 
   c.eval = e = ml_collections.ConfigDict()
   e.batches = 8                # fixed validation batches
@@ -214,6 +228,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _one_of(c, "lev", "sigmoid", SIGMOID_VARIANTS)
     _one_of(c, "lev", "basis", BASIS_VARIANTS)
     _one_of(c, "lev", "mode", LEV_MODES)
+    _one_of(c, "lev", "out_proj_init", LEV_OUT_PROJ_INITS)
     _positive(c, "lev", ["n_coords", "d_seed", "n_heads", "rank", "chunk_size",
                          "ln_eps", "log_eps"])
     if lv.n_knots < 3:
@@ -228,6 +243,11 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
           "cannot address every token id")
   _one_of(c, "optim", "decay_mask", DECAY_MASKS)
   _positive(c, "optim", ["lr", "b1", "b2", "eps", "clip_norm"])
+  _one_of(c, "optim", "clip_mode", CLIP_MODES)
+  lev_mult = c.optim.lev_lr_multiplier
+  if (isinstance(lev_mult, bool) or not isinstance(lev_mult, (int, float))
+      or not 0 <= lev_mult < math.inf):
+    _fail("optim.lev_lr_multiplier", lev_mult, "a finite number >= 0 (0 freezes LEV)")
   if not 0 <= c.optim.min_lr_ratio <= 1:
     _fail("optim.min_lr_ratio", c.optim.min_lr_ratio, "a number in [0, 1]")
   if c.optim.warmup_steps < 0 or c.optim.warmup_steps >= t.steps:

@@ -81,7 +81,8 @@ class LEVEmbedding(_Head):
   def __init__(self, vocab_size, padded_vocab, d_model, lev_cfg, *, std, dtype, rngs,
                param_dtype):
     self.vocab_size, self.dtype, self.mode = vocab_size, dtype, lev_cfg.mode
-    self.lev = LEV(padded_vocab, d_model, lev_cfg, rngs=rngs, param_dtype=param_dtype)
+    self.lev = LEV(padded_vocab, d_model, lev_cfg, rngs=rngs, param_dtype=param_dtype,
+                   init_std=std)
     self._init_head(d_model, padded_vocab, std, rngs, param_dtype)
 
   def embed(self, ids_BxL: jax.Array) -> jax.Array:

@@ -146,12 +146,18 @@ class LEV(nnx.Module):
   Parameters carry `logical_axes` metadata (names starting with `lev_` for LEV's own
   dimensions, `embed` for D) for the sharding rules.
 
+  `cfg.out_proj_init` = "paper": W_out_l ~ N(0, 0.02 / sqrt(h)) (LEV.md); "match_table":
+  the same draw times one factor, init_std / rms(E) with rms(E) the RMS of LEV's output
+  over a fixed, evenly spaced sample of min(vocab_size, 256) ids, so LEV's output rows
+  start at the scale of a tied table's rows (entries N(0, init_std)). E is linear in
+  W_out, so the rescaled sample RMS is init_std; no random draw is added.
+
   Raises:
     ConfigError: if base**n_coords < vocab_size.
   """
 
   def __init__(self, vocab_size: int, d_model: int, cfg: ml_collections.ConfigDict, *,
-               rngs: nnx.Rngs, param_dtype=jnp.float32):
+               rngs: nnx.Rngs, param_dtype=jnp.float32, init_std: float = 0.02):
     cfg = ml_collections.FrozenConfigDict(cfg)
     self.cfg = cfg
     self.vocab_size = vocab_size
@@ -178,6 +184,11 @@ class LEV(nnx.Module):
     if cfg.basis == "khronos":
       self.basis_scale = nnx.Param(jnp.full((h,), j - 1.0, param_dtype),
                                    logical_axes=("lev_heads",))
+    if cfg.out_proj_init == "match_table":
+      sample_N = jnp.linspace(0, vocab_size - 1, min(vocab_size, 256)).astype(jnp.int32)
+      rms = jnp.sqrt(jnp.mean(jnp.square(self(sample_N))))
+      self.out_proj.set_value(self.out_proj[...] * (init_std / jnp.maximum(rms, 1e-30)
+                                                    ).astype(param_dtype))
 
   def param_dict(self) -> dict:
     names = ["codebooks", "seed_proj", "ln_scale", "ln_bias", "spline_delta", "out_proj"]

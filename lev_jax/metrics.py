@@ -2,6 +2,9 @@
 
 Metric names are namespaced and carry their units, as in MaxText:
   train/loss, train/perplexity, train/grad_norm, train/lr, train/tokens_seen,
+  train/grad_norm/<group> (gradient norm before clipping) and train/update_ratio/<group>
+  (rms(update) / rms(param)) for each parameter group the model has (lev,
+  embedding_table, head, backbone: lev_jax.optimizer.param_group),
   perf/tokens_per_s, perf/step_time_s, eval/loss, eval/perplexity,
   eval/perplexity_bucket_<lo>-<hi> (e.g. eval/perplexity_bucket_10-100).
 Only process 0 writes (jax.process_index() == 0). TensorBoard events via tensorboardX

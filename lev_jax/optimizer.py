@@ -1,14 +1,135 @@
-"""AdamW with global-norm clipping and a warm-up + cosine schedule (optax).
+"""AdamW with gradient clipping and a warm-up + cosine schedule (optax), and the
+parameter groups used by the per-group diagnostics and LEV's optimiser options.
+
+Parameter groups (`param_group`), one name per parameter path:
+  lev              LEV's parameters (`embedding/lev/...`: codebooks, seed_proj, LayerNorm,
+                   spline_delta, out_proj, basis_scale)
+  embedding_table  the input table (`embedding/table`); for `tied` it is also the output
+                   head (one array), so tied models have no `head` group
+  head             the untied output head (`embedding/head`; `untied` and `lev`)
+  backbone         everything else (decoder blocks, final norm)
+
+Options (config.optim): `clip_mode` = "global" (one norm over all parameters),
+"per_group" (each group clipped by its own norm) or "exclude_lev" (one norm over all
+but LEV; LEV by its own norm), each clipping to `clip_norm`; `lev_lr_multiplier` scales
+LEV's AdamW update (learning rate * multiplier, schedule and decoupled decay included).
+Both are built so that the optimizer state has the same structure for every option
+value (`(EmptyState(), adamw state)`, as with plain global clipping), so checkpoints
+restore across option changes; optax.multi_transform would instead nest one inner
+state per label.
 
 Source: optax docs (`optax.adamw`, `optax.clip_by_global_norm`,
-`optax.warmup_cosine_decay_schedule`); Loshchilov & Hutter 2019 for decoupled decay.
+`optax.warmup_cosine_decay_schedule`, `optax.GradientTransformation`); Loshchilov &
+Hutter 2019 for decoupled decay.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
+
+GROUPS = ("lev", "embedding_table", "head", "backbone")
+
+
+def param_group(path) -> str:
+  """The group (one of GROUPS) of a parameter.
+
+  Args:
+    path: a "/"-joined path as `jax.tree_util.keystr(keypath, simple=True,
+      separator="/")` writes it (e.g. "embedding/lev/codebooks/value"), or a key path
+      from `jax.tree_util.tree_flatten_with_path` over the model's nnx.State.
+  Returns:
+    "lev", "embedding_table", "head" or "backbone" (see the module docstring).
+  """
+  if not isinstance(path, str):
+    path = jax.tree_util.keystr(tuple(path), simple=True, separator="/")
+  names = path.split("/")
+  if names[0] == "embedding" and len(names) > 1:
+    return {"lev": "lev", "table": "embedding_table", "head": "head"}.get(names[1], "backbone")
+  return "backbone"
+
+
+def _group_sq_sums(tree, key: Callable[[str], str] = lambda g: g) -> dict:
+  """{key(group): float32 [] sum of squares of the group's leaves}, groups in tree order."""
+  sums = {}
+  for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    k = key(param_group(path))
+    sums[k] = sums.get(k, 0.0) + jnp.sum(jnp.square(x.astype(jnp.float32)))
+  return sums
+
+
+def group_diagnostics(grads, updates, params) -> dict:
+  """Per-group gradient norm and update / parameter RMS ratio, as float32 scalars.
+
+  Args:
+    grads: the gradient pytree (like `params`), after accumulation and normalisation,
+      before clipping.
+    updates: the optimizer's updates (added to `params` by optax.apply_updates).
+    params: the parameters the updates apply to (before the step).
+  Returns:
+    {"grad_norm/<group>": ||grads_g||_2, "update_ratio/<group>": rms(updates_g) /
+    rms(params_g)} for each group present in `params` (no `lev` entry for a tied
+    model). rms over a group = sqrt(sum of squares / number of elements), so the ratio
+    is ||updates_g|| / ||params_g|| (dimensionless: the relative change of the step).
+    The group norms sum in quadrature to the global gradient norm.
+  """
+  g2, u2, p2 = _group_sq_sums(grads), _group_sq_sums(updates), _group_sq_sums(params)
+  out = {}
+  for g in g2:
+    out[f"grad_norm/{g}"] = jnp.sqrt(g2[g])
+    out[f"update_ratio/{g}"] = jnp.sqrt(u2[g] / jnp.maximum(p2[g], 1e-30))
+  return out
+
+
+def clip_by_group_norm(max_norm: float, clip_set: Callable[[str], str]
+                       ) -> optax.GradientTransformation:
+  """Clips each set of parameter groups by its own global norm (stateless).
+
+  The leaves of every clip set s (those with clip_set(param_group(path)) == s) are
+  rescaled by max_norm / ||g_s|| when ||g_s|| >= max_norm, as optax.clip_by_global_norm
+  does for the whole tree; other sets are untouched.
+
+  Args:
+    max_norm: the threshold (config.optim.clip_norm), > 0.
+    clip_set: maps a group name to the name of its clip set.
+  Returns:
+    An optax.GradientTransformation with optax.EmptyState (as clip_by_global_norm).
+  """
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    del params
+    norms = {s: jnp.sqrt(v) for s, v in _group_sq_sums(updates, clip_set).items()}
+
+    def clip(path, g):
+      n = norms[clip_set(param_group(path))].astype(g.dtype)
+      return jnp.where(n < max_norm, g, (g / n) * max_norm)
+    return jax.tree_util.tree_map_with_path(clip, updates), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def scale_group_updates(inner: optax.GradientTransformation, multipliers: dict
+                        ) -> optax.GradientTransformation:
+  """`inner` with the updates of group g multiplied by multipliers.get(g, 1.0).
+
+  For inner = optax.adamw(lr, ..., weight_decay), whose update is -lr * (adam direction
+  + weight_decay * param), this equals adamw with learning rate lr * multiplier on that
+  group (schedule and decoupled decay included), without a second optimizer state: the
+  state is inner's own, unchanged in structure.
+  """
+  def update_fn(updates, state, params=None):
+    updates, state = inner.update(updates, state, params)
+    scale = lambda path, u: u * multipliers.get(param_group(path), 1.0)
+    return jax.tree_util.tree_map_with_path(scale, updates), state
+
+  return optax.GradientTransformation(inner.init, update_fn)
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -39,11 +160,36 @@ def decay_mask(params, optim: ml_collections.ConfigDict):
   return jax.tree_util.tree_map_with_path(decide, params)
 
 
+def make_clipping(optim: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """The clipping of `optim.clip_mode` at `optim.clip_norm` (stateless).
+
+  "global": optax.clip_by_global_norm over all parameters (one norm).
+  "per_group": each group of `param_group` clipped by its own norm.
+  "exclude_lev": one norm over every group but `lev`; `lev` clipped by its own norm.
+
+  Raises:
+    ValueError: unknown clip_mode (config.validate names the field first).
+  """
+  mode = optim.clip_mode
+  if mode == "global":
+    return optax.clip_by_global_norm(optim.clip_norm)
+  if mode == "per_group":
+    return clip_by_group_norm(optim.clip_norm, lambda g: g)
+  if mode == "exclude_lev":
+    return clip_by_group_norm(optim.clip_norm, lambda g: "lev" if g == "lev" else "rest")
+  raise ValueError(f"config.optim.clip_mode = {mode!r}: expected 'global', 'per_group' "
+                   "or 'exclude_lev'")
+
+
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """clip_by_global_norm(clip_norm) -> adamw(schedule, b1, b2, eps, weight_decay, mask)."""
+  """clipping(clip_mode, clip_norm) -> adamw(schedule, b1, b2, eps, weight_decay, mask),
+  with LEV's updates scaled by optim.lev_lr_multiplier when it is not 1.
+
+  The state is `(EmptyState(), adamw state)` for every option value.
+  """
   o = config.optim
-  return optax.chain(
-      optax.clip_by_global_norm(o.clip_norm),
-      optax.adamw(learning_rate_schedule(config), b1=o.b1, b2=o.b2, eps=o.eps,
-                  weight_decay=o.weight_decay, mask=lambda p: decay_mask(p, o)),
-  )
+  adam = optax.adamw(learning_rate_schedule(config), b1=o.b1, b2=o.b2, eps=o.eps,
+                     weight_decay=o.weight_decay, mask=lambda p: decay_mask(p, o))
+  if o.lev_lr_multiplier != 1.0:
+    adam = scale_group_updates(adam, {"lev": float(o.lev_lr_multiplier)})
+  return optax.chain(make_clipping(o), adam)

@@ -17,17 +17,16 @@ from ml_collections import config_flags
 from lev_jax import cli, experiments_dir
 from lev_jax.config import ConfigError, padded_vocab_size, validate
 from lev_jax.lev import lev_param_count
+from lev_jax.optimizer import param_group
 
 PARTS = ("embedding", "lev", "backbone", "head")
 
 
 def _part(name: str) -> str:
-  names = name.split("/")
-  if names[0] != "embedding":
-    return "backbone"
-  if names[1] == "lev":
-    return "lev"
-  return "head" if names[1] == "head" else "embedding"
+  """The PARTS name of a parameter path: optimizer.param_group's, with the input table
+  ("embedding_table") reported as "embedding"."""
+  group = param_group(name)
+  return "embedding" if group == "embedding_table" else group
 
 
 def count_params(config: ml_collections.ConfigDict) -> dict:

@@ -12,7 +12,8 @@ plus "positions" and "segment_ids" int32 [B, L] when data.segment_masking is on.
 `Partitioned` (T5X's "partitioner" idea) holds the mesh, the rules and the shardings of
 the state and batches; the state is created directly sharded (jit with out_shardings:
 no full copy on one device), and the steps are jitted with explicit in/out shardings.
-Optimizer state is sharded like the parameters (optax.tree_map_params).
+Optimizer state is sharded like the parameters (optax.tree_map_params); its structure
+does not depend on config.optim.clip_mode or lev_lr_multiplier (lev_jax/optimizer.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from lev_jax import sharding
 from lev_jax.model import Decoder
-from lev_jax.optimizer import learning_rate_schedule, make_optimizer
+from lev_jax.optimizer import group_diagnostics, learning_rate_schedule, make_optimizer
 
 
 def create_model(config: ml_collections.ConfigDict, seed: int | None = None) -> Decoder:
@@ -131,7 +132,11 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
   gradients of the summed token loss are accumulated in float32 and divided by the
   total number of real target tokens, so accumulation is exact (same update as one big
   batch). Metrics (float32 scalars, replicated): loss (mean nll per real target),
-  grad_norm (before clipping), lr, tokens (real targets in this step).
+  grad_norm (before clipping), lr, tokens (real targets in this step), and per
+  parameter group present in the model (optimizer.param_group: lev, embedding_table,
+  head, backbone) grad_norm/<group> (before clipping) and update_ratio/<group>
+  (rms(update) / rms(param) over the group; optimizer.group_diagnostics). They are
+  computed in the step, so fetching them costs no extra host sync.
   """
   tx = make_optimizer(config)
   schedule = learning_rate_schedule(config)
@@ -160,7 +165,8 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
     new_state = dict(state, params=optax.apply_updates(params, updates),
                      opt_state=opt_state, step=state["step"] + 1)
     metrics = {"loss": loss_sum / denom, "grad_norm": optax.tree.norm(grads),
-               "lr": schedule(state["step"]), "tokens": n_tokens}
+               "lr": schedule(state["step"]), "tokens": n_tokens,
+               **group_diagnostics(grads, updates, params)}
     return new_state, metrics
 
   batch_sh = part.batch_sharding  # one sharding for every [B, L] leaf of the batch

@@ -184,6 +184,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
                    tokens_per_step, step_time, n_devices),
                "perf/model_tflops_per_s_per_device":
                    flops_per_step / step_time / n_devices / 1e12}
+    # Per parameter group (lev_jax.optimizer.param_group): train/grad_norm/<group>,
+    # train/update_ratio/<group>; only the groups the model has.
+    scalars.update({f"train/{k}": v for k, v in m.items()
+                    if k.startswith(("grad_norm/", "update_ratio/"))})
     utilisation = mfu(flops_per_step, step_time, n_devices, device_kind)
     if utilisation is not None:  # unknown device (e.g. CPU): omitted, not faked
       scalars["perf/mfu"] = utilisation

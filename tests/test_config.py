@@ -22,6 +22,13 @@ def test_base_config_is_valid():
     ("train.grad_accum_steps", 3, r"a divisor of train.global_batch_size = 4"),
     ("optim.warmup_steps", 10, r"config.optim.warmup_steps = 10: expected in \[0, train.steps = 10\)"),
     ("optim.decay_mask", "some", r"config.optim.decay_mask = 'some'"),
+    ("optim.clip_mode", "layer", r"config.optim.clip_mode = 'layer': expected one of "
+     r"'global', 'per_group', 'exclude_lev'"),
+    ("optim.lev_lr_multiplier", -0.5, r"config.optim.lev_lr_multiplier = -0.5: expected a "
+     r"finite number >= 0"),
+    ("optim.lev_lr_multiplier", float("inf"), r"config.optim.lev_lr_multiplier = inf"),
+    ("lev.out_proj_init", "xavier", r"config.lev.out_proj_init = 'xavier': expected one of "
+     r"'paper', 'match_table'"),
     ("data.source", "hub", r"config.data.source = 'hub'"),
     ("data.tokenizer", "gpt2", r"config.data.tokenizer = 'gpt2'"),
     ("data.validation_fraction", 1.5, r"config.data.validation_fraction = 1.5"),

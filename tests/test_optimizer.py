@@ -1,14 +1,18 @@
-"""Schedule shape, decay mask, clipping."""
+"""Schedule shape, decay mask, clipping modes, parameter groups and their diagnostics,
+LEV's learning-rate multiplier and output-projection init."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from conftest import tiny_config
-from lev_jax.optimizer import decay_mask, learning_rate_schedule, make_optimizer
-from lev_jax.train import create_model
+from lev_jax.lev import LEV
+from lev_jax.optimizer import (decay_mask, group_diagnostics, learning_rate_schedule,
+                               make_clipping, make_optimizer, param_group)
+from lev_jax.train import abstract_model, create_model, partition
 
 
 def test_warmup_then_cosine_to_the_floor():
@@ -71,3 +75,147 @@ def test_global_norm_clipping_rescales_gradients_before_adam():
   unclipped = run(1e12, [g1, g2])
   np.testing.assert_allclose(clipped, by_hand, rtol=1e-6)
   assert np.abs(clipped - unclipped).max() > 1e-6
+
+
+# --- parameter groups, per-group diagnostics and LEV's optimiser options -------------
+
+def _toy_params():
+  """A params tree with one leaf per group, named like the model's paths."""
+  k = iter(jax.random.split(jax.random.key(0), 8))
+  return {"embedding": {"lev": {"codebooks": jax.random.normal(next(k), (3, 4)),
+                                "ln_scale": jnp.ones((4,))},
+                        "head": jax.random.normal(next(k), (4, 6))},
+          "blocks": {"0": {"wq": jax.random.normal(next(k), (4, 4))}},
+          "final_norm": {"scale": jnp.ones((4,))}}
+
+
+def _groups(tree):
+  """{group: float32 [n] all of the group's values, flattened}."""
+  parts = {}
+  for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    parts.setdefault(param_group(p), []).append(np.ravel(x))
+  return {g: np.concatenate(v) for g, v in parts.items()}
+
+
+def _options(clip_mode="global", lev_lr_multiplier=1.0, clip_norm=1.0):
+  c = tiny_config()
+  c.optim.update(clip_mode=clip_mode, lev_lr_multiplier=lev_lr_multiplier,
+                 clip_norm=clip_norm, warmup_steps=0)
+  return c
+
+
+def _first_update(config, grads):
+  """The first update of make_optimizer(config) on _toy_params(), in one jitted program."""
+  tx = make_optimizer(config)
+  params = _toy_params()
+  return jax.jit(lambda g: tx.update(g, tx.init(params), params)[0])(grads)
+
+
+@pytest.mark.parametrize("embedding,groups", [
+    ("tied", {"embedding_table", "backbone"}),
+    ("untied", {"embedding_table", "head", "backbone"}),
+    ("lev", {"lev", "head", "backbone"})])
+def test_param_group_of_every_model_parameter(embedding, groups):
+  params = nnx.state(abstract_model(tiny_config(embedding)), nnx.Param)
+  by_path = {jax.tree_util.keystr(p, simple=True, separator="/"): param_group(p)
+             for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+  assert set(by_path.values()) == groups
+  assert by_path["blocks/0/attn/wq/value"] == by_path["final_norm/scale/value"] == "backbone"
+  if embedding == "lev":
+    assert {g for p, g in by_path.items() if p.startswith("embedding/lev/")} == {"lev"}
+    assert param_group("embedding/lev/out_proj/value") == "lev"
+  assert param_group("embedding/table/value") == "embedding_table"
+  # The train step logs exactly the groups the model has (no `lev` for tied).
+  keys = jax.eval_shape(group_diagnostics, params, params, params).keys()
+  assert set(keys) == {f"{m}/{g}" for m in ("grad_norm", "update_ratio") for g in groups}
+
+
+def test_group_norms_sum_in_quadrature_and_update_ratio_is_the_rms_ratio():
+  params, grads = _toy_params(), jax.tree.map(lambda x: 3.0 * x + 0.1, _toy_params())
+  updates = jax.tree.map(lambda x: -0.01 * x, params)
+  d = jax.jit(group_diagnostics)(grads, updates, params)
+  total = sum(float(d[f"grad_norm/{g}"]) ** 2 for g in ("lev", "head", "backbone"))
+  assert np.sqrt(total) == pytest.approx(float(optax.tree.norm(grads)), rel=1e-6)
+  lev = np.concatenate([np.ravel(grads["embedding"]["lev"][n]) for n in ("codebooks", "ln_scale")])
+  assert float(d["grad_norm/lev"]) == pytest.approx(np.linalg.norm(lev), rel=1e-6)
+  for g in ("lev", "head", "backbone"):  # updates = -0.01 * params in every group
+    assert float(d[f"update_ratio/{g}"]) == pytest.approx(0.01, rel=1e-5)
+
+
+def test_lev_lr_multiplier_moves_only_lev():
+  grads = jax.tree.map(lambda x: 0.01 * jnp.ones_like(x), _toy_params())
+  base = _groups(_first_update(_options(), grads))
+  frozen = _groups(_first_update(_options(lev_lr_multiplier=0.0), grads))
+  double = _groups(_first_update(_options(lev_lr_multiplier=2.0), grads))
+  assert float(np.abs(base["lev"]).max()) > 0
+  assert float(np.abs(frozen["lev"]).max()) == 0.0  # multiplier 0: LEV stays put
+  np.testing.assert_allclose(double["lev"], 2.0 * base["lev"], rtol=1e-6)
+  for g in ("head", "backbone"):
+    np.testing.assert_array_equal(frozen[g], base[g])
+    np.testing.assert_array_equal(double[g], base[g])
+
+
+def test_per_group_clipping_clips_only_the_group_over_its_threshold():
+  grads = jax.tree.map(jnp.zeros_like, _toy_params())
+  grads["embedding"]["lev"]["codebooks"] = jnp.full((3, 4), 10.0)   # norm ~34.6
+  grads["blocks"]["0"]["wq"] = jnp.full((4, 4), 0.1)                # norm 0.4
+  grads["embedding"]["head"] = jnp.full((4, 6), 0.1)                # norm ~0.49
+  clip = lambda mode: jax.jit(lambda g: make_clipping(_options(mode).optim).update(g, None)[0])
+  clipped = _groups(clip("per_group")(grads))
+  assert float(np.linalg.norm(clipped["lev"])) == pytest.approx(1.0, rel=1e-6)
+  np.testing.assert_array_equal(clipped["backbone"], _groups(grads)["backbone"])
+  np.testing.assert_array_equal(clipped["head"], _groups(grads)["head"])
+  # Global clipping (today's default) shrinks every group by the same factor instead.
+  clipped = _groups(clip("global")(grads))
+  assert float(clipped["backbone"].max()) < 0.01
+
+
+def test_exclude_lev_keeps_a_huge_lev_gradient_out_of_the_other_groups_clipping():
+  def grads(lev_scale):
+    g = jax.tree.map(lambda x: 0.05 * jnp.ones_like(x), _toy_params())
+    g["embedding"]["lev"]["codebooks"] = lev_scale * jnp.ones((3, 4))
+    return g
+
+  def backbone_update(mode, lev_scale):
+    return _groups(_first_update(_options(mode, clip_norm=0.1), grads(lev_scale)))["backbone"]
+  np.testing.assert_array_equal(backbone_update("exclude_lev", 1e6),
+                                backbone_update("exclude_lev", 1e-3))
+  assert np.abs(backbone_update("global", 1e6) - backbone_update("global", 1e-3)).max() > 1e-4
+
+
+def test_opt_state_structure_is_the_same_for_every_option():
+  """(EmptyState, adamw state) whatever clip_mode / lev_lr_multiplier: checkpoints written
+  under one option restore under another, and partition() shards it (tree_map_params)."""
+  default = jax.eval_shape(make_optimizer(_options()).init, _toy_params())
+  for mode in ("global", "per_group", "exclude_lev"):
+    for mult in (1.0, 0.0, 3.0):
+      tx = make_optimizer(_options(mode, mult))
+      state = jax.eval_shape(tx.init, _toy_params())
+      assert jax.tree.structure(state) == jax.tree.structure(default), (mode, mult)
+  c = tiny_config("lev")
+  c.optim.update(clip_mode="exclude_lev", lev_lr_multiplier=2.0)
+  shardings = partition(c).state_sharding["opt_state"]
+  default_shardings = partition(tiny_config("lev")).state_sharding["opt_state"]
+  assert jax.tree.structure(shardings) == jax.tree.structure(default_shardings)
+
+
+def test_match_table_init_scales_lev_output_to_the_table_std():
+  sample = jnp.linspace(0, 383, 256).astype(jnp.int32)
+
+  @nnx.jit  # one compiled program: fast on CPU
+  def build():
+    paper = LEV(384, 32, tiny_config().lev, rngs=nnx.Rngs(0), init_std=0.05)
+    matched = LEV(384, 32, tiny_config(out_proj_init="match_table").lev, rngs=nnx.Rngs(0),
+                  init_std=0.05)
+    rms = [jnp.sqrt(jnp.mean(lev(sample) ** 2)) for lev in (paper, matched)]
+    return paper, matched, rms
+
+  paper, matched, (paper_rms, matched_rms) = build()
+  assert float(matched_rms) == pytest.approx(0.05, rel=1e-4)
+  assert float(paper_rms) != pytest.approx(0.05, rel=0.05)
+  p, m = paper.param_dict(), matched.param_dict()
+  for name in p:  # only out_proj changes, by one factor
+    if name != "out_proj":
+      np.testing.assert_array_equal(p[name], m[name])
+  ratio = np.asarray(m["out_proj"] / p["out_proj"])
+  np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-5)

@@ -49,6 +49,13 @@ def test_a_few_steps_lower_the_loss_and_write_every_output(embedding, data_cache
               "perf/tokens_per_s", "perf/step_time_s"):
     assert key in rows[-1]
   assert rows[-1]["train/tokens_seen"] == 12 * 8 * 32
+  groups = {"tied": ("embedding_table", "backbone"), "lev": ("lev", "head", "backbone")}
+  logged = {k for k in rows[-1] if k.startswith(("train/grad_norm/", "train/update_ratio/"))}
+  assert logged == {f"train/{m}/{g}" for m in ("grad_norm", "update_ratio")
+                    for g in groups[embedding]}, logged
+  assert sum(rows[-1][f"train/grad_norm/{g}"] ** 2 for g in groups[embedding]) == pytest.approx(
+      rows[-1]["train/grad_norm"] ** 2, rel=1e-4)
+  assert all(0 < rows[-1][f"train/update_ratio/{g}"] < 1 for g in groups[embedding])
   saved = json.loads((tmp_path / "eval.json").read_text())
   assert saved["step"] == 12 and saved["loss"] == pytest.approx(result["loss"])
   assert np.isfinite(saved["perplexity"]) and saved["bucket_edges"] == [1, 10, 100, 1000, 10000]
@@ -170,6 +177,9 @@ def test_gradient_accumulation_matches_one_big_batch():
   (s1, m1), (s4, m4) = results
   assert float(m1["loss"]) == pytest.approx(float(m4["loss"]), rel=1e-6)
   assert float(m1["grad_norm"]) == pytest.approx(float(m4["grad_norm"]), rel=1e-5)
+  for group in ("lev", "head", "backbone"):  # per-group norms: after accumulation too
+    assert float(m1[f"grad_norm/{group}"]) == pytest.approx(float(m4[f"grad_norm/{group}"]),
+                                                           rel=1e-5)
   for a, b in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s4["params"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
