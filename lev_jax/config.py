@@ -15,7 +15,8 @@ EMBEDDINGS = ("tied", "untied", "lev")
 DTYPES = ("float32", "bfloat16", "float16")
 SIGMOID_VARIANTS = ("half", "full")  # sigmoid(u / 2) [default] or sigmoid(u) (KHRONOS)
 BASIS_VARIANTS = ("normalized", "khronos")
-LEV_MODES = ("auto", "table", "tokens")
+LEV_MODES = ("auto", "table", "tokens", "unique")
+LEV_IMPLS = ("fused", "reference", "pallas")
 DECAY_MASKS = ("matrices", "all", "none")
 CLIP_MODES = ("global", "per_group", "exclude_lev")  # lev_jax/optimizer.py make_clipping
 LEV_OUT_PROJ_INITS = ("paper", "match_table")
@@ -67,8 +68,21 @@ def base_config() -> ml_collections.ConfigDict:
   lv.basis = "normalized"      # one of BASIS_VARIANTS
   lv.ln_eps = 1e-5
   lv.log_eps = 1e-6            # log(|phi| + log_eps) in the separable product
-  lv.mode = "auto"             # table: LEV over all ids then gather; tokens: per token
-  lv.chunk_size = 4096         # ids per rematerialised chunk
+  # Rows LEV is evaluated on per micro-batch (lev_jax/embeddings.py): table = every id
+  # of the padded vocab, then a gather; tokens = one row per token; unique = the
+  # distinct ids of the micro-batch (at most lev.unique_size; more falls back exactly
+  # to the cheaper of table / tokens), then a gather; auto = the fewest rows of the three
+  # (unique only when lev.unique_size is set).
+  lv.mode = "auto"
+  # Static bound on distinct ids per micro-batch for `unique` (and `auto`); 0 = unset:
+  # `unique` then uses half of min(padded vocab, micro-batch tokens), `auto` ignores it.
+  lv.unique_size = 0
+  # fused: custom-VJP XLA core over the <= 3 nonzero knots (default, fastest exact path
+  # on CPU); reference: the dense einsum over every knot, as LEV.md writes it; pallas:
+  # the Pallas kernel (lev_jax/lev_pallas.py) for GPU / TPU (interpreted on CPU).
+  lv.impl = "fused"
+  lv.log_group = 4             # seed coordinates multiplied directly per log (fused, pallas)
+  lv.chunk_size = 4096         # ids per chunk (one loop step of LEV over the rows)
   # W_out initialisation: "paper" = N(0, 0.02 / sqrt(h)) (LEV.md); "match_table" = the
   # same draw rescaled so LEV's output RMS over a fixed sample of ids equals
   # model.init_std, the tied table's per-row RMS at init (one of LEV_OUT_PROJ_INITS).
@@ -229,8 +243,17 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _one_of(c, "lev", "basis", BASIS_VARIANTS)
     _one_of(c, "lev", "mode", LEV_MODES)
     _one_of(c, "lev", "out_proj_init", LEV_OUT_PROJ_INITS)
+    _one_of(c, "lev", "impl", LEV_IMPLS)
     _positive(c, "lev", ["n_coords", "d_seed", "n_heads", "rank", "chunk_size",
-                         "ln_eps", "log_eps"])
+                         "ln_eps", "log_eps", "log_group"])
+    if not lv.log_eps >= 1.2e-38 or lv.log_eps == math.inf:
+      _fail("lev.log_eps", lv.log_eps, "a finite number >= 1.2e-38 (float32's smallest "
+            "normal: the fused product splits factors into mantissa and exponent)")
+    if lv.log_group > 64 or lv.d_seed % lv.log_group:
+      _fail("lev.log_group", lv.log_group, f"a divisor of lev.d_seed = {lv.d_seed}, at "
+            "most 64")
+    if not isinstance(lv.unique_size, int) or lv.unique_size < 0:
+      _fail("lev.unique_size", lv.unique_size, "an integer >= 0 (0 = automatic)")
     if lv.n_knots < 3:
       _fail("lev.n_knots", lv.n_knots, "at least 3 (quadratic B-splines)")
     vocab = padded_vocab_size(m.vocab_size, m.vocab_multiple)

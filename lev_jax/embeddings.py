@@ -18,7 +18,7 @@ import ml_collections
 from flax import nnx
 
 from lev_jax.config import ConfigError, padded_vocab_size
-from lev_jax.lev import LEV
+from lev_jax.lev import LEV, evaluation_plan
 from lev_jax.sharding import constrain, take_rows
 
 PAD_LOGIT = -1e9
@@ -73,31 +73,62 @@ class UntiedEmbedding(_Head):
 class LEVEmbedding(_Head):
   """LEV input embedding + untied D x V head: the Leviathan model.
 
-  `lev_mode`: `table` evaluates LEV once at every id of the padded vocab and gathers
-  (cost ~V rows per step); `tokens` evaluates LEV per token (cost B*L rows); `auto`
-  picks the cheaper at trace time.
+  `lev.mode` decides the rows LEV is evaluated on per micro-batch
+  (`lev.evaluation_plan`, shared with the FLOP model): `table` (every id, then a
+  gather), `tokens` (one row per token), `unique` (the distinct ids of the micro-batch
+  under a static bound, then a gather) or `auto` (the fewest rows).
   """
 
   def __init__(self, vocab_size, padded_vocab, d_model, lev_cfg, *, std, dtype, rngs,
                param_dtype):
     self.vocab_size, self.dtype, self.mode = vocab_size, dtype, lev_cfg.mode
+    self.unique_size = lev_cfg.unique_size
     self.lev = LEV(padded_vocab, d_model, lev_cfg, rngs=rngs, param_dtype=param_dtype,
                    init_std=std)
     self._init_head(d_model, padded_vocab, std, rngs, param_dtype)
 
-  def embed(self, ids_BxL: jax.Array) -> jax.Array:
-    use_table = self.mode == "table" or (
-        self.mode == "auto" and self.lev.vocab_size < ids_BxL.size)
-    if use_table:
-      # The table is computed with its rows spread over every device ("lev_rows"); it
-      # is all-gathered (V*D per device, in the compute dtype) and each device gathers
-      # its own ids locally. Table mode runs only where V < B*L, so this moves less than
-      # the B*L*D all-reduce over all devices that XLA picks for the gather on its own;
-      # resharding the rows to the vocab layout for take_rows is a full
-      # rematerialisation in XLA.
-      table_VxD = constrain(self.lev.table().astype(self.dtype), (None, None))
-      return jnp.take(table_VxD, ids_BxL, axis=0)
+  def _embed_table(self, ids_BxL: jax.Array) -> jax.Array:
+    # The table is computed with its rows spread over every device ("lev_rows"); it
+    # is all-gathered (V*D per device, in the compute dtype) and each device gathers
+    # its own ids locally. Table mode runs only where V < B*L, so this moves less than
+    # the B*L*D all-reduce over all devices that XLA picks for the gather on its own;
+    # resharding the rows to the vocab layout for take_rows is a full
+    # rematerialisation in XLA.
+    table_VxD = constrain(self.lev.table().astype(self.dtype), (None, None))
+    return jnp.take(table_VxD, ids_BxL, axis=0)
+
+  def _embed_tokens(self, ids_BxL: jax.Array) -> jax.Array:
     return self.lev(ids_BxL).astype(self.dtype)
+
+  def _embed_unique(self, ids_BxL: jax.Array, bound: int, fallback) -> jax.Array:
+    """LEV on the distinct ids only (at most `bound`), gathered back to every position.
+
+    jnp.unique with a static size pads the distinct ids with id 0 and truncates when
+    there are more than `bound`; then some id is not its own unique entry, which is
+    checked exactly and sends the whole micro-batch to `fallback` (lax.cond: only one
+    branch runs). Gradients reach LEV's parameters through the gather (summed over
+    the positions sharing an id).
+    """
+    ids_N = ids_BxL.reshape(-1)
+    unique_U, inverse_N = jnp.unique(ids_N, size=bound, fill_value=0, return_inverse=True)
+    inverse_N = inverse_N.reshape(-1)
+    fits = jnp.all(unique_U[inverse_N] == ids_N)
+    return jax.lax.cond(
+        fits,
+        lambda: jnp.take(self.lev(unique_U).astype(self.dtype), inverse_N,
+                         axis=0).reshape(*ids_BxL.shape, -1),
+        lambda: fallback(ids_BxL))
+
+  def embed(self, ids_BxL: jax.Array) -> jax.Array:
+    strategy, rows = evaluation_plan(self.mode, self.lev.vocab_size, ids_BxL.size,
+                                     self.unique_size)
+    if strategy == "table":
+      return self._embed_table(ids_BxL)
+    if strategy == "tokens":
+      return self._embed_tokens(ids_BxL)
+    dense, _ = evaluation_plan("auto", self.lev.vocab_size, ids_BxL.size, ids_BxL.size)
+    fallback = self._embed_table if dense == "table" else self._embed_tokens
+    return self._embed_unique(ids_BxL, rows, fallback)
 
 
 @nnx.jit

@@ -51,11 +51,12 @@ per (token, weight) pair:
   lev       = 3 * n_micro * rows * f_lev          (`lev` embedding only; else 0)
               f_lev = 2*Hl*S*S  +  2*Hl*S*J*R  +  2*Hl*R*D   forward FLOPs per LEV row:
                       seed proj    phi einsum     output projection
-              rows  = LEV rows evaluated per micro-batch, exactly as
-                      `embeddings.LEVEmbedding.embed` decides:
+              rows  = LEV rows evaluated per micro-batch, from the one decision
+                      `lev.evaluation_plan` that `embeddings.LEVEmbedding.embed` uses:
                       'table'  -> V (the whole padded vocab, once per micro-batch)
                       'tokens' -> T / n_micro (one row per token of the micro-batch)
-                      'auto'   -> V if V < T / n_micro else T / n_micro
+                      'unique' -> U, the static distinct-id bound (lev.unique_size)
+                      'auto'   -> the fewest of the three
   total     = backbone + attention + head + lev
 
 Check: with a shared table counted once as the head, backbone + head = 6 T (N - norms)
@@ -100,6 +101,7 @@ from collections.abc import Mapping
 import ml_collections
 
 from lev_jax.config import ConfigError, padded_vocab_size
+from lev_jax.lev import evaluation_plan
 
 PARTS = ("backbone", "attention", "head", "lev")
 
@@ -151,21 +153,14 @@ def _micro_batches(config) -> int:
 
 
 def lev_rows_per_micro_batch(config: ml_collections.ConfigDict) -> int:
-  """LEV rows evaluated per micro-batch: V ('table') or micro-batch tokens ('tokens').
-
-  'auto' follows `embeddings.LEVEmbedding.embed`: table when V < ids_BxL.size, the
-  token count of one micro-batch (the whole global batch when grad_accum_steps = 1).
+  """LEV rows evaluated per micro-batch, as `lev.evaluation_plan` decides for the
+  embedding: V ('table'), micro-batch tokens ('tokens'), the static distinct-id bound
+  ('unique', counted as if no micro-batch overflowed it), the fewest of them ('auto').
   """
   vocab = padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)
   micro_tokens = tokens_per_step(config) // _micro_batches(config)
-  mode = config.lev.mode
-  if mode == "table":
-    return vocab
-  if mode == "tokens":
-    return micro_tokens
-  if mode == "auto":
-    return vocab if vocab < micro_tokens else micro_tokens
-  raise ConfigError(f"config.lev.mode = {mode!r}: expected one of 'auto', 'table', 'tokens'")
+  return evaluation_plan(config.lev.mode, vocab, micro_tokens,
+                         config.lev.get("unique_size", 0))[1]
 
 
 def lev_forward_flops_per_row(config: ml_collections.ConfigDict) -> int:

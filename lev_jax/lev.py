@@ -18,9 +18,12 @@ chunked and rematerialised; the `LEV` module owns the parameters.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import nnx
 
 from lev_jax.config import ConfigError, lev_base
@@ -85,6 +88,204 @@ def signed_log_product(phi: jax.Array, axis: int, eps: float) -> jax.Array:
   return sign * jnp.exp(log_abs)
 
 
+_LN2 = float(np.log(2.0))
+_FLOAT32_MIN_NORMAL = float(np.finfo(np.float32).tiny)
+MAX_LOG_GROUP = 64  # a product of G float32 mantissas in [1, 2) stays below 2**G < 2**128
+
+
+def bspline_window(t_NxS: jax.Array, n_knots: int, scale: float,
+                   normalize: bool) -> tuple[jax.Array, jax.Array]:
+  """The <= 3 nonzero quadratic B-spline weights of each input and their knots.
+
+  For the fixed knot scale n_knots - 1 (LEV.md 3c), input t lies within 1.5 knot
+  spacings of exactly the knots c - 1, c, c + 1 with c = round(t * (n_knots - 1)); every
+  other basis function is 0 there. Equals `bspline_basis` restricted to those knots
+  (same grid values, same formula, same normalisation).
+
+  Args:
+    t_NxS: float32 [..., S] inputs in [0, 1].
+    scale: the fixed knot-distance multiplier n_knots - 1 (a Python float). The KHRONOS
+      learnable scale can widen the support beyond 3 knots: use `bspline_basis` there.
+  Returns:
+    (weights [..., S, 3] float32, knots [..., S, 3] int32): knots clipped into
+    [0, n_knots); a slot whose knot lies off the grid has weight 0.
+  """
+  grid_J = jnp.linspace(0.0, 1.0, n_knots, dtype=jnp.float32)
+  nearest = jnp.floor(t_NxS * (n_knots - 1) + 0.5).astype(jnp.int32)
+  knots = nearest[..., None] + jnp.arange(-1, 2, dtype=jnp.int32)
+  on_grid = (knots >= 0) & (knots < n_knots)
+  knots = jnp.clip(knots, 0, n_knots - 1)
+  s = jnp.abs(t_NxS[..., None] - grid_J[knots]) * scale
+  weights = jnp.where(s < 0.5, 0.75 - s * s, jnp.where(s < 1.5, 0.5 * (1.5 - s) ** 2, 0.0))
+  weights = jnp.where(on_grid, weights, 0.0)
+  if normalize:
+    weights = weights / jnp.maximum(weights.sum(-1, keepdims=True), 1e-12)
+  return weights, knots
+
+
+def _factor(phi, log_eps):
+  """sign(phi) * (|phi| + eps) with sign(0) = +1: the factor whose product is M (3e)."""
+  return jnp.where(phi < 0, phi - log_eps, phi + log_eps)
+
+
+def _mantissa_exponent(f):
+  """f = m * 2**(e - 127), m in +-[1, 2) (sign kept), e the biased int32 exponent.
+
+  Exact bit operations on float32 (IEEE 754): valid for normal numbers, which every
+  factor is (|f| >= log_eps >= the smallest normal). A non-finite f is passed through as
+  m so that inf and NaN propagate into the product as in the reference.
+  """
+  bits = jax.lax.bitcast_convert_type(f, jnp.int32)
+  exponent = (bits >> 23) & 0xFF
+  mantissa = jax.lax.bitcast_convert_type((bits & jnp.int32(-0x7F800001)) | 0x3F800000,
+                                          jnp.float32)
+  return jnp.where(jnp.abs(f) < jnp.inf, mantissa, f), exponent
+
+
+def _coordinate_phi(w_NxHxW, k_NxHxW, delta_HxJxR):
+  """phi[n, h, r] = sum_w w (1 + delta[h, k, r]) for one seed coordinate (LEV.md 3d).
+
+  Returns (phi_NxHxR, rows): the W gathered delta rows [N, H, R] are reused by the
+  backward pass. Only the window's knots are read (3 of J for the normalised basis).
+  """
+  h, j, r = delta_HxJxR.shape
+  flat_HJxR = delta_HxJxR.reshape(h * j, r)
+  idx_NxHxW = jnp.arange(h, dtype=jnp.int32)[None, :, None] * j + k_NxHxW
+  rows = [flat_HJxR.at[idx_NxHxW[..., i]].get(mode="promise_in_bounds")
+          for i in range(k_NxHxW.shape[-1])]
+  phi_NxHxR = w_NxHxW.sum(-1)[..., None] + sum(
+      w_NxHxW[..., i, None] * row for i, row in enumerate(rows))
+  return phi_NxHxR, rows
+
+
+def _by_coordinate(weights_NxHxSxW, knots_NxHxSxW, delta_HxSxJxR):
+  """The seed-coordinate axis first, so each loop step reads contiguous slices."""
+  return (weights_NxHxSxW.transpose(2, 0, 1, 3), knots_NxHxSxW.transpose(2, 0, 1, 3),
+          delta_HxSxJxR.transpose(1, 0, 2, 3))
+
+
+def _fused_forward(weights_NxHxSxW, knots_NxHxSxW, delta_HxSxJxR, log_eps, log_group):
+  n, h, s, _ = weights_NxHxSxW.shape
+  r = delta_HxSxJxR.shape[-1]
+  w_S, k_S, d_S = _by_coordinate(weights_NxHxSxW, knots_NxHxSxW, delta_HxSxJxR)
+
+  def group(g, carry):
+    log_NxHxR, negative_NxHxR = carry
+    mantissa = exponent = None
+    for i in range(log_group):  # unrolled: the group's factors never leave the fusion
+      c = g * log_group + i
+      phi_NxHxR, _ = _coordinate_phi(w_S[c], k_S[c], d_S[c])
+      m, e = _mantissa_exponent(_factor(phi_NxHxR, log_eps))
+      mantissa = m if mantissa is None else mantissa * m
+      exponent = e if exponent is None else exponent + e
+    # Materialise the group product once; the two updates below then read it.
+    mantissa, exponent = jax.lax.optimization_barrier((mantissa, exponent))
+    log_NxHxR = (log_NxHxR + jnp.log(jnp.abs(mantissa))
+                 + (exponent - 127 * log_group).astype(jnp.float32) * _LN2)
+    return log_NxHxR, negative_NxHxR ^ (mantissa < 0)
+
+  init = (jnp.zeros((n, h, r), jnp.float32), jnp.zeros((n, h, r), jnp.bool_))
+  log_NxHxR, negative_NxHxR = jax.lax.fori_loop(0, s // log_group, group, init)
+  return jnp.where(negative_NxHxR, -1.0, 1.0) * jnp.exp(log_NxHxR)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def lev_modes_fused(weights_NxHxSxW: jax.Array, knots_NxHxSxW: jax.Array,
+                    delta_HxSxJxR: jax.Array, log_eps: float, log_group: int) -> jax.Array:
+  """LEV's separable modes from the window basis, fused (LEV.md 3d-3e).
+
+    phi[n,h,s,r] = sum_w weights[n,h,s,w] * (1 + delta[h, s, knots[n,h,s,w], r])
+    modes[n,h,r] = prod_s sign(phi) * (|phi| + log_eps)
+
+  Equal to `signed_log_product(phi, axis=2, eps=log_eps)` of the reference path up to
+  float32 rounding, without its [N, H, S, R] tensor: a loop over the S seed coordinates
+  keeps [N, H, R] intermediates; the factors of `log_group` coordinates are multiplied
+  directly (mantissas in [1, 2) and integer exponents, so no group product can overflow
+  or underflow) before one log, and the sign is the parity of the negative mantissa
+  products, exact. The backward pass (custom VJP) stores only the modes and recomputes
+  phi per coordinate: d modes / d phi = modes / factor (the reference's gradient, with
+  d|phi|/dphi = +1 at phi = 0 as jnp.abs).
+
+  Args:
+    weights_NxHxSxW: float32 window weights (`bspline_window`; W = J for a dense basis).
+    knots_NxHxSxW: int32 knot index of each window slot, in [0, J).
+    delta_HxSxJxR: float32 `spline_delta`.
+    log_eps: eps of the log-space product, >= the smallest normal float32.
+    log_group: G, coordinates per log; divides S, at most MAX_LOG_GROUP.
+  Returns:
+    float32 [N, H, R] modes M_l[r].
+  Raises:
+    ValueError: S not divisible by log_group, log_group out of range, or log_eps below
+      the smallest normal float32 (the exponent split would be wrong).
+  """
+  s = weights_NxHxSxW.shape[2]
+  if not 1 <= log_group <= MAX_LOG_GROUP or s % log_group:
+    raise ValueError(f"log_group = {log_group}: expected a divisor of d_seed = {s} in "
+                     f"[1, {MAX_LOG_GROUP}]")
+  if not log_eps >= _FLOAT32_MIN_NORMAL:
+    raise ValueError(f"log_eps = {log_eps}: expected >= {_FLOAT32_MIN_NORMAL:.3g}")
+  return _fused_forward(weights_NxHxSxW, knots_NxHxSxW, delta_HxSxJxR, log_eps, log_group)
+
+
+def _fused_fwd(weights, knots, delta, log_eps, log_group):
+  modes = lev_modes_fused(weights, knots, delta, log_eps, log_group)
+  return modes, (weights, knots, delta, modes)
+
+
+def _fused_bwd(log_eps, log_group, residuals, g_modes_NxHxR):
+  del log_group
+  weights, knots, delta, modes = residuals
+  j = delta.shape[2]
+  g_log_NxHxR = g_modes_NxHxR * modes  # d modes = modes * sum_s d factor_s / factor_s
+
+  def coordinate(_, xs):
+    w_NxHxW, k_NxHxW, d_HxJxR = xs
+    phi_NxHxR, rows = _coordinate_phi(w_NxHxW, k_NxHxW, d_HxJxR)
+    g_phi_NxHxR = g_log_NxHxR / _factor(phi_NxHxR, log_eps)
+    g_sum_NxH = g_phi_NxHxR.sum(-1)
+    g_w_NxHxW = jnp.stack([g_sum_NxH + (g_phi_NxHxR * row).sum(-1) for row in rows], -1)
+    # g_delta[h, j, r] = sum_n sum_w [k = j] w g_phi: a matmul over the rows with the
+    # window scattered into a dense [N, H, J] basis (a scatter-add is serial on CPU).
+    basis_NxHxJ = (w_NxHxW[..., None] * jax.nn.one_hot(k_NxHxW, j, dtype=jnp.float32)
+                   ).sum(-2)
+    g_d_HxJxR = jnp.einsum("nhj,nhr->hjr", basis_NxHxJ, g_phi_NxHxR)
+    return None, (g_w_NxHxW, g_d_HxJxR)
+
+  _, (g_w_S, g_d_S) = jax.lax.scan(coordinate, None, _by_coordinate(weights, knots, delta))
+  return g_w_S.transpose(1, 2, 0, 3), None, g_d_S.transpose(1, 0, 2, 3)
+
+
+lev_modes_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _modes(params: dict, t_NxHxS: jax.Array, cfg: ml_collections.ConfigDict) -> jax.Array:
+  """float32 [N, H, R] modes from the spline inputs t, by `cfg.impl` (LEV.md 3c-3e)."""
+  f32 = jnp.float32
+  delta_HxSxJxR = params["spline_delta"].astype(f32)
+  if cfg.basis == "khronos":
+    scale = params["basis_scale"].astype(f32)[:, None, None]  # [H, 1, 1]
+  else:
+    scale = float(cfg.n_knots - 1)
+  if cfg.impl == "reference":
+    basis_NxHxSxJ = bspline_basis(t_NxHxS, cfg.n_knots, scale, cfg.basis == "normalized")
+    # S = 1 + delta, so sum_j B S = sum_j B + sum_j B delta.
+    phi_NxHxSxR = jnp.einsum("nhsj,hsjr->nhsr", basis_NxHxSxJ, delta_HxSxJxR)
+    phi_NxHxSxR = phi_NxHxSxR + basis_NxHxSxJ.sum(-1)[..., None]
+    return signed_log_product(phi_NxHxSxR, axis=2, eps=cfg.log_eps)
+  if cfg.basis == "khronos":
+    # The learnable scale may widen each basis function past 3 knots: every knot is in
+    # the window (W = J), which is exact for any scale.
+    weights = bspline_basis(t_NxHxS, cfg.n_knots, scale, False)
+    knots = jnp.broadcast_to(jnp.arange(cfg.n_knots, dtype=jnp.int32), weights.shape)
+  else:
+    weights, knots = bspline_window(t_NxHxS, cfg.n_knots, scale, True)
+  if cfg.impl == "pallas":
+    from lev_jax.lev_pallas import lev_modes_pallas  # pylint: disable=g-import-not-at-top
+    return lev_modes_pallas(weights, knots, delta_HxSxJxR, log_eps=cfg.log_eps,
+                            log_group=cfg.log_group)
+  return lev_modes_fused(weights, knots, delta_HxSxJxR, cfg.log_eps, cfg.log_group)
+
+
 def _lev_rows(params: dict, ids_N: jax.Array, cfg: ml_collections.ConfigDict,
               base: int) -> jax.Array:
   """LEV for a flat array of ids: int [N] -> float32 [N, D]."""
@@ -98,22 +299,52 @@ def _lev_rows(params: dict, ids_N: jax.Array, cfg: ml_collections.ConfigDict,
   u_NxHxS = (u_NxHxS - mean) * jax.lax.rsqrt(var + cfg.ln_eps)
   u_NxHxS = u_NxHxS * params["ln_scale"] + params["ln_bias"]
   t_NxHxS = jax.nn.sigmoid(u_NxHxS * (0.5 if cfg.sigmoid == "half" else 1.0))
-  if cfg.basis == "khronos":
-    scale = params["basis_scale"].astype(f32)[:, None, None]  # [H, 1, 1]
-  else:
-    scale = float(cfg.n_knots - 1)
-  basis_NxHxSxJ = bspline_basis(t_NxHxS, cfg.n_knots, scale, cfg.basis == "normalized")
-  # S = 1 + delta, so sum_j B S = sum_j B + sum_j B delta.
-  phi_NxHxSxR = jnp.einsum("nhsj,hsjr->nhsr", basis_NxHxSxJ,
-                           params["spline_delta"].astype(f32))
-  phi_NxHxSxR = phi_NxHxSxR + basis_NxHxSxJ.sum(-1)[..., None]
-  modes_NxHxR = signed_log_product(phi_NxHxSxR, axis=2, eps=cfg.log_eps)
+  modes_NxHxR = _modes(params, t_NxHxS, cfg)
   return jnp.einsum("nhr,hrd->nd", modes_NxHxR, params["out_proj"].astype(f32))
+
+
+def evaluation_plan(mode: str, padded_vocab: int, n_ids: int,
+                    unique_size: int = 0) -> tuple[str, int]:
+  """Which rows LEV is evaluated on for a micro-batch of `n_ids` ids, and how many.
+
+  The one decision used by `embeddings.LEVEmbedding.embed` and by `flops` (so the FLOP
+  model counts what runs):
+    table   every id of the padded vocab, then a gather: padded_vocab rows.
+    tokens  one row per id: n_ids rows.
+    unique  the distinct ids, padded to a static bound U (`lev.unique_size`; 0 = half of
+            min(padded_vocab, n_ids)), then a gather: U rows. A micro-batch with more
+            than U distinct ids falls back, exactly, to the cheaper of table / tokens.
+    auto    the strategy with the fewest rows (ties: table, then tokens); `unique` is a
+            candidate only when `unique_size` is set (> 0), since its row count is a
+            bound the data must respect, not a fact of the shapes.
+
+  Returns:
+    (strategy, rows): one of "table", "tokens", "unique" and the rows evaluated.
+  Raises:
+    ConfigError: unknown mode.
+  """
+  dense = ("table", padded_vocab) if padded_vocab < n_ids else ("tokens", n_ids)
+  bound = min(unique_size or max(1, min(padded_vocab, n_ids) // 2), min(padded_vocab, n_ids))
+  if mode == "table":
+    return "table", padded_vocab
+  if mode == "tokens":
+    return "tokens", n_ids
+  if mode == "unique":
+    return "unique", bound
+  if mode == "auto":
+    return ("unique", bound) if unique_size and bound < dense[1] else dense
+  raise ConfigError(f"config.lev.mode = {mode!r}: expected one of 'auto', 'table', "
+                    "'tokens', 'unique'")
 
 
 def lev_embed(params: dict, ids: jax.Array, cfg: ml_collections.ConfigDict,
               base: int) -> jax.Array:
-  """LEV embeddings of any-shaped ids, computed in rematerialised chunks.
+  """LEV embeddings of any-shaped ids, computed in chunks of `cfg.chunk_size` ids.
+
+  The `reference` implementation runs each chunk under `jax.checkpoint` (its backward
+  would otherwise keep [chunk, H, S, R] tensors); the fused and Pallas cores keep only
+  [chunk, H, S]-sized residuals and recompute inside their own backward pass, so a
+  checkpoint would only repeat work.
 
   Args:
     params: the `LEV` module's parameters as a dict of arrays.
@@ -128,8 +359,10 @@ def lev_embed(params: dict, ids: jax.Array, cfg: ml_collections.ConfigDict,
   chunk = min(cfg.chunk_size, n)
   # Rows are split over every device of the mesh ("lev_rows" rule): LEV's parameters are
   # replicated, so each device evaluates its share of the ids (data-parallel LEV).
-  fn = jax.checkpoint(lambda ids_C: constrain(
-      _lev_rows(params, constrain(ids_C, ("lev_rows",)), cfg, base), ("lev_rows", None)))
+  fn = lambda ids_C: constrain(
+      _lev_rows(params, constrain(ids_C, ("lev_rows",)), cfg, base), ("lev_rows", None))
+  if cfg.impl == "reference":
+    fn = jax.checkpoint(fn)
   if n <= chunk:
     out_NxD = fn(ids_N)
   else:

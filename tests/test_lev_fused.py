@@ -1,0 +1,193 @@
+"""LEV's fused core (lev.impl = "fused") against the reference path, and unique-id mode."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import tiny_config
+from lev_jax.lev import (LEV, bspline_basis, bspline_window, evaluation_plan, lev_embed,
+                         lev_modes_fused, signed_log_product)
+
+
+def _lev_with_params(cfg, seed=0, delta_std=None, scale=None):
+  lev = LEV(384, 32, cfg, rngs=nnx.Rngs(seed))
+  params = lev.param_dict()
+  key = jax.random.key(seed + 10)
+  # Perturb every parameter away from its init so each one matters.
+  for i, name in enumerate(sorted(params)):
+    noise = jax.random.normal(jax.random.fold_in(key, i), params[name].shape)
+    params[name] = params[name] + 0.05 * noise
+  if delta_std is not None:
+    params["spline_delta"] = delta_std * jax.random.normal(
+        jax.random.fold_in(key, 99), params["spline_delta"].shape)
+  if scale is not None:
+    params["basis_scale"] = jnp.full_like(params["basis_scale"], scale)
+  return lev, params
+
+
+def _value_and_grads(params, ids, cfg, base):
+  """(embeddings, gradients of a random projection of them), in one program."""
+  target = jax.random.normal(jax.random.key(5), (*ids.shape, 32))
+
+  def out_and_grads(p):
+    out, vjp = jax.vjp(lambda q: lev_embed(q, ids, cfg, base), p)
+    return out, vjp(target)[0]
+
+  return jax.jit(out_and_grads)(params)
+
+
+def _assert_close_tree(a, b, rtol):
+  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+    x, y = np.asarray(x), np.asarray(y)
+    scale = max(float(np.abs(y).max()), 1e-30)
+    err = float(np.abs(x - y).max()) / scale
+    assert err <= rtol, f"{jax.tree_util.keystr(path)}: max |diff| / max |ref| = {err:.2e}"
+
+
+@pytest.mark.parametrize("basis,sigmoid,chunk,delta_std,scale", [
+    ("normalized", "half", 4096, None, None),
+    ("normalized", "full", 16, 3.0, None),      # large delta: negative and tiny factors
+    ("khronos", "full", 4096, None, 2.5),       # scale < n_knots - 1: > 3 knots active
+    ("khronos", "half", 16, 3.0, None),
+])
+def test_fused_equals_reference_in_values_and_gradients(basis, sigmoid, chunk, delta_std,
+                                                        scale):
+  cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk, log_group=4).lev
+  lev, params = _lev_with_params(cfg, delta_std=delta_std, scale=scale)
+  ids = jax.random.randint(jax.random.key(2), (3, 40), 0, 384)
+  ref_cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk,
+                        impl="reference").lev
+  ref_out, ref_grads = _value_and_grads(params, ids, ref_cfg, lev.base)
+  out, grads = _value_and_grads(params, ids, cfg, lev.base)
+  _assert_close_tree(out, ref_out, 1e-5)
+  _assert_close_tree(grads, ref_grads, 1e-5)
+
+
+def test_window_is_the_basis_restricted_to_its_three_knots():
+  t = jax.random.uniform(jax.random.key(0), (64, 5))
+  t = t.at[0].set(jnp.array([0.0, 1.0, 0.5, 1e-7, 1 - 1e-7]))
+  t = t.at[1].set(jnp.array([1 / 30, 1 / 10, 0.3, 2 / 30, 29 / 30]))  # half-way points
+  dense = np.asarray(bspline_basis(t, 16, 15.0, True))
+  weights, knots = bspline_window(t, 16, 15.0, True)
+  scattered = np.zeros_like(dense)
+  np.add.at(scattered, (*np.indices(knots.shape[:-1])[:, ..., None], np.asarray(knots)),
+            np.asarray(weights))
+  np.testing.assert_allclose(scattered, dense, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("log_group", [1, 4, 8])
+def test_group_products_never_overflow_and_the_sign_parity_is_exact(log_group):
+  # phi of one coordinate group ~1e6 (8 of them overflow a float32 product), another
+  # ~1e-7 (underflow), exact zeros and negatives.
+  n, h, s, j, r = 5, 2, 16, 6, 3
+  key = jax.random.key(0)
+  delta = jax.random.normal(key, (h, s, j, r))
+  delta = delta.at[:, :8].multiply(1e6).at[:, 8:12].set(-1.0 + 1e-7)
+  delta = delta.at[:, 12].set(-1.0)  # phi = 0 exactly (w sums to 1)
+  w = jax.random.uniform(jax.random.fold_in(key, 1), (n, h, s, 3)) + 0.1
+  w = w / w.sum(-1, keepdims=True)
+  # One-hot windows where phi is tiny or zero, so float32 phi has no cancellation error.
+  w = w.at[:, :, 8:13].set(jnp.array([0.0, 1.0, 0.0]))
+  k = jax.random.randint(jax.random.fold_in(key, 2), (n, h, s, 3), 0, j)
+  eps = 1e-6
+  phi = np.einsum("nhsw,nhswr->nhsr", np.asarray(w, np.float64),
+                  1 + np.asarray(delta, np.float64)[np.arange(h)[None, :, None, None],
+                                                    np.arange(s)[None, None, :, None],
+                                                    np.asarray(k)])
+  exact = np.prod(np.where(phi < 0, phi - eps, phi + eps), axis=2)
+  modes = np.asarray(lev_modes_fused(w, k, delta, eps, log_group))
+  assert np.isfinite(modes).all()
+  np.testing.assert_array_equal(np.sign(modes), np.sign(exact))
+  np.testing.assert_allclose(modes, exact, rtol=2e-5)
+  # The reference's float32 log-space product agrees to its own rounding (one log per
+  # factor sums more rounding error than one per group).
+  dense_phi = jnp.asarray(phi, jnp.float32)
+  np.testing.assert_allclose(modes, np.asarray(signed_log_product(dense_phi, 2, eps)),
+                             rtol=1e-4)
+
+
+def test_bad_log_group_and_eps_are_errors():
+  w = jnp.ones((2, 1, 6, 3)) / 3
+  k = jnp.zeros((2, 1, 6, 3), jnp.int32)
+  d = jnp.zeros((1, 6, 4, 2))
+  with pytest.raises(ValueError, match="log_group = 4: expected a divisor of d_seed = 6"):
+    lev_modes_fused(w, k, d, 1e-6, 4)
+  with pytest.raises(ValueError, match="log_eps = 1e-40"):
+    lev_modes_fused(w, k, d, 1e-40, 3)
+
+
+@pytest.mark.parametrize("mode,vocab,n,size,expected", [
+    ("table", 384, 1000, 0, ("table", 384)), ("tokens", 384, 100, 0, ("tokens", 100)),
+    ("auto", 384, 1000, 0, ("table", 384)), ("auto", 384, 100, 0, ("tokens", 100)),
+    ("unique", 384, 100, 0, ("unique", 50)), ("unique", 384, 1000, 64, ("unique", 64)),
+    ("auto", 384, 1000, 64, ("unique", 64)), ("auto", 384, 100, 200, ("tokens", 100)),
+])
+def test_evaluation_plan(mode, vocab, n, size, expected):
+  assert evaluation_plan(mode, vocab, n, size) == expected
+
+
+def _embed_and_grads(mode, unique_size, ids):
+  """LEV embeddings of ids and the gradient of a fixed projection of them, by mode."""
+  from lev_jax.embeddings import make_embedding  # noqa: PLC0415
+  c = tiny_config(mode=mode, unique_size=unique_size)
+  emb = make_embedding(c.model, c.lev, rngs=nnx.Rngs(0), dtype=jnp.float32,
+                       param_dtype=jnp.float32)
+  graphdef, params = nnx.split(emb, nnx.Param)
+  target = jax.random.normal(jax.random.key(5), (*ids.shape, c.model.d_model))
+
+  def loss(p):
+    x = nnx.merge(graphdef, p).embed(ids)
+    return jnp.sum(x * target), x
+
+  (_, x), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  return np.asarray(x), grads
+
+
+def test_unique_mode_equals_table_mode_also_when_the_bound_overflows():
+  ids = jax.random.randint(jax.random.key(3), (4, 16), 0, 12)  # <= 12 distinct ids
+  ids = ids.at[0, 0].set(299)
+  x_table, g_table = _embed_and_grads("table", 0, ids)
+  for bound in (24, 8):  # 8 < the distinct ids: the exact fallback runs
+    x_unique, g_unique = _embed_and_grads("unique", bound, ids)
+    # Same math on 24 or 384 rows: XLA may round the out_proj matmul differently.
+    _assert_close_tree(x_unique, x_table, 1e-6)
+    _assert_close_tree(g_unique, g_table, 1e-6)
+
+
+def test_unique_mode_loss_is_bitwise_the_table_mode_loss():
+  from lev_jax.train import _sum_loss, create_model  # noqa: PLC0415
+  ids = jax.random.randint(jax.random.key(3), (4, 16), 0, 12).at[0, 0].set(299)
+  batch = {"inputs": ids, "targets": jnp.roll(ids, -1, axis=1),
+           "weights": jnp.ones(ids.shape, jnp.float32)}
+  losses = []
+  for mode in ("table", "unique"):
+    graphdef, params = nnx.split(create_model(tiny_config(mode=mode, unique_size=24)),
+                                 nnx.Param)
+    losses.append(float(jax.jit(_sum_loss, static_argnums=1)(params, graphdef, batch)[0]))
+  assert losses[0] == losses[1]
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_train_steps_with_the_fused_core_follow_the_reference(scan_layers):
+  from lev_jax.train import create_train_state, make_train_step  # noqa: PLC0415
+  rng = np.random.default_rng(0)
+  batch = {"inputs": rng.integers(0, 300, (4, 16)).astype(np.int32),
+           "targets": rng.integers(0, 300, (4, 16)).astype(np.int32),
+           "weights": np.ones((4, 16), np.float32)}
+  runs = {}
+  for impl in ("reference", "fused"):
+    c = tiny_config(impl=impl, mode="tokens")
+    c.model.scan_layers = scan_layers
+    part, state = create_train_state(c)
+    step = make_train_step(part, c)
+    losses = []
+    for _ in range(3):
+      state, metrics = step(state, batch)
+      losses.append(float(metrics["loss"]))
+    runs[impl] = losses, state["params"]
+  np.testing.assert_allclose(runs["fused"][0], runs["reference"][0], rtol=1e-5)
+  # Adam's m / sqrt(v) turns float32 noise in tiny gradients (q/k at init) into
+  # update-sized differences, so the parameters agree to 1e-4 of their scale.
+  _assert_close_tree(runs["fused"][1], runs["reference"][1], 1e-4)
