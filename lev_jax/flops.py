@@ -316,3 +316,78 @@ def tokens_per_s_per_device(tokens: int, step_time_s: float, n_devices: int) -> 
   """
   _check_time_devices(step_time_s, n_devices)
   return tokens / step_time_s / n_devices
+
+
+# LEV's vector-unit and memory cost, for the share of a step it takes on an accelerator
+# (an estimate from counts, not a measurement). Operations per (row, LEV head, seed
+# coordinate, rank) element, float32, counted from the code paths in lev.py:
+#   reference  forward: phi einsum over J knots (2J, a matmul: counted in `lev` FLOPs
+#              above, not here), + sum of B, |.| + eps, log, sum, sign count (~26 with a
+#              log at ~20); backward under jax.checkpoint: the forward again (~26) plus
+#              the log's and |.|'s gradients (~6); the einsum's two gradient matmuls
+#              (4J, counted as matmul FLOPs).
+#              Memory: the [rows, H, S, R] phi tensor and its log are written and read
+#              ~6 times (forward, recompute, gradient) at 4 bytes.
+#   fused      forward: 3 gathered rows x FMA (6) + 1 add, factor (2), mantissa /
+#              exponent split (5), product (1), a log per log_group elements (~20/G);
+#              backward: the forward's phi again (~9), divide (~4), three multiply-reduce
+#              (6), one-hot basis and the g_delta matmul over rows (2J, a matmul on an
+#              accelerator but counted here as vector work to stay conservative).
+#              Memory: only [rows, H, S, W] window weights and knots (~4 passes) and the
+#              [rows, H, R] modes (~3 passes); delta (H*S*J*R floats, 4 MiB at the
+#              paper's defaults) stays in on-chip cache.
+_LEV_VECTOR_OPS = {"reference": lambda j, g: 26 + 26 + 6,
+                   "fused": lambda j, g: 15 + 20 / g + 19 + 2 * j}
+_LEV_BYTES = {"reference": lambda h, s, r, w: 6 * h * s * r * 4,
+              "fused": lambda h, s, r, w: 4 * h * s * w * 8 + 3 * h * r * 4}
+
+# Per-chip throughputs for the estimate: dense bf16 peak (PEAK_BF16_FLOPS), float32
+# non-tensor FLOP/s and HBM bandwidth (NVIDIA H200 datasheet: FP32 67 TFLOPS, 4.8 TB/s).
+ACCELERATORS = {"NVIDIA H200 SXM": {"vector_flops": 67e12, "hbm_bytes_per_s": 4.8e12}}
+
+
+def lev_step_share(config: ml_collections.ConfigDict, impl: str,
+                   device: str = "NVIDIA H200 SXM", mfu_fraction: float = 0.5) -> dict:
+  """LEV's estimated share of a training step on an accelerator (analytic model).
+
+  step time = model FLOPs without LEV / (peak * mfu_fraction) + LEV time, with
+    LEV time = LEV matmul FLOPs / (peak * mfu_fraction)
+             + max(vector ops / vector FLOP/s, bytes moved / HBM bandwidth)
+  and the per-element counts above (`_LEV_VECTOR_OPS`, `_LEV_BYTES`) over rows x H x S x
+  R elements, rows = `lev_rows_per_micro_batch` x micro-batches. An estimate to compare
+  implementations and shapes, not a measurement.
+
+  Args:
+    config: a `lev` model config.
+    impl: "reference" or "fused" (the Pallas kernel does the fused path's work).
+    device: a key of ACCELERATORS.
+    mfu_fraction: the model FLOPs utilisation assumed for matmul work.
+  Returns:
+    {"rows", "step_s", "lev_s", "lev_matmul_s", "lev_vector_s", "lev_memory_s",
+     "share"}: rows per step, seconds, and LEV time / step time.
+  Raises:
+    ConfigError: not a `lev` model, or an unknown impl / device.
+  """
+  if config.model.embedding != "lev":
+    raise ConfigError(f"config.model.embedding = {config.model.embedding!r}: expected 'lev'")
+  if impl not in _LEV_VECTOR_OPS or device not in ACCELERATORS:
+    raise ConfigError(f"impl = {impl!r}, device = {device!r}: expected one of "
+                      f"{sorted(_LEV_VECTOR_OPS)} and one of {sorted(ACCELERATORS)}")
+  lv, d = config.lev, config.model.d_model
+  h, s, j, r = lv.n_heads, lv.d_seed, lv.n_knots, lv.rank
+  rows = lev_rows_per_micro_batch(config) * _micro_batches(config)
+  flops = train_flops_per_step(config)
+  peak = PEAK_BF16_FLOPS[device] * mfu_fraction
+  matmul = 3 * rows * (2 * h * s * s + 2 * h * r * d)
+  if impl == "reference":
+    matmul += 3 * rows * 2 * h * s * j * r
+  elements = rows * h * s * r
+  vector_s = elements * _LEV_VECTOR_OPS[impl](j, lv.log_group) / ACCELERATORS[device][
+      "vector_flops"]
+  window = j if lv.basis == "khronos" else 3
+  memory_s = rows * _LEV_BYTES[impl](h, s, r, window) / ACCELERATORS[device][
+      "hbm_bytes_per_s"]
+  lev_s = matmul / peak + max(vector_s, memory_s)
+  step_s = (flops["total"] - flops["lev"]) / peak + lev_s
+  return {"rows": rows, "step_s": step_s, "lev_s": lev_s, "lev_matmul_s": matmul / peak,
+          "lev_vector_s": vector_s, "lev_memory_s": memory_s, "share": lev_s / step_s}

@@ -232,3 +232,23 @@ def test_six_n_rule_at_1_2b():
   # And Leviathan at 1.2B costs about 0.1 % more per step (LEV table, once per step).
   lev = flops.train_flops_per_step(ladder.get_config("leviathan_1.2b"))
   assert 0 < lev["lev"] / lev["total"] < 0.005
+
+
+def test_unique_mode_rows_are_its_bound():
+  c = tiny("lev", mode="unique", batch=32)
+  c.lev.unique_size = 100
+  assert flops.lev_rows_per_micro_batch(c) == 100
+  c.lev.mode = "auto"  # 100 < min(V = 384, 512 tokens): auto picks unique
+  assert flops.lev_rows_per_micro_batch(c) == 100
+
+
+def test_fused_lev_share_of_a_1_2b_step_is_small_and_below_the_reference():
+  ladder = load_ladder()
+  c = ladder.get_config("leviathan_1.2b")
+  fused = flops.lev_step_share(c, "fused")
+  ref = flops.lev_step_share(c, "reference")
+  assert fused["rows"] == 200_064  # auto: the padded vocab < 262,144 tokens
+  assert fused["share"] < 0.03 and fused["share"] < ref["share"] / 2
+  assert 3.0 < fused["step_s"] < 6.0  # ~1.9e15 FLOPs at half of 989.5 TFLOP/s
+  with pytest.raises(ConfigError, match="impl = 'pallas'"):
+    flops.lev_step_share(c, "pallas")
