@@ -27,6 +27,8 @@ Modules, one concern each:
   hf_export   Hugging Face LLaMA export (safetensors + config);  export: `lev-export`
   ladder      collect and analyse a ladder of runs;  report: plots, CSV, Markdown;
               ladder_cli: `lev-ladder`
+  study       a seeded study (cells x seeds, paired t-intervals, validation selection,
+              test table);  study_report;  study_cli: `lev-study`
 
 Shape legend used in names (x_BxLxD):
   B batch (sequences)  L seq_len  D d_model  V padded vocab  H heads  G kv heads

@@ -122,6 +122,10 @@ def base_config() -> ml_collections.ConfigDict:
   d.worker_processes = 0
   d.pile_set_names = ()        # keep only these subsets; () keeps all
   d.validation_fraction = 0.05  # embedded source: share of documents held out
+  # Embedded source: share of documents held out as a "test" split (lev-eval
+  # --split=test), taken from the training documents by the same text hash
+  # (corpus.split_of); 0 = no test split and the train / validation split of old.
+  d.test_fraction = 0.0
   d.cache_dir = "~/.cache/lev_jax"
   d.shuffle_buffer = 1024      # sequences
   d.strict = False             # bad JSONL line: error (True) or skip and count
@@ -307,6 +311,15 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("data.prepare_workers", c.data.prepare_workers, "an integer >= 0 (0 = CPU count)")
   if not 0 < c.data.validation_fraction < 1:
     _fail("data.validation_fraction", c.data.validation_fraction, "a number in (0, 1)")
+  test_fraction = c.data.test_fraction
+  if (isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float))
+      or not 0 <= test_fraction < 1 - c.data.validation_fraction):
+    _fail("data.test_fraction", test_fraction,
+          f"a number in [0, 1 - data.validation_fraction = "
+          f"{1 - c.data.validation_fraction:g})")
+  if test_fraction and c.data.source != "embedded":
+    _fail("data.test_fraction", test_fraction,
+          f"0 with data.source = {c.data.source!r} (its test split is data.test_files)")
   _positive(c, "data", ["shuffle_buffer"])
   _positive(c, "eval", ["batches", "batch_size"])
   if c.eval.equal_mass_buckets == 1 or c.eval.equal_mass_buckets < 0:

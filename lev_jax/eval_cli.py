@@ -24,6 +24,7 @@ Buckets are by each id's count in the training split (arXiv 2601.22040, Sec. 5).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -46,7 +47,8 @@ def _define_flags():
                     "Parameter dtype for evaluation (default: as stored).")
   flags.DEFINE_enum("split", "validation", ["validation", "test"],
                     "validation: data.validation_files (or the embedded split); "
-                    "test: data.test_files.")
+                    "test: data.test_files (or the embedded source's test split, "
+                    "data.test_fraction > 0).")
   flags.DEFINE_string("baseline", None, "Another run's lev_eval.json (or its folder): "
                       "adds the per-bucket relative perplexity change against it.")
   flags.DEFINE_string("output", None, "Result file (default CHECKPOINT/lev_eval.json).")
@@ -105,8 +107,11 @@ def _eval_batches(config, tokenizer, validation_override: bool):
   return batches, None
 
 
-def perplexity(im, config, validation_override: bool = False) -> dict:
+def perplexity(im, config, validation_override: bool = False, eval_step=None) -> dict:
   """{"validation", "validation_equal_mass"?}: `evaluate` results for `im` (one pass).
+
+  eval_step: a `train.make_eval_step` of `partition(config)` to reuse (one compilation
+  for several splits); None builds one.
 
   Raises:
     ConfigError / DataError: bad data settings, or no token counts for the buckets.
@@ -125,7 +130,8 @@ def perplexity(im, config, validation_override: bool = False) -> dict:
     schemes["equal_mass"] = equal_mass_edges(counts, config.eval.equal_mass_buckets)
   part = partition(config)
   params = jax.device_put(nnx.state(im.model, nnx.Param), part.state_sharding["params"])
-  results = evaluate_schemes(make_eval_step(part), params, batches, counts, schemes)
+  results = evaluate_schemes(eval_step or make_eval_step(part), params, batches, counts,
+                             schemes)
   out = {"validation": results["log"]}
   if "equal_mass" in results:
     out["validation_equal_mass"] = results["equal_mass"]
@@ -207,6 +213,26 @@ def _pm(value: float, stderr: float | None) -> str:
   return f"{value:.4f}" + (f" ± {stderr:.4f}" if stderr is not None else "")
 
 
+def heldout_test_files(config) -> tuple:
+  """The files of the test split: data.test_files, or for the embedded source with
+  data.test_fraction > 0 its test shard (`corpus.write_embedded_corpus`).
+
+  Raises:
+    ConfigError: no test split (naming both fields).
+  """
+  d = config.data
+  if d.test_files:
+    return tuple(d.test_files)
+  if d.source == "embedded" and d.get("test_fraction", 0.0) > 0:
+    from lev_jax.data.corpus import write_embedded_corpus
+    paths = write_embedded_corpus(os.path.expanduser(d.cache_dir), d.validation_fraction,
+                                  d.test_fraction)
+    return (os.fspath(paths["test"]),)
+  raise ConfigError("--split=test: config.data.test_files is empty" + (
+      " and config.data.test_fraction = 0 (the embedded source holds out a test split "
+      "only with data.test_fraction > 0)" if d.source == "embedded" else ""))
+
+
 def evaluate_checkpoint(checkpoint, *, step=None, dtype=None, split="validation",
                         baseline=None, overrides: dict | None = None,
                         perplexity_too: bool = True) -> dict:
@@ -218,15 +244,26 @@ def evaluate_checkpoint(checkpoint, *, step=None, dtype=None, split="validation"
   """
   from lev_jax import inference
   im = inference.load(checkpoint, step=step, dtype=dtype)
+  return evaluate_model(im, split=split, baseline=baseline, overrides=overrides,
+                        perplexity_too=perplexity_too)
+
+
+def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | None = None,
+                   perplexity_too: bool = True, eval_step=None) -> dict:
+  """`evaluate_checkpoint` on a loaded `inference.InferenceModel` (evaluate several
+  splits of one checkpoint without loading it again, sharing `eval_step`: see
+  `perplexity`); `im.config` is not changed.
+
+  Raises:
+    ConfigError, DataError, DownstreamError: as `evaluate_checkpoint`.
+  """
   overrides = dict(overrides or {})
   # Other validation files are read straight from disk (see _eval_batches): they need
   # neither data.source nor data.train_files, so they are not applied to the config.
   validation_files = overrides.pop("data.validation_files", None)
-  config = apply_overrides(im.config, overrides)
+  config = apply_overrides(copy.deepcopy(im.config), overrides)
   if split == "test":
-    if not config.data.test_files:
-      raise ConfigError("--split=test: config.data.test_files is empty")
-    validation_files = config.data.test_files
+    validation_files = heldout_test_files(config)
   if validation_files is not None:
     if isinstance(validation_files, str):
       validation_files = [validation_files]
@@ -239,7 +276,7 @@ def evaluate_checkpoint(checkpoint, *, step=None, dtype=None, split="validation"
   out = {"checkpoint": im.source, "step": im.step, "split": split,
          "embedding": config.model.embedding}
   if perplexity_too:
-    out.update(perplexity(im, config, validation_override))
+    out.update(perplexity(im, config, validation_override, eval_step))
     if base is not None:
       out["relative_change"] = relative_changes(out, *base)
   results = downstream_tasks(im, config)

@@ -118,19 +118,20 @@ def rung_commands(launcher: str, ladder: str, variants, root: str, *, train_flag
   return out
 
 
-def train_rungs(commands, launcher: str, runner=subprocess.call, out=sys.stdout) -> dict:
+def train_rungs(commands, launcher: str, runner=subprocess.call, out=sys.stdout,
+                prog: str = PROG) -> dict:
   """Runs (or prints) each command in turn; returns {variant: exit status} of those that
-  failed. A failure does not stop the next rung."""
+  failed. A failure does not stop the next rung. `prog` heads the progress lines."""
   failed = {}
   for variant, argv in commands:
     line = shlex.join(argv)
     if launcher == "print":
       print(line, file=out, flush=True)
       continue
-    print(f"{PROG}: {variant}: {line}", file=out, flush=True)
+    print(f"{prog}: {variant}: {line}", file=out, flush=True)
     status = runner(argv)
     if status:
-      print(f"{PROG}: {variant}: exited with status {status}; continuing with the next rung",
+      print(f"{prog}: {variant}: exited with status {status}; continuing with the next one",
             file=out, flush=True)
       failed[variant] = status
   return failed

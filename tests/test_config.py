@@ -32,6 +32,8 @@ def test_base_config_is_valid():
     ("data.source", "hub", r"config.data.source = 'hub'"),
     ("data.tokenizer", "gpt2", r"config.data.tokenizer = 'gpt2'"),
     ("data.validation_fraction", 1.5, r"config.data.validation_fraction = 1.5"),
+    ("data.test_fraction", 0.96, r"config.data.test_fraction = 0.96: expected a number in "
+     r"\[0, 1 - data.validation_fraction = 0.95\)"),
     ("eval.freq_bucket_edges", (10, 1), r"config.eval.freq_bucket_edges = \(10, 1\)"),
 ])
 def test_bad_values_name_field_and_expectation(field, value, match):

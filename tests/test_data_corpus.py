@@ -312,6 +312,37 @@ def test_embedded_corpus_split_is_disjoint_and_cached(tmp_path, embedded):
     corpus.write_embedded_corpus(tmp_path, 1.5)
 
 
+def test_a_test_split_comes_from_training_documents_and_leaves_validation_alone(tmp_path):
+  # A two-way cache as write_embedded_corpus leaves it (synthetic documents: no stdlib walk).
+  version = ".".join(map(str, sys.version_info[:3]))
+  folder = tmp_path / f"embedded-py{version}-val0.1"
+  folder.mkdir()
+  texts = [f"document number {i}" for i in range(400)]
+  lines = {"train": [], "validation": []}
+  for t in texts:
+    split = "validation" if corpus.is_validation(t, 0.1) else "train"
+    lines[split].append(json.dumps({"text": t, "meta": {"pile_set_name": "x"}}) + "\n")
+  for split, rows in lines.items():
+    (folder / f"{split}.jsonl").write_text("".join(rows))
+  two_way = corpus.write_embedded_corpus(tmp_path, 0.1)
+  three_way = corpus.write_embedded_corpus(tmp_path, 0.1, test_fraction=0.1)
+  assert three_way["validation"] == two_way["validation"]  # the same file, unchanged
+  assert three_way["test"].parent.name == folder.name + "-test0.1"
+  old_train, _ = read_documents(two_way["train"])
+  train, _ = read_documents(three_way["train"])
+  test, _ = read_documents(three_way["test"])
+  assert sorted(train + test) == sorted(old_train) and not set(train) & set(test)
+  assert 20 < len(test) < 60 and train == [t for t in old_train if t not in set(test)]
+  assert {corpus.split_of(t, 0.1, 0.1) for t in test} == {"test"}
+  assert {corpus.split_of(t, 0.1, 0.1) for t in train} == {"train"}
+  assert corpus.write_embedded_corpus(tmp_path, 0.1, test_fraction=0.1) == three_way
+  # Validation is decided first, by the same hash, whatever test_fraction is.
+  assert [corpus.split_of(t, 0.25, 0.25) == "validation" for t in texts] == [
+      corpus.is_validation(t, 0.25) for t in texts]
+  with pytest.raises(DataError, match="test_fraction"):
+    corpus.write_embedded_corpus(tmp_path, 0.5, test_fraction=0.5)
+
+
 def test_split_documents_depends_on_text_only():
   texts = [f"document number {i}" for i in range(400)]
   train, validation = corpus.split_documents(texts, 0.25)

@@ -137,3 +137,26 @@ def test_other_validation_files_need_no_data_source_and_the_summary_prints_lamba
   eval_cli._print_summary(out)
   printed = capsys.readouterr().out
   assert "lambada: acc 0.0000 ± 0.0000, perplexity" in printed and "(n=3)" in printed
+
+
+def test_split_test_of_the_embedded_source_is_its_held_out_shard(tmp_path):
+  # A two-way embedded cache as write_embedded_corpus leaves it (no stdlib walk).
+  folder = tmp_path / f"embedded-py{'.'.join(map(str, sys.version_info[:3]))}-val0.05"
+  folder.mkdir()
+  from lev_jax.data.corpus import is_validation
+  texts = [f"document {i}" for i in range(200)]
+  lines = [json.dumps({"text": t}) + "\n" for t in texts if not is_validation(t, 0.05)]
+  (folder / "train.jsonl").write_text("".join(lines))
+  (folder / "validation.jsonl").write_text(
+      "".join(json.dumps({"text": t}) + "\n" for t in texts if is_validation(t, 0.05)))
+  c = byte_config()
+  c.data.cache_dir = str(tmp_path)
+  with pytest.raises(ConfigError, match=r"test_files is empty and config.data.test_fraction = 0"):
+    eval_cli.heldout_test_files(c)
+  c.data.test_fraction = 0.1
+  (path,) = eval_cli.heldout_test_files(c)
+  assert path == str(tmp_path / f"{folder.name}-test0.1" / "test.jsonl")
+  held_out = open(path).read().splitlines(keepends=True)
+  assert held_out and set(held_out) < set(lines)
+  c.data.test_files = ("other.jsonl",)  # explicit files win
+  assert eval_cli.heldout_test_files(c) == ("other.jsonl",)

@@ -5,7 +5,8 @@
 
 * ``'embedded'``: the pydoc topics and standard-library docstrings of this Python
   (`corpus.embedded_documents`, about 2.3 MB), written once as Pile-format JSONL under
-  ``config.data.cache_dir`` and split per document by a hash of its text;
+  ``config.data.cache_dir`` and split per document by a hash of its text (a test
+  split too with ``data.test_fraction`` > 0, for ``lev-eval --split=test``);
 * ``'jsonl'``: Pile-format ``*.jsonl`` / ``*.jsonl.zst`` files or globs (local or
   ``gs://``) in ``config.data.train_files`` read into memory (and ``validation_files``,
   else a hash hold-out of ``validation_fraction``); small corpora;
@@ -170,7 +171,7 @@ def _in_memory(config, report: dict) -> DataBundle:
   d = config.data
   cache_dir = epath.Path(os.path.expanduser(d.cache_dir))
   if d.source == "embedded":
-    paths = write_embedded_corpus(cache_dir, d.validation_fraction)
+    paths = write_embedded_corpus(cache_dir, d.validation_fraction, d.test_fraction)
     report["corpus_paths"] = {k: os.fspath(v) for k, v in paths.items()}
     train_docs, report["train"] = _read([paths["train"]], d, "cache_dir")
     validation_docs, report["validation"] = _read([paths["validation"]], d, "cache_dir")

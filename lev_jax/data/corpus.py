@@ -155,10 +155,32 @@ def embedded_documents() -> list[dict]:
   return docs
 
 
+def _hash_fraction(text: str) -> float:
+  """The first 8 bytes of sha256(text) as a fraction of 2**64, in [0, 1)."""
+  digest = hashlib.sha256(text.encode("utf-8")).digest()
+  return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
 def is_validation(text: str, validation_fraction: float) -> bool:
   """Deterministic hold-out: the first 8 bytes of sha256(text) as a fraction of 2**64."""
   digest = hashlib.sha256(text.encode("utf-8")).digest()
   return int.from_bytes(digest[:8], "big") < validation_fraction * 2.0**64
+
+
+def split_of(text: str, validation_fraction: float, test_fraction: float = 0.0) -> str:
+  """"validation", "test" or "train" for one document, by a hash of its text only.
+
+  The hash fraction h (`_hash_fraction`) places it: h < validation_fraction ->
+  validation (exactly `is_validation`, whatever test_fraction is); then
+  h < validation_fraction + test_fraction -> test; else train. So a test split takes
+  its documents from the training split only, and test_fraction = 0 gives the two-way
+  split unchanged.
+  """
+  if is_validation(text, validation_fraction):
+    return "validation"
+  if test_fraction > 0 and _hash_fraction(text) < validation_fraction + test_fraction:
+    return "test"
+  return "train"
 
 
 def split_documents(texts: Sequence[str], validation_fraction: float
@@ -174,30 +196,45 @@ def _write_atomic(path: epath.Path, lines: Iterable[str]) -> None:
   write_bytes_atomic(path, "".join(lines).encode("utf-8"))
 
 
-def write_embedded_corpus(cache_dir, validation_fraction: float
-                          ) -> dict[str, epath.Path]:
-  """Writes the embedded corpus as Pile-format JSONL once; returns the two shard paths.
-
-  Args:
-    cache_dir: folder (str or path-like; ``~`` expanded) holding the cache subfolder
-      ``embedded-py{X.Y.Z}-val{fraction}``.
-    validation_fraction: share in (0, 1) of documents held out, chosen per document by
-      a hash of its text (`is_validation`), so the split never depends on the order.
-
-  Returns:
-    ``{"train": path, "validation": path}`` to ``train.jsonl`` / ``validation.jsonl``.
-    Existing files are reused; new ones are written to a temporary name, then
-    `os.replace`-d into place.
-
-  Raises:
-    DataError: validation_fraction outside (0, 1).
-  """
+def _check_fractions(validation_fraction: float, test_fraction: float) -> None:
   if not 0 < validation_fraction < 1:
     raise DataError(f"validation_fraction = {validation_fraction!r}: expected a number "
                     "in (0, 1)")
+  if not 0 <= test_fraction < 1 - validation_fraction:
+    raise DataError(f"test_fraction = {test_fraction!r}: expected a number in [0, "
+                    f"1 - validation_fraction = {1 - validation_fraction:g})")
+
+
+def write_embedded_corpus(cache_dir, validation_fraction: float, test_fraction: float = 0.0
+                          ) -> dict[str, epath.Path]:
+  """Writes the embedded corpus as Pile-format JSONL once; returns the shard paths.
+
+  Args:
+    cache_dir: folder (str or path-like; ``~`` expanded) holding the cache subfolder
+      ``embedded-py{X.Y.Z}-val{fraction}``; with test_fraction > 0 also
+      ``...-val{fraction}-test{test_fraction}`` (train and test, carved from the first
+      folder's train file; validation stays the first folder's file).
+    validation_fraction: share in (0, 1) of documents held out, chosen per document by
+      a hash of its text (`is_validation`), so the split never depends on the order.
+    test_fraction: share in [0, 1 - validation_fraction) of documents held out as a
+      test split (`split_of`): taken from the training documents only, so the
+      validation split is the same for every test_fraction, and 0 (the default)
+      writes exactly the two-way split.
+
+  Returns:
+    ``{"train": path, "validation": path}`` to ``train.jsonl`` / ``validation.jsonl``,
+    and ``"test"``: ``test.jsonl`` when test_fraction > 0. Existing files are reused;
+    new ones are written to a temporary name, then `os.replace`-d into place.
+
+  Raises:
+    DataError: a fraction out of range (named).
+  """
+  _check_fractions(validation_fraction, test_fraction)
   version = ".".join(str(v) for v in sys.version_info[:3])
-  folder = epath.Path(os.path.expanduser(os.fspath(cache_dir)))
-  folder = folder / f"embedded-py{version}-val{validation_fraction:g}"
+  root = epath.Path(os.path.expanduser(os.fspath(cache_dir)))
+  folder = root / f"embedded-py{version}-val{validation_fraction:g}"
+  if test_fraction > 0:
+    return _write_test_split(folder, validation_fraction, test_fraction)
   paths = {"train": folder / "train.jsonl", "validation": folder / "validation.jsonl"}
   if all(p.exists() for p in paths.values()):
     return paths
@@ -210,6 +247,30 @@ def write_embedded_corpus(cache_dir, validation_fraction: float
     _write_atomic(paths[split], records[split])
   logging.info("Wrote the embedded corpus to %s (%d train, %d validation documents).",
                folder, len(records["train"]), len(records["validation"]))
+  return paths
+
+
+def _write_test_split(two_way: epath.Path, validation_fraction: float,
+                      test_fraction: float) -> dict[str, epath.Path]:
+  """The three-way split, carved from the two-way cache at `two_way` (written first if
+  absent): its validation file is reused as is, its training lines are divided into
+  train and test by `split_of`, line for line (order kept)."""
+  base = write_embedded_corpus(two_way.parent, validation_fraction)
+  folder = two_way.parent / f"{two_way.name}-test{test_fraction:g}"
+  paths = {"train": folder / "train.jsonl", "validation": base["validation"],
+           "test": folder / "test.jsonl"}
+  if all(p.exists() for p in paths.values()):
+    return paths
+  folder.mkdir(parents=True, exist_ok=True)
+  records = {"train": [], "test": []}
+  for line in base["train"].read_text().splitlines(keepends=True):
+    text = json.loads(line)["text"]
+    records[split_of(text, validation_fraction, test_fraction)].append(line)
+  for split in ("test", "train"):  # train last: its presence marks completion
+    _write_atomic(paths[split], records[split])
+  logging.info("Held out %d of the embedded corpus's %d training documents as a test "
+               "split in %s.", len(records["test"]),
+               len(records["test"]) + len(records["train"]), folder)
   return paths
 
 

@@ -142,10 +142,10 @@ def input_files(config: ml_collections.ConfigDict, reports: dict[str, dict]
                 ) -> dict[str, list[epath.Path]]:
   """Per split, the input files (splits without files are left out).
 
-  data.source "embedded": the embedded corpus under data.cache_dir (train +
-  validation, `corpus.write_embedded_corpus`); otherwise data.train_files,
-  validation_files and test_files through `corpus.expand_files` (skipped paths counted
-  in ``reports[split]``).
+  data.source "embedded": the embedded corpus under data.cache_dir (train, validation,
+  and test with data.test_fraction > 0; `corpus.write_embedded_corpus`); otherwise
+  data.train_files, validation_files and test_files through `corpus.expand_files`
+  (skipped paths counted in ``reports[split]``).
 
   Raises:
     DataError: prefixed with the config field: no training file; (strict) a missing
@@ -154,10 +154,11 @@ def input_files(config: ml_collections.ConfigDict, reports: dict[str, dict]
   d = config.data
   if d.source == "embedded":
     paths = corpus.write_embedded_corpus(
-        epath.Path(os.path.expanduser(d.cache_dir)), d.validation_fraction)
-    for split in ("train", "validation"):
+        epath.Path(os.path.expanduser(d.cache_dir)), d.validation_fraction,
+        d.get("test_fraction", 0.0))
+    for split in paths:
       reports[split]["files"] += 1
-    return {split: [paths[split]] for split in ("train", "validation")}
+    return {split: [path] for split, path in paths.items()}
   files = {}
   for split, field in _FIELDS.items():
     patterns = d.get(field) or ()
