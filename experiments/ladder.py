@@ -72,6 +72,11 @@ def get_config(variant: str = "leviathan_1.2b"):
   c.train.log_every = 50
   c.train.eval_every = 1000
   c.train.checkpoint_every = 1000
+  # LEV on the distinct ids of each micro-batch (lev.mode auto -> unique): 512 x 512
+  # tokens of Zipf(1.0) ids over o200k hold ~56k distinct ids and text repeats more
+  # (benchmarks/distinct_ids.py); a batch over the bound falls back, exactly, to the
+  # 200,064-row table. The FLOP model and MFU count the bound.
+  c.lev.unique_size = 65_536
   c.optim.lr = lr
   c.optim.warmup_steps = 1000
   c.eval.batches = 64

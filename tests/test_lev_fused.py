@@ -169,8 +169,9 @@ def test_unique_mode_loss_is_bitwise_the_table_mode_loss():
   assert losses[0] == losses[1]
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-def test_train_steps_with_the_fused_core_follow_the_reference(scan_layers):
+def test_train_steps_with_the_fused_core_follow_the_reference():
+  # LEV runs before the layer stack, so model.scan_layers does not change its program;
+  # the scanned layout (the ladder's) is the one checked.
   from lev_jax.train import create_train_state, make_train_step  # noqa: PLC0415
   rng = np.random.default_rng(0)
   batch = {"inputs": rng.integers(0, 300, (4, 16)).astype(np.int32),
@@ -179,7 +180,7 @@ def test_train_steps_with_the_fused_core_follow_the_reference(scan_layers):
   runs = {}
   for impl in ("reference", "fused"):
     c = tiny_config(impl=impl, mode="tokens")
-    c.model.scan_layers = scan_layers
+    c.model.scan_layers = True
     part, state = create_train_state(c)
     step = make_train_step(part, c)
     trace = []
