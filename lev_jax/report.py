@@ -520,16 +520,22 @@ def markdown(analysis, produced: dict) -> str:
   lines += _bucket_section(analysis)
   lines += _downstream_section(analysis)
   lines += _rungs_section(analysis)
+  lines += provenance_lines(produced, "lev_jax.report.write_report", [
+      f"ladder: `{analysis['ladder']}`; root: `{analysis['root']}`",
+      "every figure: `analysis.json`; one row per rung: `ladder.csv`"])
+  return "\n".join(lines)
+
+
+def provenance_lines(produced: dict, default_command: str, extra: list[str]) -> list[str]:
+  """The "How this was produced" section of a report: command, date, commit, `extra`."""
   commit = produced.get("git_commit")
   if commit and produced.get("git_dirty"):
     commit += " (with uncommitted changes)"
-  lines += ["## How this was produced", "",
-            f"- command: `{produced.get('command') or 'lev_jax.report.write_report'}`",
-            f"- date: {produced['date']}",
-            f"- git commit: {commit or 'n/a (not a git checkout)'}",
-            f"- ladder: `{analysis['ladder']}`; root: `{analysis['root']}`",
-            "- every figure: `analysis.json`; one row per rung: `ladder.csv`", ""]
-  return "\n".join(lines)
+  return (["## How this was produced", "",
+           f"- command: `{produced.get('command') or default_command}`",
+           f"- date: {produced['date']}",
+           f"- git commit: {commit or 'n/a (not a git checkout)'}"]
+          + [f"- {line}" for line in extra] + [""])
 
 
 def write_report(analysis: dict, out_dir, *, command: str | None = None) -> dict:

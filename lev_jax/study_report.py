@@ -217,16 +217,9 @@ def markdown(analysis, produced: dict) -> str:
   lines += _bucket_section(analysis)
   lines += _efficiency_section(analysis)
   lines += _runs_section(analysis)
-  commit = produced.get("git_commit")
-  if commit and produced.get("git_dirty"):
-    commit += " (with uncommitted changes)"
-  lines += ["## How this was produced", "",
-            f"- command: `{produced.get('command') or 'lev_jax.study_report.write_report'}`",
-            f"- date: {produced['date']}",
-            f"- git commit: {commit or 'n/a (not a git checkout)'}",
-            f"- study: `{analysis['study']}`; root: `{analysis['root']}`",
-            "- every figure: `analysis.json`; per cell: `study.csv`; per bucket: "
-            "`buckets.csv`", ""]
+  lines += report.provenance_lines(produced, "lev_jax.study_report.write_report", [
+      f"study: `{analysis['study']}`; root: `{analysis['root']}`",
+      "every figure: `analysis.json`; per cell: `study.csv`; per bucket: `buckets.csv`"])
   return "\n".join(lines)
 
 
