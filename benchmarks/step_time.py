@@ -116,6 +116,10 @@ def main():
   p.add_argument("--shapes", default="smoke,medium")
   p.add_argument("--ids", default="zipf", choices=("zipf", "uniform"))
   args = p.parse_args()
+  unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
+  if unknown:
+    p.error(f"--shapes: unknown {', '.join(unknown)}; expected a comma-separated subset of "
+            f"{', '.join(SHAPES)}")
   print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, {args.reps} interleaved "
         f"repetitions, ids {args.ids}; seconds per optimizer step (median)")
   for shape in args.shapes.split(","):

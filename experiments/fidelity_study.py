@@ -63,9 +63,18 @@ EVAL_EVERY = 16
 FINAL_EVAL_BATCHES = 12  # lev-study's validation / test evaluation (x 8 x 128 targets)
 TEST_FRACTION = 0.05
 
-# Seed-major order: after the first third every cell has one seed.
-RUNGS = tuple([f"{kind}_v{v}_s{s}" for s in SEEDS for v in VOCABS for kind in KINDS]
-              + [f"{opt}_v{OPTION_VOCAB}_s{s}" for s in SEEDS for opt in OPTIONS])
+# Run order = priority, so that a study cut short still answers the main questions:
+# every cell's seed 0; then tied and Leviathan at 32k (the regime of the paper's claim)
+# and the LEV options there, all seeds; then tied and Leviathan at 2k and 8k; then the
+# untied ablation's other seeds.
+_SEED0 = [f"{kind}_v{v}_s0" for v in VOCABS for kind in KINDS]
+_MAIN = ([f"{kind}_v{OPTION_VOCAB}_s{s}" for s in SEEDS[1:] for kind in ("tied", "leviathan")]
+         + [f"{opt}_v{OPTION_VOCAB}_s{s}" for s in SEEDS for opt in OPTIONS]
+         + [f"{kind}_v{v}_s{s}" for s in SEEDS[1:] for v in VOCABS if v != OPTION_VOCAB
+            for kind in ("tied", "leviathan")])
+_REST = [f"untied_v{v}_s{s}" for s in SEEDS[1:] for v in VOCABS]
+RUNGS = tuple(_SEED0 + _MAIN + _REST)
+assert len(RUNGS) == len(set(RUNGS)) == len(SEEDS) * (len(VOCABS) * len(KINDS) + len(OPTIONS))
 
 
 def _smoke():

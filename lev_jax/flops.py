@@ -163,6 +163,21 @@ def lev_rows_per_micro_batch(config: ml_collections.ConfigDict) -> int:
                          config.lev.get("unique_size", 0))[1]
 
 
+def lev_plan_line(config: ml_collections.ConfigDict) -> str:
+  """One log line: LEV's core and the rows it is evaluated on per micro-batch."""
+  vocab = padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)
+  micro_tokens = tokens_per_step(config) // _micro_batches(config)
+  lv = config.lev
+  strategy, rows = evaluation_plan(lv.mode, vocab, micro_tokens, lv.get("unique_size", 0))
+  line = (f"LEV: {lv.impl} core, lev.mode={lv.mode} -> {strategy}: {rows:,} rows per "
+          f"micro-batch of {micro_tokens:,} tokens (padded vocab {vocab:,})")
+  if strategy == "unique":
+    dense, _ = evaluation_plan("auto", vocab, micro_tokens)
+    line += (f"; a micro-batch with more than {rows:,} distinct ids runs {dense} mode "
+             "instead (exact, slower)")
+  return line
+
+
 def lev_forward_flops_per_row(config: ml_collections.ConfigDict) -> int:
   """f_lev = 2*Hl*S*S + 2*Hl*S*J*R + 2*Hl*R*D: LEV's matmul FLOPs for one id."""
   lv, d = config.lev, config.model.d_model

@@ -189,7 +189,13 @@ def main(argv):
   if "://" in f.root:
     cli.fail(PROG, f"--root={f.root}: lev-study trains and evaluates locally; give a "
                    "local folder")
-  if not f.run and not Path(f.root).is_dir():
+  if not Path(f.study).is_file():
+    cli.fail(PROG, f"--study={f.study}: no such file; expected a study file with RUNGS and "
+                   "get_config(run), e.g. experiments/fidelity_study.py")
+  root = Path(f.root)
+  if root.exists() and not root.is_dir():
+    cli.fail(PROG, f"--root={f.root}: is a file; expected a folder (one workdir per run)")
+  if not f.run and not root.is_dir():
     cli.fail(PROG, f"--root={f.root}: no such folder (add --run to train the runs there)")
   try:
     train_flags = ladder_cli._split("train_flags", f.train_flags)

@@ -32,7 +32,8 @@ from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer import save_tokenizer
 from lev_jax.evaluate import evaluate
-from lev_jax.flops import mfu, tokens_per_s_per_device, train_flops_per_step
+from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
+                           train_flops_per_step)
 from lev_jax import sharding
 from lev_jax.metrics import MetricWriter
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
@@ -131,6 +132,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   part = partition(config)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())
+  if config.model.embedding == "lev":
+    logging.info("%s", lev_plan_line(config))
   global_stream = config.data.host_batches == "global"
   if global_stream:  # every process: the same global batches; each feeds its rows
     train_iter = iter(bundle.train_dataset(t.global_batch_size))

@@ -252,3 +252,11 @@ def test_fused_lev_share_of_a_1_2b_step_is_small_and_below_the_reference():
   assert 3.0 < fused["step_s"] < 6.0  # ~1.9e15 FLOPs at half of 989.5 TFLOP/s
   with pytest.raises(ConfigError, match="impl = 'pallas'"):
     flops.lev_step_share(c, "pallas")
+
+
+def test_lev_plan_line_names_the_core_rows_and_the_fallback():
+  c = tiny("lev", mode="unique", batch=32)
+  line = flops.lev_plan_line(c)
+  assert line.startswith("LEV: fused core, lev.mode=unique -> unique: 192 rows per "
+                         "micro-batch of 512 tokens (padded vocab 384)")
+  assert "more than 192 distinct ids runs table mode instead" in line

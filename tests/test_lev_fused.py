@@ -191,3 +191,24 @@ def test_train_steps_with_the_fused_core_follow_the_reference():
   # Losses and gradient norms, not parameters: Adam's m / sqrt(v) turns float32 noise
   # in near-zero gradients into full-size updates of either sign.
   np.testing.assert_allclose(runs["fused"], runs["reference"], rtol=2e-5)
+
+
+def test_impl_pallas_routes_the_window_basis_to_the_pallas_core(monkeypatch):
+  # The kernels themselves are checked against the reference in test_lev_pallas.py (in
+  # the Pallas interpreter, slow on CPU); here: lev_embed hands them the same inputs as
+  # the fused core gets.
+  from lev_jax import lev_pallas  # noqa: PLC0415
+  calls = []
+
+  def spy(weights, knots, delta, *, log_eps, log_group):
+    calls.append((weights.shape, knots.shape, delta.shape, log_eps, log_group))
+    return lev_modes_fused(weights, knots, delta, log_eps, log_group)
+
+  monkeypatch.setattr(lev_pallas, "lev_modes_pallas", spy)
+  cfg = tiny_config(impl="pallas", log_group=4).lev
+  lev, params = _lev_with_params(cfg)
+  ids = jnp.arange(10)
+  out = lev_embed(params, ids, cfg, lev.base)
+  ref = lev_embed(params, ids, tiny_config(impl="fused", log_group=4).lev, lev.base)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+  assert calls == [((10, 2, 8, 3), (10, 2, 8, 3), (2, 8, 6, 4), 1e-6, 4)]
