@@ -5,6 +5,7 @@ and test, reported)."""
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,26 @@ def test_driver_trains_evaluates_and_reports_means_and_intervals(tmp_path, compi
                                     runner=lambda argv: pytest.fail(f"retrained {argv}"),
                                     evaluate=lambda *a, **k: pytest.fail("re-evaluated"))
   assert again["comparisons"][0]["perplexity"]["test"] == test
+
+
+@pytest.mark.parametrize("study_arg,root_is_file,message", [
+    ("missing.py", False, "--study=.*missing.py: no such file"),
+    (None, True, "--root=.*: is a file; expected a folder"),
+])
+def test_command_refuses_a_missing_study_or_a_file_root_before_any_run(
+    tmp_path, study_arg, root_is_file, message):
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  root = tmp_path / "root"
+  if root_is_file:
+    root.write_text("")
+  study_file = tmp_path / (study_arg or "study.py")
+  if study_arg is None:
+    study_file.write_text("RUNGS = ('a',)\ndef get_config(run):\n  raise AssertionError\n")
+  proc = subprocess.run(
+      [sys.executable, "-m", "lev_jax.study_cli", f"--study={study_file}", f"--root={root}",
+       "--run"], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert re.search(message, proc.stderr), proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert root_is_file == root.exists() and (not root_is_file or root.is_file())
