@@ -18,7 +18,7 @@ import ml_collections
 from flax import nnx
 
 from lev_jax.config import ConfigError, padded_vocab_size
-from lev_jax.lev import LEV, evaluation_plan
+from lev_jax.lev import LEV, dense_plan, evaluation_plan
 from lev_jax.sharding import constrain, take_rows
 
 PAD_LOGIT = -1e9
@@ -126,7 +126,7 @@ class LEVEmbedding(_Head):
       return self._embed_table(ids_BxL)
     if strategy == "tokens":
       return self._embed_tokens(ids_BxL)
-    dense, _ = evaluation_plan("auto", self.lev.vocab_size, ids_BxL.size, ids_BxL.size)
+    dense, _ = dense_plan(self.lev.vocab_size, ids_BxL.size)
     fallback = self._embed_table if dense == "table" else self._embed_tokens
     return self._embed_unique(ids_BxL, rows, fallback)
 

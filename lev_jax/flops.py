@@ -101,7 +101,7 @@ from collections.abc import Mapping
 import ml_collections
 
 from lev_jax.config import ConfigError, padded_vocab_size
-from lev_jax.lev import evaluation_plan
+from lev_jax.lev import dense_plan, evaluation_plan
 
 PARTS = ("backbone", "attention", "head", "lev")
 
@@ -172,7 +172,7 @@ def lev_plan_line(config: ml_collections.ConfigDict) -> str:
   line = (f"LEV: {lv.impl} core, lev.mode={lv.mode} -> {strategy}: {rows:,} rows per "
           f"micro-batch of {micro_tokens:,} tokens (padded vocab {vocab:,})")
   if strategy == "unique":
-    dense, _ = evaluation_plan("auto", vocab, micro_tokens)
+    dense, _ = dense_plan(vocab, micro_tokens)
     line += (f"; a micro-batch with more than {rows:,} distinct ids runs {dense} mode "
              "instead (exact, slower)")
   return line

@@ -303,6 +303,14 @@ def _lev_rows(params: dict, ids_N: jax.Array, cfg: ml_collections.ConfigDict,
   return jnp.einsum("nhr,hrd->nd", modes_NxHxR, params["out_proj"].astype(f32))
 
 
+def dense_plan(padded_vocab: int, n_ids: int) -> tuple[str, int]:
+  """The cheaper of `table` (padded_vocab rows) and `tokens` (n_ids rows); ties: tokens.
+
+  What `auto` picks without a unique bound, and where `unique` falls back to.
+  """
+  return ("table", padded_vocab) if padded_vocab < n_ids else ("tokens", n_ids)
+
+
 def evaluation_plan(mode: str, padded_vocab: int, n_ids: int,
                     unique_size: int = 0) -> tuple[str, int]:
   """Which rows LEV is evaluated on for a micro-batch of `n_ids` ids, and how many.
@@ -313,8 +321,9 @@ def evaluation_plan(mode: str, padded_vocab: int, n_ids: int,
     tokens  one row per id: n_ids rows.
     unique  the distinct ids, padded to a static bound U (`lev.unique_size`; 0 = half of
             min(padded_vocab, n_ids)), then a gather: U rows. A micro-batch with more
-            than U distinct ids falls back, exactly, to the cheaper of table / tokens.
-    auto    the strategy with the fewest rows (ties: table, then tokens); `unique` is a
+            than U distinct ids falls back, exactly, to `dense_plan` (the cheaper of
+            table / tokens).
+    auto    the strategy with the fewest rows (`dense_plan` on a tie); `unique` is a
             candidate only when `unique_size` is set (> 0), since its row count is a
             bound the data must respect, not a fact of the shapes.
 
@@ -323,7 +332,7 @@ def evaluation_plan(mode: str, padded_vocab: int, n_ids: int,
   Raises:
     ConfigError: unknown mode.
   """
-  dense = ("table", padded_vocab) if padded_vocab < n_ids else ("tokens", n_ids)
+  dense = dense_plan(padded_vocab, n_ids)
   bound = min(unique_size or max(1, min(padded_vocab, n_ids) // 2), min(padded_vocab, n_ids))
   if mode == "table":
     return "table", padded_vocab
