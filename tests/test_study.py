@@ -114,24 +114,7 @@ def _train_in_process(module_path):
   return run
 
 
-@pytest.fixture
-def compilation_cache(tmp_path):
-  """A persistent XLA cache for this test only (as lev-study's ROOT/jax_cache): the
-  second seed of a cell and the evaluations reuse the first one's programs."""
-  import jax
-  from jax.experimental.compilation_cache import compilation_cache as cc
-  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-  old = {n: getattr(jax.config, n) for n in names}
-  jax.config.update(names[0], str(tmp_path / "xla_cache"))
-  jax.config.update(names[1], 0.0)
-  cc.reset_cache()
-  yield
-  for n, v in old.items():
-    jax.config.update(n, v)
-  cc.reset_cache()
-
-
-def test_driver_trains_evaluates_and_reports_means_and_intervals(tmp_path, compilation_cache):
+def test_driver_trains_evaluates_and_reports_means_and_intervals(tmp_path):
   path = _study_file(tmp_path)
   root = tmp_path / "root"
   analysis, paths, failed = study_cli.run_study(
