@@ -7,15 +7,25 @@ Each checkpoint step holds three items:
 
 Orbax writes each step into a temporary directory and renames it only when every item
 is complete, so a run killed at any moment (kill -9) leaves the earlier checkpoints
-intact and the restart resumes from the last complete one. Source: orbax-checkpoint
-docs, "CheckpointManager" and "Async checkpointing".
+intact and the restart resumes from the last complete one; temporaries left by a kill
+are removed when the next Checkpointer opens the folder (Orbax's
+cleanup_tmp_directories). Source: orbax-checkpoint docs, "CheckpointManager" and
+"Async checkpointing".
+
+Once Orbax has finalised a step, process 0 writes `<step>/checksums.json` (sha256 and
+size of every file of the step; MANIFEST). A restore recomputes them first: a flipped
+bit is CheckpointCorruptError naming the file, never a silent restore. A step without
+a manifest (a kill between Orbax's rename and the manifest, or an older run) restores
+with a warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
+import time
 from typing import Any
 
 import grain
@@ -28,7 +38,7 @@ from etils import epath
 # changed is refused with the list of differences.
 SHAPE_FIELDS = {
     "model": ("embedding", "vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
-              "n_kv_heads", "head_dim", "d_ff", "param_dtype"),
+              "n_kv_heads", "head_dim", "d_ff", "param_dtype", "scan_layers"),
     "lev": ("n_coords", "base", "d_seed", "n_heads", "n_knots", "rank", "basis"),
 }
 
@@ -47,7 +57,79 @@ def error_line(error: BaseException, limit: int = 160) -> str:
 
 
 class CheckpointMismatchError(ValueError):
-  """The checkpoint was written for a different model shape than this config's."""
+  """The checkpoint was written for a different model shape than this config's, or
+  cannot be read."""
+
+
+class CheckpointCorruptError(CheckpointMismatchError):
+  """A file of the checkpoint differs from its checksum manifest (MANIFEST)."""
+
+
+class CheckpointWriteError(OSError):
+  """A checkpoint could not be written (e.g. the disk is full); its temporary folder
+  was removed and the earlier checkpoints are untouched."""
+
+
+MANIFEST = "checksums.json"
+
+
+def _sha256(path: epath.Path) -> str:
+  digest = hashlib.sha256()
+  with path.open("rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _step_files(step_dir: epath.Path) -> dict[str, epath.Path]:
+  """{path relative to the step folder: path} of every file but the manifest."""
+  out, folders = {}, [step_dir]
+  while folders:  # epath has no recursive glob on every backend (gs://)
+    for p in folders.pop().iterdir():
+      if p.is_dir():
+        folders.append(p)
+      elif p.name != MANIFEST or p.parent != step_dir:
+        out[str(p.relative_to(step_dir))] = p
+  return out
+
+
+def write_manifest(step_dir) -> None:
+  """Writes `step_dir/checksums.json`: {"sha256": {file: hex}, "bytes": {file: size}}."""
+  step_dir = epath.Path(step_dir)
+  files = _step_files(step_dir)
+  manifest = {"sha256": {rel: _sha256(p) for rel, p in sorted(files.items())},
+              "bytes": {rel: p.stat().length for rel, p in sorted(files.items())}}
+  tmp = step_dir / (MANIFEST + ".tmp")
+  tmp.write_text(json.dumps(manifest, indent=1))
+  tmp.replace(step_dir / MANIFEST)
+
+
+def verify_manifest(step_dir) -> bool:
+  """Checks every file of a step against its manifest.
+
+  Returns:
+    True when verified, False when the step has no manifest (unverifiable).
+  Raises:
+    CheckpointCorruptError: a listed file is missing or its checksum differs (the
+      first such file is named).
+  """
+  step_dir = epath.Path(step_dir)
+  path = step_dir / MANIFEST
+  if not path.exists():
+    return False
+  try:
+    expected = json.loads(path.read_text())["sha256"]
+  except (ValueError, KeyError, TypeError) as e:
+    raise CheckpointCorruptError(f"{path}: the checksum manifest is unreadable ({e})") from e
+  for rel, digest in expected.items():
+    f = step_dir / rel
+    if not f.exists():
+      raise CheckpointCorruptError(f"checkpoint {step_dir}: {rel} is missing")
+    if _sha256(f) != digest:
+      raise CheckpointCorruptError(
+          f"checkpoint {step_dir}: {rel} differs from its checksum (the file was changed "
+          "or damaged after the save)")
+  return True
 
 
 def _differences(saved: dict, config: ml_collections.ConfigDict, table: dict) -> list[str]:
@@ -128,35 +210,116 @@ class Checkpointer:
                portable_data: bool = True):
     self.directory = epath.Path(directory)
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+        max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
+        cleanup_tmp_directories=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
         "state": ocp.StandardCheckpointHandler(),
         "data": DataIteratorHandler(portable_data),
         "config": ocp.JsonCheckpointHandler()})
+    self._unsigned: list[int] = []  # steps saved here whose manifest is not written yet
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
   def save(self, step: int, state, data_iterator, config: ml_collections.ConfigDict) -> bool:
-    """Starts saving `step`; returns at once when async (call `wait` before exit)."""
-    return self.manager.save(step, force=True, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=DataSave(data_iterator),
-        config=ocp.args.JsonSave(config.to_dict())))
+    """Starts saving `step`; returns at once when async (call `wait` before exit).
+
+    Raises:
+      CheckpointWriteError: this or the previous (async) save failed, e.g. disk full.
+    """
+    self.wait()  # the previous save is complete (Orbax would wait here too): sign it
+    try:
+      saved = self.manager.save(step, force=True, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          data=DataSave(data_iterator),
+          config=ocp.args.JsonSave(config.to_dict())))
+    except Exception as e:  # Orbax / tensorstore / OSError: any type
+      self._write_failed(step, e)
+    if saved:
+      self._unsigned.append(step)
+    return saved
+
+  def _write_failed(self, step: int, error: BaseException):
+    for tmp in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+      tmp.rmtree(missing_ok=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+    raise CheckpointWriteError(
+        f"checkpoint {self.directory / str(step)} could not be written ({error_line(error)}); "
+        f"its temporary folder was removed, the checkpoints {self.all_steps()} are intact"
+    ) from error
 
   def saved_config(self, step: int) -> dict:
-    return self.manager.restore(step, args=ocp.args.Composite(
-        config=ocp.args.JsonRestore()))["config"]
+    """The config stored with `step`.
+
+    Raises:
+      CheckpointMismatchError: the step's config item is missing or unreadable.
+    """
+    try:
+      return self.manager.restore(step, args=ocp.args.Composite(
+          config=ocp.args.JsonRestore()))["config"]
+    except Exception as e:  # a deleted or damaged config item: any Orbax error type
+      raise CheckpointMismatchError(
+          f"checkpoint {self.directory / str(step)}: its config cannot be read "
+          f"({error_line(e)}); the step is incomplete or damaged") from e
+
+  def restore_latest(self, abstract_state, data_iterator, config: ml_collections.ConfigDict,
+                     fallback: bool = False):
+    """Restores the latest step (see `restore`); returns (step, state).
+
+    With `fallback`, a step that is corrupt or unreadable is skipped (a warning names it
+    and why) for the next older one; once one restores, the skipped steps are moved,
+    not deleted, to <directory>_quarantine/<step> so the run can save those steps again.
+    Without it, the first error is raised.
+
+    Raises:
+      CheckpointMismatchError: as `restore`; with fallback, when no step is restorable.
+    """
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    errors, skipped = [], []
+    for step in steps:
+      try:
+        state = self.restore(step, abstract_state, data_iterator, config)
+      except CheckpointMismatchError as e:
+        if not fallback or not isinstance(e, CheckpointCorruptError) and (
+            "cannot be read" not in str(e)):
+          raise
+        logging.warning("skipping %s (--restore_fallback): %s", step, str(e).splitlines()[0])
+        errors.append(f"{step}: {str(e).splitlines()[0]}")
+        skipped.append(step)
+        continue
+      if skipped and jax.process_index() == 0:
+        quarantine = self.directory.parent / (self.directory.name + "_quarantine")
+        quarantine.mkdir(parents=True, exist_ok=True)
+        for bad in skipped:
+          (self.directory / str(bad)).rename(quarantine / f"{bad}-{time.time_ns()}")
+          logging.warning("moved the unrestorable step %d to %s", bad, quarantine)
+        self.manager.reload()
+      return step, state
+    raise CheckpointMismatchError("no checkpoint can be restored: " + "; ".join(errors))
 
   def restore(self, step: int, abstract_state, data_iterator,
               config: ml_collections.ConfigDict):
     """Restores `step` into the shapes of `abstract_state`; sets the iterator's position.
 
     Raises:
+      CheckpointCorruptError: a file differs from the step's checksum manifest (add
+        --restore_fallback to lev-train to resume from the latest intact step).
       CheckpointMismatchError: the checkpoint's model shape differs from `config`'s
-        (every differing field is named), or an array's stored shape differs.
+        (every differing field is named), an array's stored shape differs, or the step
+        cannot be read.
     """
     where = f"checkpoint {self.directory / str(step)}"
+    try:
+      verified = verify_manifest(self.directory / str(step))
+    except CheckpointCorruptError as e:
+      raise CheckpointCorruptError(
+          f"{e}. Nothing was changed; re-run with --restore_fallback to resume from the "
+          "latest intact step, or move that folder aside") from None
+    if not verified:
+      logging.warning("%s has no checksum manifest (%s); restoring it unverified",
+                      where, MANIFEST)
     saved = self.saved_config(step)
     diffs = _differences(saved, config, SHAPE_FIELDS)
     if diffs:
@@ -195,8 +358,25 @@ class Checkpointer:
         data=DataRestore(data_iterator)))
 
   def wait(self):
-    self.manager.wait_until_finished()
+    """Waits for a pending async save, then writes the manifests of finished saves.
+
+    Raises:
+      CheckpointWriteError: the pending save failed (its temporary folder is removed).
+    """
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # the background save's error, any type
+      step = self._unsigned.pop() if self._unsigned else -1
+      self._write_failed(step, e)
+    finished = set(self.manager.all_steps())
+    for step in self._unsigned:
+      if step in finished and jax.process_index() == 0:
+        write_manifest(self.directory / str(step))
+    self._unsigned = []
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Finishes pending saves (see `wait`) and closes the manager, also on error."""
+    try:
+      self.wait()
+    finally:
+      self.manager.close()

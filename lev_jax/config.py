@@ -19,6 +19,7 @@ LEV_MODES = ("auto", "table", "tokens", "unique")
 LEV_IMPLS = ("fused", "reference", "pallas")
 DECAY_MASKS = ("matrices", "all", "none")
 CLIP_MODES = ("global", "per_group", "exclude_lev")  # lev_jax/optimizer.py make_clipping
+NAN_POLICIES = ("stop", "skip_step")  # train.nan_policy: lev_jax/trainer.py
 LEV_OUT_PROJ_INITS = ("paper", "match_table")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DATA_SOURCES = ("embedded", "jsonl", "jsonl_stream", "prepared")
@@ -145,6 +146,12 @@ def base_config() -> ml_collections.ConfigDict:
   t.eval_every = 100
   t.checkpoint_every = 100
   t.keep_checkpoints = 3
+  # A step whose loss, gradient norm or update is not finite (checked in the jitted
+  # step) leaves params and optimizer state unchanged. "stop": the run stops there with
+  # one line and writes no checkpoint after it; "skip_step": training goes on, and
+  # stops once more than max_skipped_steps steps of this process were skipped.
+  t.nan_policy = "stop"
+  t.max_skipped_steps = 10
 
   c.optim = o = ml_collections.ConfigDict()
   o.lr = 3e-3
@@ -237,6 +244,10 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("model.head_dim", m.head_dim, "an even number (RoPE rotates pairs)")
   _positive(c, "train", ["steps", "seq_len", "global_batch_size", "grad_accum_steps",
                          "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"])
+  _one_of(c, "train", "nan_policy", NAN_POLICIES)
+  if (isinstance(t.max_skipped_steps, bool) or not isinstance(t.max_skipped_steps, int)
+      or t.max_skipped_steps < 0):
+    _fail("train.max_skipped_steps", t.max_skipped_steps, "an integer >= 0")
   if t.seq_len > m.max_seq_len:
     _fail("train.seq_len", t.seq_len, f"<= model.max_seq_len = {m.max_seq_len}")
   if t.global_batch_size % t.grad_accum_steps:

@@ -16,7 +16,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from lev_jax import cli, distributed, experiments_dir
-from lev_jax.checkpoint import CheckpointMismatchError
+from lev_jax.checkpoint import CheckpointMismatchError, CheckpointWriteError
 from lev_jax.config import ConfigError
 from lev_jax.data import DataError
 from lev_jax.sharding import ShardingError
@@ -33,6 +33,9 @@ def _define_flags():
   flags.DEFINE_string("workdir", None, "Output directory (default ./runs/<config.name>).")
   flags.DEFINE_integer("stop_at_step", None, "Stop after this step with a checkpoint (for "
                        "time-sliced jobs; the schedule still spans train.steps).")
+  flags.DEFINE_bool("restore_fallback", False, "When the latest checkpoint is corrupt "
+                    "(checksum) or unreadable, resume from the latest intact one instead "
+                    "of stopping (a warning names the skipped step).")
   distributed.define_flags()
 
 
@@ -44,22 +47,26 @@ def main(argv):
     distributed.initialize_from_flags()
   except ValueError as e:
     cli.fail("lev-train", str(e))
-  from lev_jax.trainer import train_and_evaluate  # after flags: keeps --help fast
+  from lev_jax import trainer  # after flags: keeps --help fast
   config = cli.config_or_exit("lev-train")
   workdir = flags.FLAGS.workdir or f"runs/{config.name}"
   logging.info("config %s -> workdir %s", config.name, workdir)
   try:
-    result = train_and_evaluate(config, workdir, stop_at_step=flags.FLAGS.stop_at_step)
+    result = trainer.train_and_evaluate(config, workdir, stop_at_step=flags.FLAGS.stop_at_step,
+                                        restore_fallback=flags.FLAGS.restore_fallback)
   except (ConfigError, DataError, CheckpointMismatchError, ShardingError,
           FileNotFoundError) as e:
     cli.fail("lev-train", str(e))
-  if result is None and flags.FLAGS.stop_at_step is not None:
-    print(f"lev-train: {config.name} stopped at step {flags.FLAGS.stop_at_step} as asked; "
+  except (trainer.DivergenceError, CheckpointWriteError) as e:
+    print(f"lev-train: error: {cli.first_line(e)}", file=sys.stderr)
+    sys.exit(1)
+  if isinstance(result, trainer.Stopped) and result.reason == "stop_at_step":
+    print(f"lev-train: {config.name} stopped at step {result.step} as asked; "
           "re-run without --stop_at_step to continue", file=sys.stderr)
     return
-  if result is None:  # preempted (SIGTERM) after saving: not finished, so not status 0
-    print(f"lev-train: {config.name} stopped early after a checkpoint; re-run to resume",
-          file=sys.stderr)
+  if isinstance(result, trainer.Stopped):  # preempted after saving: not finished, not 0
+    print(f"lev-train: {config.name} stopped at step {result.step} ({result.reason}) after "
+          "a checkpoint; re-run to resume", file=sys.stderr)
     sys.exit(PREEMPTED_EXIT)
   if distributed.is_primary():
     print(f"lev-train: {config.name} step {result['step']}: validation loss "

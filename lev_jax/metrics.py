@@ -55,3 +55,31 @@ class MetricWriter:
     if self.enabled:
       self._file.close()
       self._tb.close()
+
+
+def truncate_metrics(workdir, step: int) -> int:
+  """Drops the rows of WORKDIR/metrics.jsonl past `step` (and unparsable lines, e.g. one
+  cut by a kill mid-write), so that a resumed run's re-done steps appear once.
+
+  Returns:
+    The number of rows dropped (0 when the file is absent).
+  """
+  path = epath.Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return 0
+  kept, dropped = [], 0
+  for line in path.read_text().splitlines():
+    try:
+      row_step = int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+      row_step = None
+    if row_step is None or row_step > step:
+      dropped += 1
+    else:
+      kept.append(line + "\n")
+  if dropped:
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+  return dropped
+

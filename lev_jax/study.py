@@ -50,6 +50,9 @@ FACTOR_FIELDS = {
     "optim.clip_mode": "options", "lev.out_proj_init": "options",
 }
 OPTION_FIELDS = ("optim.lev_lr_multiplier", "optim.clip_mode", "lev.out_proj_init")
+# Options that act on LEV's parameters only: a model without LEV ignores them, so they
+# do not enter its label (a tied baseline stays "default" whatever they are set to).
+LEV_ONLY_OPTIONS = ("optim.lev_lr_multiplier", "lev.out_proj_init")
 VARIANTS = {"tied": "tied", "lev": "leviathan", "untied": "untied"}
 SPLITS = ("validation", "test")
 SCHEMES = ("log", "equal_mass")
@@ -79,10 +82,12 @@ def flatten(config) -> dict:
 
 def options_label(flat: dict) -> str:
   """"default", or the LEV optimiser options that differ from base_config's, e.g.
-  "lev_lr_multiplier=3, clip_mode=per_group"."""
+  "lev_lr_multiplier=3, clip_mode=per_group" (LEV_ONLY_OPTIONS only for LEV models)."""
   from lev_jax.config import base_config
   defaults = flatten(base_config())
-  changed = [f"{f.rsplit('.', 1)[1]}={flat.get(f)!s}" for f in OPTION_FIELDS
+  fields = [f for f in OPTION_FIELDS
+            if flat.get("model.embedding") == "lev" or f not in LEV_ONLY_OPTIONS]
+  changed = [f"{f.rsplit('.', 1)[1]}={flat.get(f)!s}" for f in fields
              if flat.get(f, defaults[f]) != defaults[f]]
   return ", ".join(changed) or "default"
 

@@ -13,9 +13,11 @@ checkpoint exists, so re-running the same command continues the run. Outputs:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
+import os
 import signal
 import time
 
@@ -35,7 +37,7 @@ from lev_jax.evaluate import evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
 from lev_jax import sharding
-from lev_jax.metrics import MetricWriter
+from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
 
 
@@ -73,10 +75,8 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
       scalars[f"eval/perplexity_bucket_{lo}-{hi}"] = b["perplexity"]
   writer.write(step, scalars)
   if jax.process_index() == 0:
-    path = epath.Path(workdir) / "eval.json"
-    tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+    write_bytes_atomic(epath.Path(workdir) / "eval.json",
+                       json.dumps(result, indent=1).encode())
   return result
 
 
@@ -102,33 +102,127 @@ def _check_gcs_support(config: ml_collections.ConfigDict, workdir) -> None:
             f"({e.name} missing): pip install -e '.[gcs]'") from e
 
 
+@dataclasses.dataclass
+class Stopped:
+  """`train_and_evaluate`'s result for a run that stopped before train.steps after
+  saving a checkpoint at `step`; reason: "SIGTERM" (preempted: lev-train exits 143 so
+  a scheduler requeues it) or "stop_at_step"."""
+  step: int
+  reason: str
+
+
+class DivergenceError(RuntimeError):
+  """The loss or gradient became non-finite (train.nan_policy); no checkpoint was
+  written after the first such step."""
+
+
+def _check_workdir(workdir: epath.Path) -> None:
+  """Refuses a workdir that cannot hold a run, before anything is read or written.
+
+  Raises:
+    ConfigError: the workdir, its checkpoints folder or metrics.jsonl has the wrong
+      kind (file vs folder), or the workdir is not writable.
+  """
+  if workdir.exists() and not workdir.is_dir():
+    raise ConfigError(f"--workdir={workdir}: is a file; expected a folder")
+  for name, want_dir in (("checkpoints", True), ("metrics.jsonl", False),
+                         ("tokenizer", True), ("eval.json", False)):
+    p = workdir / name
+    if p.exists() and p.is_dir() != want_dir:
+      raise ConfigError(f"{p}: is a {'file' if want_dir else 'folder'}; expected a "
+                        f"{'folder' if want_dir else 'file'} (move it aside)")
+  if "://" in str(workdir):
+    return
+  probe = workdir if workdir.exists() else next(
+      (p for p in workdir.parents if p.exists()), None)
+  if probe is not None and not os.access(probe, os.W_OK | os.X_OK):
+    raise ConfigError(f"--workdir={workdir}: {probe} is not writable")
+
+
+def _finished_eval(path: epath.Path, step: int) -> dict | None:
+  """eval.json's result when it is readable and for `step`; else None (re-evaluate)."""
+  if not path.exists():
+    return None
+  try:
+    finished = json.loads(path.read_text())
+  except ValueError as e:
+    logging.warning("%s is unreadable (%s); evaluating again", path, e)
+    return None
+  return finished if isinstance(finished, dict) and finished.get("step") == step else None
+
+
+class _Health:
+  """The NaN guard's host side: the per-step `nonfinite` flags of the steps since the
+  last check, fetched together with the metrics (or before a checkpoint), so it adds
+  no host sync per step.
+
+  Raises (check):
+    DivergenceError: train.nan_policy = "stop" and a step was non-finite, or
+      "skip_step" and more than train.max_skipped_steps steps were.
+  """
+
+  def __init__(self, config, ckpt):
+    self.policy, self.limit = config.train.nan_policy, config.train.max_skipped_steps
+    self.ckpt, self.pending, self.skipped = ckpt, [], 0
+
+  def add(self, step: int, metrics: dict):
+    self.pending.append((step, {k: metrics[k] for k in ("nonfinite", "loss", "grad_norm")}))
+
+  def check(self):
+    if not self.pending:
+      return
+    pending, self.pending = jax.device_get(self.pending), []
+    for step, m in pending:
+      if not m["nonfinite"]:
+        continue
+      what = (f"step {step}: loss {float(m['loss']):.6g}, gradient norm "
+              f"{float(m['grad_norm']):.6g} (not finite); params and optimizer state were "
+              "kept from the step before")
+      self.skipped += 1
+      if self.policy == "skip_step" and self.skipped <= self.limit:
+        logging.warning("%s (train.nan_policy=skip_step: %d of at most %d skipped)", what,
+                        self.skipped, self.limit)
+        continue
+      latest = self.ckpt.latest_step()
+      reason = ("train.nan_policy=stop" if self.policy == "stop" else
+                f"more than train.max_skipped_steps={self.limit} steps skipped")
+      raise DivergenceError(
+          f"{what}; stopped ({reason}). No checkpoint was written after it; the latest "
+          f"is step {latest}. Lower optim.lr, or set train.nan_policy=skip_step")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
-                       stop_at_step: int | None = None) -> dict | None:
+                       stop_at_step: int | None = None,
+                       restore_fallback: bool = False) -> dict | Stopped:
   """Trains config.train.steps optimizer steps (resuming if possible); returns final eval.
+
+  Every check (config, workdir kinds and permissions, data, tokenizer, validation size,
+  mesh, checkpoint shapes and checksums) runs before the first write into the workdir.
 
   Args:
     config: a validated-on-entry experiment config.
     workdir: outputs and checkpoints (local or gs://).
     stop_at_step: for time-sliced jobs: stop after this step with a checkpoint (the
-      schedule still spans train.steps); returns None. The next call resumes.
+      schedule still spans train.steps).
+    restore_fallback: resume from the latest intact checkpoint when the latest one is
+      corrupt or unreadable (a warning names it); without it, that is an error.
+
+  Returns:
+    The final evaluation (as eval.json), or `Stopped` when the run stopped early.
 
   Raises:
-    ConfigError, data_lib.DataError, CheckpointMismatchError: with a message naming
-      the field, file or checkpoint at fault.
+    ConfigError, data_lib.DataError, CheckpointMismatchError, CheckpointWriteError,
+    DivergenceError: with a message naming the field, file, checkpoint or step at fault.
   """
   validate(config)
   _check_gcs_support(config, workdir)
   workdir = epath.Path(workdir).expanduser()
   if "://" not in str(workdir):
     workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative
-  workdir.mkdir(parents=True, exist_ok=True)
+  _check_workdir(workdir)
   t = config.train
   bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree
-  if jax.process_index() == 0:  # documents, tokens, skipped lines by reason, tokenizer
-    (workdir / "data_report.json").write_text(json.dumps(bundle.report, indent=1,
-                                                         default=str))
-    save_tokenizer(bundle.tokenizer, workdir / "tokenizer", config.model.vocab_multiple)
-    write_bytes_atomic(workdir / "token_counts.npy", npy_bytes(bundle.token_counts_V))
+  bundle.eval_batches()  # DataError now, not after training, if validation is too small
   part = partition(config)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())
@@ -143,38 +237,65 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     train_iter = iter(bundle.train_dataset(t.global_batch_size // n_proc,
                                            jax.process_index(), n_proc))
     feed = lambda b: sharding.to_global(b, part.batch_sharding)
+  try:
+    return _run(config, workdir, bundle, part, train_iter, feed, stop_at_step,
+                restore_fallback, global_stream)
+  finally:
+    _close(train_iter)
+
+
+def _run(config, workdir, bundle, part, train_iter, feed, stop_at_step, restore_fallback,
+         global_stream):
+  t = config.train
+  workdir.mkdir(parents=True, exist_ok=True)
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints,
                       portable_data=global_stream)
-  latest = ckpt.latest_step()
-  if latest is not None:  # restored straight into its shardings; no fresh init first
-    state = ckpt.restore(latest, abstract_state(part, config), train_iter, config)
-    logging.info("resumed from step %d", latest)
-  else:
-    state = init_state(part, config)
+  try:
+    if ckpt.latest_step() is not None:  # restored straight into its shardings
+      latest, state = ckpt.restore_latest(abstract_state(part, config), train_iter, config,
+                                          fallback=restore_fallback)
+      logging.info("resumed from step %d", latest)
+    else:
+      state = init_state(part, config)
+    step = int(state["step"])
+    # Every check passed: from here on the workdir is written.
+    if jax.process_index() == 0:  # documents, tokens, skipped lines by reason, tokenizer
+      write_bytes_atomic(workdir / "data_report.json",
+                         json.dumps(bundle.report, indent=1, default=str).encode())
+      save_tokenizer(bundle.tokenizer, workdir / "tokenizer", config.model.vocab_multiple)
+      write_bytes_atomic(workdir / "token_counts.npy", npy_bytes(bundle.token_counts_V))
+      truncate_metrics(workdir, step)  # re-done steps must not appear twice
+    eval_path = workdir / "eval.json"
+    if step == t.steps:
+      finished = _finished_eval(eval_path, step)
+      if finished is not None:
+        logging.info("the run already finished at step %d; its evaluation is %s", step,
+                     eval_path)
+        return finished
+    return _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, state)
+  finally:
+    ckpt.close()  # waits for a pending save, also when training failed
+
+
+def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, state):
+  t = config.train
   step = int(state["step"])
-  eval_path = workdir / "eval.json"
-  if step == t.steps and eval_path.exists():
-    finished = json.loads(eval_path.read_text())
-    if finished.get("step") == step:
-      logging.info("the run already finished at step %d; its evaluation is %s", step, eval_path)
-      ckpt.close()
-      _close(train_iter)
-      return finished
   train_step = make_train_step(part, config)
   eval_step = make_eval_step(part)
   writer = MetricWriter(workdir)
+  health = _Health(config, ckpt)
   tokens_per_step = t.global_batch_size * t.seq_len
   flops_per_step = train_flops_per_step(config)["total"]
   n_devices, device_kind = jax.device_count(), jax.devices()[0].device_kind
   preemption = _Preemption()
   bar = tqdm(total=t.steps, initial=step, desc=config.name, unit="step",
              disable=jax.process_index() != 0)
-  result = None
   window_start, window_steps, compiled = time.perf_counter(), 0, False
   pending = None  # (step, device metrics) fetched after the next step is dispatched
 
   def flush(pending):
     nonlocal window_start, window_steps, compiled
+    health.check()
     s, m = pending
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     now = time.perf_counter()
@@ -182,6 +303,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     scalars = {"train/loss": m["loss"], "train/perplexity": math.exp(min(m["loss"], 50.0)),
                "train/grad_norm": m["grad_norm"], "train/lr": m["lr"],
                "train/tokens_seen": s * tokens_per_step,
+               "train/skipped_steps": health.skipped,
                "perf/step_time_s": step_time, "perf/tokens_per_s": tokens_per_step / step_time,
                "perf/tokens_per_s_per_device": tokens_per_s_per_device(
                    tokens_per_step, step_time, n_devices),
@@ -201,40 +323,46 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{tokens_per_step / step_time:,.0f}")
     window_start, window_steps = now, 0
 
-  while step < t.steps:
-    batch = feed(next(train_iter))
-    state, metrics = train_step(state, batch)
-    step += 1
-    window_steps += 1
-    bar.update(1)
-    if pending is not None:
-      flush(pending)
-      pending = None
-    if step % t.log_every == 0 or step == t.steps:
-      pending = (step, metrics)
-    if step % t.eval_every == 0 and step != t.steps:
+  try:
+    stopped = None
+    while step < t.steps:
+      batch = feed(next(train_iter))
+      state, metrics = train_step(state, batch)
+      step += 1
+      window_steps += 1
+      health.add(step, metrics)
+      bar.update(1)
       if pending is not None:
         flush(pending)
         pending = None
-      result = _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
-      window_start, window_steps = time.perf_counter(), 0
-    preempted = preemption.agreed()
-    stopping = preempted or step == stop_at_step
-    if step % t.checkpoint_every == 0 or step == t.steps or stopping:
-      ckpt.save(step, state, train_iter, config)
-    if stopping:
-      logging.warning("stopping at step %d (%s) after saving a checkpoint", step,
-                      "SIGTERM" if preempted else "stop_at_step")
-      break
-  if pending is not None:
-    flush(pending)
-  if step == t.steps:
-    result = _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
-  bar.close()
-  ckpt.close()
-  writer.close()
-  _close(train_iter)
-  return result if step == t.steps else None
+      if step % t.log_every == 0 or step == t.steps:
+        pending = (step, metrics)
+      if step % t.eval_every == 0 and step != t.steps:
+        if pending is not None:
+          flush(pending)
+          pending = None
+        health.check()
+        _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
+        window_start, window_steps = time.perf_counter(), 0
+      preempted = preemption.agreed()
+      stopping = preempted or step == stop_at_step
+      if step % t.checkpoint_every == 0 or step == t.steps or stopping:
+        health.check()  # never a checkpoint after a non-finite step
+        ckpt.save(step, state, train_iter, config)
+      if stopping:
+        stopped = Stopped(step, "SIGTERM" if preempted else "stop_at_step")
+        logging.warning("stopping at step %d (%s) after saving a checkpoint", step,
+                        stopped.reason)
+        break
+    if pending is not None:
+      flush(pending)
+    health.check()
+    if stopped is not None:
+      return stopped
+    return _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
+  finally:
+    bar.close()
+    writer.close()
 
 
 def _close(iterator) -> None:

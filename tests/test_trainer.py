@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_config
 from lev_jax.checkpoint import CheckpointMismatchError
 from lev_jax.config import ConfigError
-from lev_jax.trainer import train_and_evaluate
+from lev_jax.trainer import Stopped, train_and_evaluate
 
 
 def run_config(embedding, cache_dir, steps=8):
@@ -84,7 +84,7 @@ def test_stop_and_resume_equals_straight_run_bitwise(embedding, data_cache, tmp_
   c.train.grad_accum_steps = 2
   straight, sliced = tmp_path / "straight", tmp_path / "sliced"
   train_and_evaluate(c, straight)
-  assert train_and_evaluate(c, sliced, stop_at_step=4) is None
+  assert train_and_evaluate(c, sliced, stop_at_step=4) == Stopped(4, "stop_at_step")
   assert (sliced / "checkpoints" / "4").exists() and not (sliced / "checkpoints" / "8").exists()
   train_and_evaluate(c, sliced)
   a, b = saved_state(straight, 8), saved_state(sliced, 8)

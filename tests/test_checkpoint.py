@@ -1,0 +1,114 @@
+"""Checkpoints never restore damaged data silently and never lose the earlier steps."""
+
+import errno
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from lev_jax import checkpoint
+from lev_jax.checkpoint import (CheckpointCorruptError, CheckpointMismatchError,
+                                CheckpointWriteError)
+from lev_jax.trainer import train_and_evaluate
+from test_trainer import run_config, saved_state
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, data_cache):
+  """A 4-step tied run with checkpoints at steps 2 and 4 (copied by each test)."""
+  root = tmp_path_factory.mktemp("finished")
+  c = run_config("tied", data_cache, steps=4)
+  c.train.checkpoint_every = 2
+  train_and_evaluate(c, root / "run")
+  return c, root / "run"
+
+
+@pytest.fixture
+def run(finished_run, tmp_path):
+  c, src = finished_run
+  shutil.copytree(src, tmp_path / "run")
+  c = c.copy_and_resolve_references()
+  c.train.steps = 6  # resuming trains steps 5-6 from the latest checkpoint
+  return c, tmp_path / "run"
+
+
+def _largest_file(step_dir):
+  files = [p for p in step_dir.rglob("*") if p.is_file() and p.name != checkpoint.MANIFEST]
+  return max(files, key=lambda p: p.stat().st_size)
+
+
+def test_every_saved_step_has_a_manifest_that_verifies(run):
+  _, workdir = run
+  for step in (2, 4):
+    manifest = json.loads((workdir / "checkpoints" / str(step) / checkpoint.MANIFEST).read_text())
+    assert any(name.startswith("state/") for name in manifest["sha256"])
+    assert checkpoint.verify_manifest(workdir / "checkpoints" / str(step))
+
+
+def test_flipped_bytes_are_refused_and_fallback_resumes_from_the_intact_step(run, caplog):
+  c, workdir = run
+  target = _largest_file(workdir / "checkpoints" / "4")
+  data = bytearray(target.read_bytes())
+  for i in range(0, len(data), max(1, len(data) // 64))[:64]:
+    data[i] ^= 0xFF
+  target.write_bytes(bytes(data))
+  rel = target.relative_to(workdir / "checkpoints" / "4")
+  with pytest.raises(CheckpointCorruptError, match=f"{rel} differs from its checksum"
+                     ".*--restore_fallback"):
+    train_and_evaluate(c, workdir)
+  assert target.read_bytes() == bytes(data)  # nothing changed by the refusal
+  result = train_and_evaluate(c, workdir, restore_fallback=True)
+  assert result["step"] == 6 and np.isfinite(result["loss"])
+  assert "skipping 4" in caplog.text
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("garbage_step", "cannot be read"),
+    ("deleted_config", "config/.* is missing"),  # caught by the manifest
+    ("deleted_config_no_manifest", "its config cannot be read"),  # e.g. an older run
+])
+def test_a_damaged_latest_step_is_one_error_and_fallback_skips_it(run, damage, match):
+  c, workdir = run
+  if damage == "garbage_step":
+    (workdir / "checkpoints" / "45").mkdir()
+    (workdir / "checkpoints" / "45" / "junk").write_text("not a checkpoint")
+  else:
+    shutil.rmtree(workdir / "checkpoints" / "4" / "config")
+    if damage.endswith("no_manifest"):
+      (workdir / "checkpoints" / "4" / checkpoint.MANIFEST).unlink()
+  with pytest.raises(CheckpointMismatchError, match=match):
+    train_and_evaluate(c, workdir)
+  c.train.steps = 5
+  assert train_and_evaluate(c, workdir, restore_fallback=True)["step"] == 5
+
+
+def test_orbax_temporaries_left_by_a_kill_are_removed(run):
+  c, workdir = run
+  tmp = workdir / "checkpoints" / "6.orbax-checkpoint-tmp-1234"
+  (tmp / "state").mkdir(parents=True)
+  train_and_evaluate(c, workdir)
+  assert not tmp.exists()
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2", "4", "6"]
+
+
+def test_a_failed_save_is_one_error_and_keeps_the_earlier_checkpoints(run, monkeypatch):
+  c, workdir = run
+
+  def disk_full(*args, **kwargs):
+    (workdir / "checkpoints" / "6.orbax-checkpoint-tmp-99").mkdir()
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr("orbax.checkpoint.CheckpointManager.save", disk_full)
+  with pytest.raises(CheckpointWriteError, match="checkpoint .*6 could not be written "
+                     r"\(\[Errno 28\] No space left on device\).*\[2, 4\] are intact"):
+    train_and_evaluate(c, workdir)
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2", "4"]
+  assert saved_state(workdir, 4)["step"] == 4
+
+
+def test_a_scan_layers_change_is_named(run):
+  c, workdir = run
+  c.model.scan_layers = not c.model.scan_layers
+  with pytest.raises(CheckpointMismatchError, match="model.scan_layers: checkpoint False, "
+                     "this run True"):
+    train_and_evaluate(c, workdir)

@@ -1,0 +1,132 @@
+"""The trainer's guards: a diverged or refused run never damages what is on disk."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from lev_jax.config import ConfigError
+from lev_jax.data import DataError
+from lev_jax.checkpoint import CheckpointMismatchError
+from lev_jax.trainer import DivergenceError, train_and_evaluate
+from test_trainer import metrics, run_config, saved_state
+
+
+def _all_finite(workdir, step):
+  return all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(saved_state(workdir, step)))
+
+
+def _steps(workdir):
+  return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory, data_cache):
+  """A healthy 4-step tied run, checkpoints at 2 and 4 (copied by each test)."""
+  root = tmp_path_factory.mktemp("healthy")
+  c = run_config("tied", data_cache, steps=4)
+  c.train.checkpoint_every = 2
+  c.train.keep_checkpoints = 2
+  c.train.log_every = 1
+  train_and_evaluate(c, root / "run")
+  return c, root / "run"
+
+
+@pytest.fixture
+def run(healthy, tmp_path):
+  c, src = healthy
+  shutil.copytree(src, tmp_path / "run")
+  return c.copy_and_resolve_references(), tmp_path / "run"
+
+
+def test_a_diverging_resume_stops_and_never_rotates_out_the_finite_checkpoints(run):
+  c, workdir = run
+  c.train.steps = 40
+  c.optim.lr = 1e6
+  with pytest.raises(DivergenceError, match=r"step (\d+): loss .* \(not finite\).*"
+                     r"No checkpoint was written after it; the latest is step \d+") as e:
+    train_and_evaluate(c, workdir)
+  bad = int(str(e.value).split(":")[0].split()[1])
+  steps = _steps(workdir)
+  assert steps and max(steps) < bad and f"the latest is step {max(steps)}" in str(e.value)
+  assert all(_all_finite(workdir, s) for s in steps)
+
+
+def test_skip_step_goes_on_and_stops_after_the_bound(run):
+  c, workdir = run
+  c.train.steps = 40
+  c.optim.lr = 1e6
+  c.train.nan_policy = "skip_step"
+  c.train.max_skipped_steps = 2
+  with pytest.raises(DivergenceError, match="more than train.max_skipped_steps=2"):
+    train_and_evaluate(c, workdir)
+  rows = [r for r in metrics(workdir) if "train/skipped_steps" in r]
+  assert rows and max(r["train/skipped_steps"] for r in rows) <= 3
+  assert all(_all_finite(workdir, s) for s in _steps(workdir))
+
+
+def test_a_refused_run_leaves_the_workdir_byte_for_byte(run):
+  c, workdir = run
+  before = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+  c.model.vocab_size = 1024
+  with pytest.raises((CheckpointMismatchError, DataError), match="vocab_size"):
+    train_and_evaluate(c, workdir)
+  after = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+  assert after == before
+
+
+def test_resumed_steps_appear_once_in_metrics(run):
+  c, workdir = run
+  shutil.rmtree(workdir / "checkpoints" / "4")  # as if killed after logging step 4
+  with (workdir / "metrics.jsonl").open("a") as f:
+    f.write('{"step": 5, "train/loss": 1.0}\n{"step": 6, "trai')  # cut mid-write
+  c.train.steps = 6
+  train_and_evaluate(c, workdir)
+  steps = [r["step"] for r in metrics(workdir) if "train/loss" in r]
+  assert steps == list(range(1, 7))
+
+
+def test_a_garbage_eval_json_is_evaluated_again(run):
+  c, workdir = run
+  (workdir / "eval.json").write_text("{not json")
+  result = train_and_evaluate(c, workdir)
+  assert result["step"] == 4
+  assert json.loads((workdir / "eval.json").read_text())["step"] == 4
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda w: w.write_text("x"), "is a file; expected a folder"),
+    (lambda w: (w.mkdir(), (w / "checkpoints").write_text("x")), "checkpoints: is a file"),
+    (lambda w: (w.mkdir(), (w / "metrics.jsonl").mkdir()), "metrics.jsonl: is a folder"),
+    (lambda w: w.mkdir(), "is not writable"),
+])
+def test_a_workdir_of_the_wrong_kind_is_one_error_before_any_work(make, match, data_cache,
+                                                                 tmp_path, monkeypatch):
+  if match == "is not writable":  # as a read-only mount would answer (CI runs as root)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+  workdir = tmp_path / "run"
+  make(workdir)
+  before = sorted(p.name for p in workdir.iterdir()) if workdir.is_dir() else None
+  with pytest.raises(ConfigError, match=match):
+    train_and_evaluate(run_config("tied", data_cache, steps=2), workdir)
+  assert (sorted(p.name for p in workdir.iterdir()) if workdir.is_dir() else None) == before
+
+
+def test_a_validation_split_under_one_batch_fails_before_training(data_cache, tmp_path):
+  train = tmp_path / "train.jsonl"
+  train.write_text("".join(json.dumps({"text": f"document {i} " * 40}) + "\n"
+                           for i in range(40)))
+  val = tmp_path / "val.jsonl"
+  val.write_text(json.dumps({"text": "too short"}) + "\n")
+  c = run_config("tied", data_cache, steps=2)
+  c.model.vocab_size = 259
+  c.data.tokenizer = "bytes"
+  c.data.source = "jsonl"
+  c.data.train_files = (str(train),)
+  c.data.validation_files = (str(val),)
+  with pytest.raises(DataError, match="validation"):
+    train_and_evaluate(c, tmp_path / "run")
+  assert not (tmp_path / "run").exists()
