@@ -39,7 +39,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from lev_jax.checkpoint import SHAPE_FIELDS, _differences, error_line
+from lev_jax.checkpoint import (SHAPE_FIELDS, CheckpointCorruptError, _differences, error_line,
+                                verify_manifest)
 from lev_jax.config import DTYPES, ConfigError, base_config, validate
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer import load_tokenizer, save_tokenizer
@@ -174,8 +175,18 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
   elif step not in steps:
     raise InferenceError(f"{ckpt_dir}: no checkpoint at step {step}; steps: {steps}")
   where = f"checkpoint {ckpt_dir / str(step)}"
-  saved = manager.restore(step, args=ocp.args.Composite(
-      config=ocp.args.JsonRestore()))["config"]
+  others = [s for s in steps if s != step]
+  hint = f"; other steps: {others} (--step)" if others else ""
+  try:  # the checksums written at save (checkpoint.MANIFEST), then the config item
+    verify_manifest(ckpt_dir / str(step))
+    saved = manager.restore(step, args=ocp.args.Composite(
+        config=ocp.args.JsonRestore()))["config"]
+  except CheckpointCorruptError as e:
+    manager.close()
+    raise InferenceError(f"{e}{hint}") from None
+  except Exception as e:  # a deleted or damaged config item: any Orbax error type
+    manager.close()
+    raise InferenceError(f"{where}: its config cannot be read ({error_line(e)}){hint}") from e
   _check_expected(saved, expect, where)
   config = _config_from_json(saved, where)
   graphdef, abstract = _abstract(config)
@@ -188,8 +199,6 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
         item={"params": target}, restore_args={"params": restore_args},
         partial_restore=True)))["state"]
   except Exception as e:  # tensorstore / Orbax errors of a damaged step are of any type
-    others = [s for s in steps if s != step]
-    hint = f"; other steps: {others} (--step)" if others else ""
     raise InferenceError(f"{where} cannot be read: it is incomplete or corrupt "
                          f"({error_line(e)}){hint}") from e
   finally:

@@ -101,12 +101,24 @@ def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
     inference.load(tmp_path / "empty")
 
 
-def test_a_damaged_step_is_named_with_the_steps_that_remain(tmp_path):
+@pytest.mark.parametrize("damage,match", [
+    ("delete", r"checkpoints/2: state/manifest.ocdbt is missing"),
+    ("flip", r"checkpoints/2: state/manifest.ocdbt differs from its checksum"),
+    ("delete_unsigned", r"checkpoints/2 cannot be read: it is incomplete or corrupt .*"),
+])
+def test_a_damaged_step_is_named_with_the_steps_that_remain(tmp_path, damage, match):
+  from lev_jax.checkpoint import MANIFEST
   write_workdir(tmp_path, byte_config("tied"), steps=(1, 2))
-  (tmp_path / "checkpoints" / "2" / "state" / "manifest.ocdbt").unlink()
-  with pytest.raises(inference.InferenceError,
-                     match=r"checkpoints/2 cannot be read: it is incomplete or corrupt .*"
-                           r"other steps: \[1\]"):
+  target = tmp_path / "checkpoints" / "2" / "state" / "manifest.ocdbt"
+  if damage == "flip":
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+  else:
+    target.unlink()
+  if damage == "delete_unsigned":  # a checkpoint without checksums (an older run)
+    (tmp_path / "checkpoints" / "2" / MANIFEST).unlink()
+  with pytest.raises(inference.InferenceError, match=match + r".*other steps: \[1\]"):
     inference.load(tmp_path)
   assert inference.load(tmp_path, step=1).step == 1
 

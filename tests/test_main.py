@@ -96,9 +96,10 @@ def test_lev_params_prints_parts_and_the_lev_difference():
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_cache):
-  """Preemption notice (SIGTERM): checkpoint the current step, exit 143 (not finished)."""
+  """Preemption notice (SIGTERM): checkpoint the current step, exit 143 (not finished),
+  also when --stop_at_step was given (a later step than the one reached)."""
   workdir = tmp_path / "run"
-  args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY,
+  args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY, "--stop_at_step=90000",
           "--config.train.steps=100000", "--config.train.checkpoint_every=100000",
           "--config.train.eval_every=100000", "--config.train.log_every=1",
           f"--config.data.cache_dir={data_cache}"]
@@ -113,7 +114,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_cache):
   assert proc.returncode == 143, stderr[-3000:]
   steps = [int(p.name) for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
   assert len(steps) == 1 and 2 <= steps[0] < 100000, steps
-  assert "SIGTERM" in stderr and "re-run to resume" in stderr
+  assert f"stopped at step {steps[0]} (SIGTERM)" in stderr and "re-run to resume" in stderr
 
 
 @pytest.mark.parametrize("config,needle", [
