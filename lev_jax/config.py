@@ -8,6 +8,7 @@ the field, the value and what was expected.
 from __future__ import annotations
 
 import math
+import numbers
 
 import ml_collections
 
@@ -225,12 +226,34 @@ def _one_of(c, section: str, name: str, allowed):
     _fail(f"{section}.{name}", v, "one of " + ", ".join(repr(a) for a in allowed))
 
 
+def _non_finite(value) -> bool:
+  """True for a real number (not a bool) that is nan or +-inf."""
+  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and not math.isfinite(value))
+
+
+def _check_finite(node, prefix: str = "") -> None:
+  """Fails on the first nan / inf anywhere under `node`: a number, or one inside a
+  tuple or list (the whole sequence is shown). nan passes every `<` / `>` test, so
+  this runs before the range checks."""
+  for name, value in node.items():
+    field = f"{prefix}{name}"
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      _check_finite(value, field + ".")
+    elif _non_finite(value):
+      _fail(field, value, "a finite number")
+    elif isinstance(value, (tuple, list)) and any(_non_finite(v) for v in value):
+      _fail(field, tuple(value), "finite numbers")
+
+
 def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every field once; returns the config unchanged.
 
   Raises:
-    ConfigError: naming the first bad field, its value and the allowed values.
+    ConfigError: naming the first bad field, its value and the allowed values (a nan
+      or inf in any field of any section first).
   """
+  _check_finite(c)
   m, lv, t = c.model, c.lev, c.train
   _one_of(c, "model", "embedding", EMBEDDINGS)
   _one_of(c, "model", "dtype", DTYPES)
@@ -280,7 +303,11 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
           f"{lv.base ** lv.n_coords} < padded vocab_size = {vocab}: the base-b digits "
           "cannot address every token id")
   _one_of(c, "optim", "decay_mask", DECAY_MASKS)
-  _positive(c, "optim", ["lr", "b1", "b2", "eps", "clip_norm"])
+  _positive(c, "optim", ["lr", "eps", "clip_norm"])
+  for beta in ("b1", "b2"):  # Adam's moment decay rates: 1 would never forget
+    v = c.optim[beta]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+      _fail(f"optim.{beta}", v, "a number in [0, 1)")
   _one_of(c, "optim", "clip_mode", CLIP_MODES)
   lev_mult = c.optim.lev_lr_multiplier
   if (isinstance(lev_mult, bool) or not isinstance(lev_mult, (int, float))
@@ -290,7 +317,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("optim.min_lr_ratio", c.optim.min_lr_ratio, "a number in [0, 1]")
   if c.optim.warmup_steps < 0 or c.optim.warmup_steps >= t.steps:
     _fail("optim.warmup_steps", c.optim.warmup_steps, f"in [0, train.steps = {t.steps})")
-  if c.optim.weight_decay < 0:
+  if not c.optim.weight_decay >= 0:
     _fail("optim.weight_decay", c.optim.weight_decay, "a number >= 0")
   _one_of(c, "data", "source", DATA_SOURCES)
   _one_of(c, "data", "tokenizer", TOKENIZERS)

@@ -1,5 +1,6 @@
 """Config validation: each bad value is one ConfigError naming the field."""
 
+import ml_collections
 import pytest
 
 from conftest import tiny_config
@@ -80,3 +81,48 @@ def test_data_files_need_a_source_that_reads_them():
   with pytest.raises(ConfigError, match=r"data.train_files = .*: expected no files with "
                      r"data.source = 'embedded'"):
     validate(c)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("optim.lr", NAN, r"^config.optim.lr = nan: expected a finite number$"),
+    ("optim.lr", INF, r"^config.optim.lr = inf: expected a finite number$"),
+    ("optim.lr", -INF, r"^config.optim.lr = -inf: expected a finite number$"),
+    ("optim.weight_decay", NAN, r"^config.optim.weight_decay = nan: expected a finite number$"),
+    ("optim.b2", 1.0, r"^config.optim.b2 = 1.0: expected a number in \[0, 1\)$"),
+    ("optim.b1", 1.5, r"^config.optim.b1 = 1.5: expected a number in \[0, 1\)$"),
+    ("optim.b1", -0.1, r"^config.optim.b1 = -0.1: expected a number in \[0, 1\)$"),
+    ("optim.b2", NAN, r"^config.optim.b2 = nan: expected a finite number$"),
+    ("lev.ln_eps", NAN, r"^config.lev.ln_eps = nan: expected a finite number$"),
+    ("model.rope_theta", INF, r"^config.model.rope_theta = inf: expected a finite number$"),
+    ("data.validation_fraction", NAN, r"^config.data.validation_fraction = nan"),
+    ("eval.freq_bucket_edges", (1, NAN), r"^config.eval.freq_bucket_edges = \(1, nan\): "
+     r"expected finite numbers$"),
+])
+def test_nan_inf_and_adam_betas_out_of_range_are_refused(field, value, match):
+  c = tiny_config()
+  section, name = field.split(".")
+  c[section][name] = value
+  with pytest.raises(ConfigError, match=match):
+    validate(c)
+
+
+def test_a_nan_in_a_nested_section_or_a_section_lev_does_not_use_is_refused():
+  c = tiny_config("tied")  # lev.* is otherwise unchecked without LEV
+  c.lev.log_eps = NAN
+  with pytest.raises(ConfigError, match=r"^config.lev.log_eps = nan: expected a finite"):
+    validate(c)
+  c = tiny_config()
+  c.eval.downstream = ml_collections.ConfigDict({"deep": ml_collections.ConfigDict(
+      {"x": INF})})
+  with pytest.raises(ConfigError, match=r"^config.eval.downstream.deep.x = inf: expected "
+                     r"a finite number$"):
+    validate(c)
+
+
+def test_adam_betas_at_zero_are_allowed():
+  c = tiny_config()
+  c.optim.b1, c.optim.b2 = 0.0, 0.0
+  validate(c)
