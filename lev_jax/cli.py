@@ -6,10 +6,12 @@ Errors a user can fix (a bad flag, config file, variant or value) end the progra
 
 from __future__ import annotations
 
+import difflib
 import logging as std_logging
 import os
 import sys
 
+import ml_collections
 from absl import flags, logging
 
 
@@ -37,7 +39,9 @@ def flags_parser(prog: str, module: str | None = None):
 
   ``--help`` prints the docstring of `module` (the command's own module, e.g.
   "lev_jax.prepare_data") and the flags it defines, then exits 0 (absl would print
-  the console-script wrapper's empty docstring).
+  the console-script wrapper's empty docstring). An unknown `--config.<field>` and a
+  config file that does not load (`--config=FILE` is read here) end as in
+  `define_or_exit`.
   """
   def parse(argv):
     if module is not None and any(a in _HELP for a in argv[1:]):
@@ -49,21 +53,135 @@ def flags_parser(prog: str, module: str | None = None):
       return flags.FLAGS(argv)
     except flags.Error as e:
       fail(prog, _last_line(e))
+    except Exception as e:  # raised by ml_collections while it loads --config=FILE
+      _fail_on_config_error(prog, e, argv)
   return parse
 
 
 def define_or_exit(prog: str, define) -> None:
-  """Runs `define()` (flag definitions). ml_collections applies `--config.<field>=...`
-  overrides while the config flag is defined, so an unknown field fails there: that
-  becomes one line naming the field, not a traceback."""
+  """Runs `define()` (flag definitions), ending a user's error in one line.
+
+  ml_collections applies `--config.<field>=...` overrides while the config flag is
+  defined (or, with `--config=FILE`, while the flags are parsed), so an unknown field
+  fails there: that becomes `--config.train.stepz: the config has no field 'stepz'
+  (did you mean 'steps'?)`. A config file with a Python error becomes its file and
+  line. Anything else is a bug and keeps its traceback.
+  """
   try:
     define()
-  except (AttributeError, KeyError) as e:
-    field = str(e).strip("\"'")
-    given = [a.split("=", 1)[0] for a in sys.argv[1:] if a.startswith("--config.")
-             and a.split("=", 1)[0].rsplit(".", 1)[-1] == field]
-    fail(prog, f"{given[0] if given else field}: the config has no field {field!r} "
-               "(see lev_jax/config.py and the experiment file for the names)")
+  except Exception as e:
+    _fail_on_config_error(prog, e, sys.argv)
+
+
+def _overrides(argv) -> list[tuple[str, str]]:
+  """(flag as given, dotted field) of each `--config.<field>` (or `--noconfig.<field>`)
+  in argv, in order."""
+  found = []
+  for arg in argv[1:]:
+    name = arg.split("=", 1)[0]
+    for prefix in ("--config.", "-config.", "--noconfig.", "-noconfig."):
+      if name.startswith(prefix):
+        found.append((name, name[len(prefix):]))
+  return found
+
+
+def unknown_override(config, argv) -> str | None:
+  """The one-line error for the first `--config.<path>` in argv naming no field of
+  `config` (the closest existing name suggested, from difflib), or None.
+
+  Args:
+    config: the ml_collections.ConfigDict the overrides apply to.
+    argv: the command line, argv[0] the program.
+  Returns:
+    e.g. "--config.train.stepz: the config has no field 'stepz' (did you mean
+    'steps'?)"; None when every override names a field.
+  """
+  for given, field in _overrides(argv):
+    parts = field.split(".")
+    node = config
+    for i, part in enumerate(parts):
+      where = ".".join(["config", *parts[:i]])
+      if not isinstance(node, (ml_collections.ConfigDict, dict)):
+        return (f"{given}: {where} = {node!r} is a value, not a section: it has no field "
+                f"{part!r}")
+      keys = list(node.keys())
+      if part in keys:
+        node = node[part]
+        continue
+      if i == 0 and len(parts) > 1:
+        kind, choices = "section", [k for k in keys
+                                    if isinstance(node[k], (ml_collections.ConfigDict, dict))]
+        listing = "the config's sections"
+      else:
+        kind, choices = "field", keys
+        listing = f"{where}'s fields" if i else "the config's fields"
+      close = difflib.get_close_matches(part, choices, n=1)
+      hint = f"did you mean {close[0]!r}?" if close else f"{listing}: {', '.join(choices)}"
+      return f"{given}: the config has no {kind} {part!r} ({hint})"
+  return None
+
+
+def _config_being_overridden(error: BaseException):
+  """The ConfigDict ml_collections was applying the overrides to when `error` was
+  raised: the `config` local of its config_flags frames (None if there is none)."""
+  tb = error.__traceback__
+  while tb is not None:
+    frame = tb.tb_frame
+    if frame.f_globals.get("__name__", "").startswith("ml_collections.config_flags"):
+      config = frame.f_locals.get("config")
+      if isinstance(config, ml_collections.ConfigDict):
+        return config
+    tb = tb.tb_next
+  return None
+
+
+def _config_file(argv) -> str | None:
+  """The FILE of the last `--config=FILE[:variant]` in argv, else None."""
+  path = None
+  for i, arg in enumerate(argv[1:], 1):
+    if arg.startswith(("--config=", "-config=")):
+      path = arg.split("=", 1)[1]
+    elif arg in ("--config", "-config") and i + 1 < len(argv):
+      path = argv[i + 1]
+  return path.split(":", 1)[0] if path else None
+
+
+def config_file_error(error: BaseException, argv) -> str | None:
+  """`FILE:LINE: ...` for an error raised while loading the config file, else None.
+
+  A SyntaxError (in the file or a module it imports) names its own file and line;
+  any other error names the deepest line of the `--config` file in its traceback.
+  """
+  if isinstance(error, SyntaxError) and error.filename:
+    return (f"{error.filename}:{error.lineno}: {error.msg} (a Python syntax error in "
+            "the config file)")
+  path = _config_file(argv)
+  if not path:
+    return None
+  real = os.path.realpath(os.path.expanduser(path))
+  line = None
+  tb = error.__traceback__
+  while tb is not None:
+    if os.path.realpath(tb.tb_frame.f_code.co_filename) == real:
+      line = tb.tb_lineno
+    tb = tb.tb_next
+  if line is None:
+    return None
+  return f"{path}:{line}: {type(error).__name__}: {first_line(error)}"
+
+
+def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
+  """Ends with one line for an unknown `--config.<field>` or a config file that does not
+  load; re-raises anything else (a bug deserves its traceback)."""
+  message = config_file_error(error, argv)
+  if message is None and isinstance(error, (AttributeError, LookupError)) and _overrides(argv):
+    config = _config_being_overridden(error)
+    message = unknown_override(config, argv) if config is not None else None
+    if message is None:  # the config could not be walked: the error's own words
+      message = f"{_overrides(argv)[-1][0]}: {first_line(error)}"
+  if message is None:
+    raise error
+  fail(prog, message)
 
 
 def config_or_exit(prog: str):
