@@ -6,18 +6,25 @@
 Flags follow ml_collections.config_flags: any field can be overridden with
 --config.<section>.<field>=value. Without --workdir the run goes to ./runs/<config.name>.
 Re-running the same command on the same workdir resumes from its latest checkpoint.
+
+One run per workdir: the run holds WORKDIR/.lock (lev_jax.workdir; process 0 of a
+multi-host run), and a second lev-train on it stops at once naming the holder. A lock
+left by a killed run is taken over; --force_unlock removes one recorded by a run on
+another host that is gone (a network filesystem can keep its lock).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from lev_jax import cli, distributed, experiments_dir
+from lev_jax import workdir as workdir_lock
 from lev_jax.checkpoint import CheckpointMismatchError, CheckpointWriteError
-from lev_jax.config import ConfigError
+from lev_jax.config import ConfigError, validate
 from lev_jax.data import DataError
 from lev_jax.sharding import ShardingError
 
@@ -32,7 +39,11 @@ def _define_flags():
       "config", DEFAULT_CONFIG, "Experiment file and variant, e.g. experiments/smoke.py:tied.")
   flags.DEFINE_string("workdir", None, "Output directory (default ./runs/<config.name>).")
   flags.DEFINE_integer("stop_at_step", None, "Stop after this step with a checkpoint (for "
-                       "time-sliced jobs; the schedule still spans train.steps).")
+                       "time-sliced jobs; the schedule still spans train.steps); at least 1.",
+                       lower_bound=1)
+  flags.DEFINE_bool("force_unlock", False, "Remove WORKDIR/.lock when it was left by a run "
+                    "on another host that is gone (see lev_jax/workdir.py); a lock held on "
+                    "this host is never overridden.")
   flags.DEFINE_bool("restore_fallback", False, "When the latest checkpoint is corrupt "
                     "(checksum) or unreadable, resume from the latest intact one instead "
                     "of stopping (a warning names the skipped step).")
@@ -49,13 +60,21 @@ def main(argv):
     cli.fail("lev-train", str(e))
   from lev_jax import trainer  # after flags: keeps --help fast
   config = cli.config_or_exit("lev-train")
+  try:
+    validate(config)  # before the workdir or its lock is created
+  except ConfigError as e:
+    cli.fail("lev-train", str(e))
   workdir = flags.FLAGS.workdir or f"runs/{config.name}"
   logging.info("config %s -> workdir %s", config.name, workdir)
+  lock = (workdir_lock.hold(workdir, prog="lev-train", force_unlock=flags.FLAGS.force_unlock)
+          if distributed.is_primary() else contextlib.nullcontext())
   try:
-    result = trainer.train_and_evaluate(config, workdir, stop_at_step=flags.FLAGS.stop_at_step,
-                                        restore_fallback=flags.FLAGS.restore_fallback)
+    with lock:  # released on every exit: return, error, KeyboardInterrupt, SystemExit
+      result = trainer.train_and_evaluate(config, workdir,
+                                          stop_at_step=flags.FLAGS.stop_at_step,
+                                          restore_fallback=flags.FLAGS.restore_fallback)
   except (ConfigError, DataError, CheckpointMismatchError, ShardingError,
-          FileNotFoundError) as e:
+          FileNotFoundError, workdir_lock.WorkdirLockError) as e:
     cli.fail("lev-train", str(e))
   except (trainer.DivergenceError, CheckpointWriteError) as e:
     print(f"lev-train: error: {cli.first_line(e)}", file=sys.stderr)
