@@ -14,7 +14,10 @@ LEV is always materialised there, as HF LLaMA has a plain input table).
 
 The source checkpoint is only read. A non-empty OUTPUT is refused unless --overwrite
 (the old folder is replaced only once the new export is complete); OUTPUT may not be
-the checkpoint, inside it, or hold it.
+the checkpoint, inside it, or hold it. One export per OUTPUT: it holds PARENT/.NAME.lock
+beside OUTPUT (lev_jax.workdir; OUTPUT itself is replaced by a rename), and a second
+export to the same OUTPUT stops at once naming the holder; --force_unlock removes a
+lock left by a run on another host that is gone.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_bool("hf", False, "Also write OUTPUT/hf, a Hugging Face LlamaForCausalLM "
                     "folder (LEV materialised there).", flag_values=fv)
   flags.DEFINE_bool("overwrite", False, "Replace a non-empty OUTPUT.", flag_values=fv)
+  flags.DEFINE_bool("force_unlock", False, "Remove OUTPUT's lock when it was left by a run "
+                    "on another host that is gone (see lev_jax/workdir.py).", flag_values=fv)
 
 
 def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
@@ -143,10 +148,15 @@ def main(argv, fv: flags.FlagValues | None = None):
                      ("output", "the export folder to write")):
     if not fv[name].value:
       cli.fail(PROG, f"--{name} is required ({what})")
+  from lev_jax import workdir as workdir_lock
   try:
-    result = export(fv.checkpoint, fv.output, step=fv.step, dtype=fv.dtype,
-                    materialize_lev=fv.materialize_lev, hf=fv.hf, overwrite=fv.overwrite)
-  except (ValueError, OSError) as e:  # InferenceError, HFExportError, ConfigError, DataError
+    check_output(fv.checkpoint, fv.output, fv.overwrite)  # before the lock is created
+    # Beside OUTPUT, not inside: inference.save renames a new folder into its place.
+    with workdir_lock.hold(fv.output, prog=PROG, inside=False, force_unlock=fv.force_unlock):
+      result = export(fv.checkpoint, fv.output, step=fv.step, dtype=fv.dtype,
+                      materialize_lev=fv.materialize_lev, hf=fv.hf, overwrite=fv.overwrite)
+  except (ValueError, OSError, workdir_lock.WorkdirLockError) as e:
+    # InferenceError, HFExportError, ConfigError, DataError among the ValueErrors
     cli.fail(PROG, cli.first_line(e))
   print(report(result))
 

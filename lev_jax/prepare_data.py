@@ -14,16 +14,22 @@ describes, one shard per input file, in parallel. Re-running the same command re
 an interrupted preparation (finished shards are kept) and does nothing for a finished
 one; a folder holding another run's dataset is an error unless --overwrite. Then train
 with --config.data.source=prepared --config.data.prepared_dir=<the same folder>.
+
+One preparation per folder: it holds PARENT/.NAME.lock beside the folder
+(lev_jax.workdir), and a second one on the same folder stops at once naming the holder;
+--force_unlock removes a lock left by a run on another host that is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from lev_jax import cli
+from lev_jax import workdir as workdir_lock
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.corpus import DataError
 
@@ -38,6 +44,8 @@ def _define_flags():
                        "config.data.prepare_workers, 0 = one per CPU core).", lower_bound=1)
   flags.DEFINE_bool("overwrite", False, "Replace a folder holding another preparation "
                     "run's dataset (finished or not).")
+  flags.DEFINE_bool("force_unlock", False, "Remove the folder's lock when it was left by a "
+                    "run on another host that is gone (see lev_jax/workdir.py).")
 
 
 def summary(report: dict) -> str:
@@ -67,10 +75,16 @@ def main(argv):
   config = cli.config_or_exit(PROG)
   from lev_jax.data.prepare import prepare  # after flags: keeps --help fast
   try:
-    validate(config)
-    report = prepare(config, output_dir=flags.FLAGS.output_dir,
-                     workers=flags.FLAGS.workers, overwrite=flags.FLAGS.overwrite)
-  except (ConfigError, DataError) as e:
+    validate(config)  # before the folder or its lock is created
+    output_dir = flags.FLAGS.output_dir or config.data.prepared_dir
+    # The lock sits beside the folder: --overwrite removes the folder itself.
+    lock = (workdir_lock.hold(output_dir, prog=PROG, inside=False,
+                              force_unlock=flags.FLAGS.force_unlock)
+            if output_dir else contextlib.nullcontext())  # none: prepare() says so
+    with lock:
+      report = prepare(config, output_dir=flags.FLAGS.output_dir,
+                       workers=flags.FLAGS.workers, overwrite=flags.FLAGS.overwrite)
+  except (ConfigError, DataError, workdir_lock.WorkdirLockError) as e:
     cli.fail(PROG, str(e))
   except KeyboardInterrupt:
     print(f"{PROG}: interrupted; finished shards are kept: run the same command again to "

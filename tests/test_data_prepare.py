@@ -13,7 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 import zstandard
 
-from lev_jax import prepare_data
+from lev_jax import prepare_data, workdir
 from lev_jax.config import base_config
 from lev_jax.data import prepared, tfds_builder
 from lev_jax.data.corpus import DataError
@@ -295,7 +295,7 @@ def test_loading_does_not_import_tensorflow(tmp_path, pile):
   assert proc.stdout.strip() == "False"
 
 
-_CLI_FLAGS = ("config", "output_dir", "workers", "overwrite")
+_CLI_FLAGS = ("config", "output_dir", "workers", "overwrite", "force_unlock")
 
 
 def _forget_cli_flags():
@@ -370,3 +370,19 @@ def test_tfds_builder_writes_a_dataset_open_prepared_reads(tmp_path, pile):
   assert train["skipped"] == {**dict.fromkeys(train["skipped"], 0), **PLANTED}
   assert ds.token_counts_V.sum() == train["tokens"] + train["documents"]
   assert ds.metadata["writer"] == "tfds:LevText" and ds.tokenizer.name == "bytes"
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags
+def test_cli_refuses_a_folder_another_preparation_is_writing(tmp_path, pile, capsys,
+                                                             monkeypatch):
+  root, busy = pile["root"], tmp_path / "busy"
+  args = [f"--config={SMOKE}:tied", "--config.model.vocab_size=259",
+          "--config.data.tokenizer=bytes", "--config.data.source=jsonl",
+          f"--config.data.train_files=('{root}/train/*.jsonl*',)",
+          f"--config.data.validation_files=('{root}/val.jsonl',)", f"--output_dir={busy}"]
+  with workdir.hold(busy, prog="lev-prepare-data", inside=False):
+    status, out, err = _cli(args, capsys, monkeypatch)
+  assert status == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+  assert err.startswith(f"lev-prepare-data: error: {busy} is in use by lev-prepare-data "
+                        f"(pid {os.getpid()}, host "), err
+  assert not busy.exists() and not (tmp_path / ".busy.lock").exists()

@@ -121,3 +121,18 @@ def test_command_line_error_is_one_line(tmp_path):
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   assert proc.stderr.strip().splitlines() == [
       f"lev-export: error: {tmp_path / 'missing'}: no such checkpoint folder"]
+
+
+def test_an_export_to_an_output_another_export_is_writing_is_refused(source, tmp_path,
+                                                                     capsys):
+  from lev_jax import workdir
+  path, _ = source
+  out = tmp_path / "out"
+  with workdir.hold(out, prog="lev-export", inside=False):
+    with pytest.raises(SystemExit) as e:
+      lev_export(f"--checkpoint={path}", f"--output={out}")
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count("\n") == 1, err
+  assert err.startswith(f"lev-export: error: {out} is in use by lev-export (pid "
+                        f"{os.getpid()}, host "), err
+  assert not out.exists() and sorted(os.listdir(tmp_path)) == []
