@@ -4,6 +4,7 @@ import json
 import re
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ TINY = ["--config.model.vocab_size=512", "--config.model.d_model=32",
 
 
 def lev(tool, *args, timeout=240):
-  module = {"train": "lev_jax.main", "params": "lev_jax.params"}[tool]
+  module = {"train": "lev_jax.main", "params": "lev_jax.params", "eval": "lev_jax.eval_cli"}[tool]
   return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                         timeout=timeout, cwd=REPO, env=dict(os.environ))
 
@@ -139,3 +140,94 @@ def test_help_shows_the_commands_own_docstring(module, prog, capsys):
   assert exit_info.value.code == 0
   out = capsys.readouterr().out
   assert out.startswith(f"`{prog}`") and "--config.<section>.<field>=value" in out
+
+
+SECTIONS = "data, eval, lev, mesh, model, optim, train"
+
+
+@pytest.mark.parametrize("tool,args,line", [
+    ("train", ["--config.train.stepz=5"], "lev-train: error: --config.train.stepz: the config "
+     "has no field 'stepz' (did you mean 'steps'?)"),
+    ("train", [f"--config={SMOKE}:tied", "--config.nosuch.x=1"], "lev-train: error: "
+     f"--config.nosuch.x: the config has no section 'nosuch' (the config's sections: {SECTIONS})"),
+    ("train", [f"--config={SMOKE}:tied", "--config.trian.steps=1"], "lev-train: error: "
+     "--config.trian.steps: the config has no section 'trian' (did you mean 'train'?)"),
+    ("eval", ["--config.train.stepz=5"], "lev-eval: error: --config.train.stepz: the config "
+     "has no field 'stepz' (did you mean 'steps'?)"),
+    ("eval", ["--config.nosuch.x=1"], "lev-eval: error: --config.nosuch.x: the config has no "
+     f"section 'nosuch' (the config's sections: {SECTIONS})"),
+])
+def test_unknown_config_field_is_one_line_with_the_nearest_name(tool, args, line, tmp_path):
+  proc = lev(tool, *args, *([f"--workdir={tmp_path / 'run'}"] if tool == "train" else []))
+  assert_clean_error(proc)
+  assert proc.stderr.strip().splitlines() == [line]
+  assert not (tmp_path / "run").exists()
+
+
+def test_config_file_with_a_syntax_error_is_one_line_naming_file_and_line(tmp_path):
+  bad = tmp_path / "bad.py"
+  bad.write_text("import ml_collections\n\ndef get_config(variant=None):\n  c = (\n"
+                 "  return c\n")
+  proc = lev("train", f"--config={bad}:tied", f"--workdir={tmp_path / 'run'}")
+  assert_clean_error(proc)
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"lev-train: error: {bad}:4: "), lines
+  assert lines[0].endswith("(a Python syntax error in the config file)"), lines
+
+
+@pytest.mark.parametrize("step", ["-5", "0"])
+def test_stop_at_step_below_one_is_refused_before_anything_runs(step, tmp_path):
+  proc = lev("train", f"--stop_at_step={step}", f"--workdir={tmp_path / 'run'}")
+  assert_clean_error(proc)
+  assert proc.stderr.strip().splitlines() == [
+      f"lev-train: error: flag --stop_at_step={step}: {step} is not a positive integer"]
+  assert not (tmp_path / "run").exists()
+
+
+def test_invalid_config_writes_nothing_not_even_the_workdir(tmp_path):
+  proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path / 'run'}", *TINY,
+             "--config.train.steps=2", "--config.optim.lr=nan")
+  assert_clean_error(proc)
+  assert proc.stderr.strip().splitlines() == [
+      "lev-train: error: config.optim.lr = nan: expected a finite number"]
+  assert not (tmp_path / "run").exists()
+
+
+def test_second_run_on_a_workdir_is_refused_and_a_killed_runs_lock_taken_over(tmp_path,
+                                                                             data_cache):
+  workdir = tmp_path / "run"
+  args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY,
+          "--config.train.steps=100000", "--config.train.checkpoint_every=100000",
+          "--config.train.eval_every=100000", "--config.train.log_every=1",
+          f"--config.data.cache_dir={data_cache}"]
+  first = subprocess.Popen([sys.executable, "-m", "lev_jax.main", *args], cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  lock = workdir / ".lock"
+  try:
+    deadline = time.time() + 120
+    while time.time() < deadline and f'"pid": {first.pid}' not in (
+        lock.read_text() if lock.exists() else ""):
+      assert first.poll() is None, "the first run ended early"
+      time.sleep(0.05)
+    started = json.loads(lock.read_text())["started"]
+    first.send_signal(signal.SIGSTOP)  # still holding the lock; leaves the CPUs to `second`
+    second = lev("train", *args, timeout=120)
+  finally:
+    first.send_signal(signal.SIGKILL)  # kill -9: its lock file stays, its flock goes
+    first.wait()
+  assert_clean_error(second)
+  assert second.stderr.strip().splitlines()[-1:] == [  # after the INFO line naming it
+      f"lev-train: error: {workdir} is in use by lev-train (pid {first.pid}, host "
+      f"{socket.gethostname()}, started {started}); lock file {lock}. Wait for it to "
+      "finish or stop it"]
+  assert json.loads(lock.read_text())["pid"] == first.pid
+  # The third run takes the lock over, then stops on a missing data file (quicker than
+  # training) and releases the lock on that exit too.
+  missing = tmp_path / "nowhere.jsonl"
+  third = lev("train", *args, "--config.data.source=jsonl",
+              f"--config.data.train_files=('{missing}',)")
+  assert_clean_error(third, "config.data.train_files", str(missing))
+  assert (f"taking over the lock left by lev-train (pid {first.pid}, host "
+          f"{socket.gethostname()}, started {started}): it is no longer running"
+          in third.stderr), third.stderr[-3000:]
+  assert not lock.exists()
