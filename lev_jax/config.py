@@ -365,6 +365,8 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if c.eval.downstream_limit < 0:
     _fail("eval.downstream_limit", c.eval.downstream_limit, "0 (all items) or a positive count")
   edges = list(c.eval.freq_bucket_edges)
-  if not edges or edges != sorted(set(edges)) or edges[0] <= 0:
+  if (not edges or not all(isinstance(e, numbers.Real) and not isinstance(e, bool)
+                           for e in edges)
+      or edges != sorted(set(edges)) or edges[0] <= 0):
     _fail("eval.freq_bucket_edges", tuple(edges), "increasing positive counts")
   return c

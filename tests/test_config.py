@@ -36,6 +36,8 @@ def test_base_config_is_valid():
     ("data.test_fraction", 0.96, r"config.data.test_fraction = 0.96: expected a number in "
      r"\[0, 1 - data.validation_fraction = 0.95\)"),
     ("eval.freq_bucket_edges", (10, 1), r"config.eval.freq_bucket_edges = \(10, 1\)"),
+    ("eval.freq_bucket_edges", ("n", "o"), r"config.eval.freq_bucket_edges = \('n', 'o'\): "
+     r"expected increasing positive counts"),
 ])
 def test_bad_values_name_field_and_expectation(field, value, match):
   c = tiny_config()
