@@ -285,6 +285,19 @@ def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | N
   return out
 
 
+def _check_output_writable(output: str | None, checkpoint: str) -> None:
+  """One line, before any evaluation, when the result file's folder cannot be written
+  (e.g. a read-only checkpoint folder: --output elsewhere)."""
+  path = epath.Path(output or os.path.join(checkpoint, "lev_eval.json"))
+  folder = path.parent
+  if "://" in str(folder) or not folder.exists():
+    return  # a missing checkpoint folder is reported by the load, naming it
+  if not os.access(folder, os.W_OK | os.X_OK):
+    flag = "--output" if output else f"--output (default {path})"
+    cli.fail(PROG, f"{flag}: {folder} is not writable; pass --output=PATH in a writable "
+             "folder")
+
+
 def main(argv):
   if len(argv) > 1:
     cli.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
@@ -292,6 +305,7 @@ def main(argv):
   fl = flags.FLAGS
   if not fl.checkpoint:
     cli.fail(PROG, "--checkpoint is required (a lev-train workdir or a lev-export folder)")
+  _check_output_writable(fl.output, fl.checkpoint)  # before minutes of evaluation
   try:
     out = evaluate_checkpoint(fl.checkpoint, step=fl.step, dtype=fl.dtype, split=fl.split,
                               baseline=fl.baseline, overrides=_overrides(),

@@ -93,6 +93,18 @@ def test_cli_error_is_one_line_and_exit_2():
       "lev-eval: error: /nonexistent: no such checkpoint folder"), run.stderr[-2000:]
 
 
+def test_an_unwritable_output_folder_is_one_line(tmp_path, monkeypatch, capsys):
+  """lev-eval's main runs this check before loading or evaluating anything."""
+  (tmp_path / "run").mkdir()
+  monkeypatch.setattr(os, "access", lambda path, mode: False)  # a read-only mount (CI: root)
+  with pytest.raises(SystemExit) as e:
+    eval_cli._check_output_writable(None, str(tmp_path / "run"))
+  assert e.value.code == 2
+  assert capsys.readouterr().err.strip() == (
+      f"lev-eval: error: --output (default {tmp_path / 'run' / 'lev_eval.json'}): "
+      f"{tmp_path / 'run'} is not writable; pass --output=PATH in a writable folder")
+
+
 def test_downstream_tasks_from_config_paths(workdirs, tmp_path):
   arc = tmp_path / "ARC-Easy-Test.jsonl"
   arc.write_text("\n".join(json.dumps(

@@ -175,3 +175,22 @@ def test_command_refuses_a_missing_study_or_a_file_root_before_any_run(
   assert re.search(message, proc.stderr), proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
   assert root_is_file == root.exists() and (not root_is_file or root.is_file())
+
+
+def test_lev_only_options_do_not_relabel_a_model_without_lev():
+  """A tied baseline stays "default" whatever LEV's learning-rate multiplier is set to,
+  so it remains the baseline of every Leviathan cell; for LEV models the label names
+  every option that differs from base_config's."""
+  from lev_jax import study
+  from lev_jax.config import base_config
+  default = base_config().optim.lev_lr_multiplier
+  for embedding, expect in (("tied", "default"),
+                            ("lev", f"lev_lr_multiplier={default + 1.0}")):
+    c = base_config()
+    c.model.embedding = embedding
+    c.optim.lev_lr_multiplier = default + 1.0
+    assert study.cell_of(c)[2] == expect
+  c = base_config()
+  c.model.embedding = "tied"
+  c.optim.clip_mode = "per_group"  # acts on every model: always in the label
+  assert study.cell_of(c)[2] == "clip_mode=per_group"
