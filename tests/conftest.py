@@ -1,5 +1,6 @@
 """Shared fixtures: tiny configs that build in milliseconds."""
 
+import json
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -98,3 +99,54 @@ def write_workdir(path, config, steps=(1, 2)):
   ckpt.close()
   save_tokenizer(ByteTokenizer(), path / "tokenizer")
   return state
+
+
+# --- A trained tiny run for the trainer, checkpoint and guard tests
+
+def run_config(embedding, cache_dir, steps=8):
+  c = tiny_config(embedding)
+  c.model.vocab_size = 512
+  c.data.cache_dir = str(cache_dir)
+  c.train.steps = steps
+  c.train.seq_len = 32
+  c.train.global_batch_size = 8
+  c.train.log_every = 2
+  c.train.eval_every = 4
+  c.train.checkpoint_every = 4
+  c.optim.lr = 1e-2
+  c.optim.warmup_steps = 1
+  c.eval.batches = 2
+  c.eval.batch_size = 4
+  return c
+
+
+def saved_state(workdir, step):
+  """The `state` item of checkpoint `step` as saved (no target shardings)."""
+  import orbax.checkpoint as ocp
+  with ocp.CheckpointManager(workdir / "checkpoints", item_names=("state",)) as mgr:
+    return mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+
+
+def metrics(workdir):
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def finished_tied_run(tmp_path_factory, data_cache):
+  """(config, workdir) of a finished 4-step tied run, checkpoints at steps 2 and 4,
+  metrics every step; tests copy it (`copy_run`), never change it."""
+  from lev_jax.trainer import train_and_evaluate
+  root = tmp_path_factory.mktemp("finished_tied")
+  c = run_config("tied", data_cache, steps=4)
+  c.train.checkpoint_every = 2
+  c.train.log_every = 1
+  train_and_evaluate(c, root / "run")
+  return c, root / "run"
+
+
+def copy_run(finished, dst):
+  """A private copy of a finished run: (a copy of its config, the copied workdir)."""
+  c, src = finished
+  shutil.copytree(src, dst)
+  return c.copy_and_resolve_references(), dst
+

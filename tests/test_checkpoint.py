@@ -11,26 +11,15 @@ from lev_jax import checkpoint
 from lev_jax.checkpoint import (CheckpointCorruptError, CheckpointMismatchError,
                                 CheckpointWriteError)
 from lev_jax.trainer import train_and_evaluate
-from test_trainer import run_config, saved_state
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, data_cache):
-  """A 4-step tied run with checkpoints at steps 2 and 4 (copied by each test)."""
-  root = tmp_path_factory.mktemp("finished")
-  c = run_config("tied", data_cache, steps=4)
-  c.train.checkpoint_every = 2
-  train_and_evaluate(c, root / "run")
-  return c, root / "run"
+from conftest import copy_run, saved_state
 
 
 @pytest.fixture
-def run(finished_run, tmp_path):
-  c, src = finished_run
-  shutil.copytree(src, tmp_path / "run")
-  c = c.copy_and_resolve_references()
-  c.train.steps = 6  # resuming trains steps 5-6 from the latest checkpoint
-  return c, tmp_path / "run"
+def run(finished_tied_run, tmp_path):
+  """A copy of the finished 4-step run (checkpoints 2, 4) set to train on to step 6."""
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  c.train.steps = 6
+  return c, workdir
 
 
 def _largest_file(step_dir):

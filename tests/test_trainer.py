@@ -4,39 +4,12 @@ import json
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
-from conftest import tiny_config
+from conftest import metrics, run_config, saved_state, tiny_config
 from lev_jax.checkpoint import CheckpointMismatchError
 from lev_jax.config import ConfigError
 from lev_jax.trainer import Stopped, train_and_evaluate
-
-
-def run_config(embedding, cache_dir, steps=8):
-  c = tiny_config(embedding)
-  c.model.vocab_size = 512
-  c.data.cache_dir = str(cache_dir)
-  c.train.steps = steps
-  c.train.seq_len = 32
-  c.train.global_batch_size = 8
-  c.train.log_every = 2
-  c.train.eval_every = 4
-  c.train.checkpoint_every = 4
-  c.optim.lr = 1e-2
-  c.optim.warmup_steps = 1
-  c.eval.batches = 2
-  c.eval.batch_size = 4
-  return c
-
-
-def saved_state(workdir, step):
-  with ocp.CheckpointManager(workdir / "checkpoints", item_names=("state",)) as mgr:
-    return mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-
-
-def metrics(workdir):
-  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("embedding", ["tied", "lev"])

@@ -12,7 +12,7 @@ from lev_jax.config import ConfigError
 from lev_jax.data import DataError
 from lev_jax.checkpoint import CheckpointMismatchError
 from lev_jax.trainer import DivergenceError, train_and_evaluate
-from test_trainer import metrics, run_config, saved_state
+from conftest import copy_run, metrics, run_config, saved_state
 
 
 def _all_finite(workdir, step):
@@ -23,23 +23,12 @@ def _steps(workdir):
   return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
 
 
-@pytest.fixture(scope="module")
-def healthy(tmp_path_factory, data_cache):
-  """A healthy 4-step tied run, checkpoints at 2 and 4 (copied by each test)."""
-  root = tmp_path_factory.mktemp("healthy")
-  c = run_config("tied", data_cache, steps=4)
-  c.train.checkpoint_every = 2
-  c.train.keep_checkpoints = 2
-  c.train.log_every = 1
-  train_and_evaluate(c, root / "run")
-  return c, root / "run"
-
-
 @pytest.fixture
-def run(healthy, tmp_path):
-  c, src = healthy
-  shutil.copytree(src, tmp_path / "run")
-  return c.copy_and_resolve_references(), tmp_path / "run"
+def run(finished_tied_run, tmp_path):
+  """A copy of a healthy finished 4-step run (checkpoints 2, 4; keep 2)."""
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  c.train.keep_checkpoints = 2
+  return c, workdir
 
 
 def test_a_diverging_resume_stops_and_never_rotates_out_the_finite_checkpoints(run):
