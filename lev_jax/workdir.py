@@ -198,7 +198,8 @@ def hold(folder, *, prog: str, inside: bool = True,
   Raises:
     WorkdirLockedError: another live process holds the lock (host, pid, start named).
     WorkdirLockError: the filesystem has no flock, or the lock file keeps changing.
-    OSError: the folder or the lock file cannot be created.
+    WorkdirLockError: also when the folder is a file or cannot be created.
+    OSError: the lock file cannot be created.
   """
   text = os.fspath(folder)
   if "://" in text:
@@ -207,8 +208,14 @@ def hold(folder, *, prog: str, inside: bool = True,
     yield None
     return
   path = lock_path(text, inside)
-  created = _missing_dirs(os.path.dirname(path))
-  os.makedirs(os.path.dirname(path), exist_ok=True)
+  where = os.path.dirname(path)
+  if os.path.exists(where) and not os.path.isdir(where):
+    raise WorkdirLockError(f"{where}: is a file; expected a folder")
+  created = _missing_dirs(where)
+  try:
+    os.makedirs(where, exist_ok=True)
+  except OSError as e:  # a file on the way, no permission, read-only filesystem
+    raise WorkdirLockError(f"{where}: cannot create the folder ({e.strerror or e})") from e
   try:
     fd = _acquire(text, path, prog, force_unlock)
   except BaseException:

@@ -149,3 +149,11 @@ def test_a_lock_beside_the_folder_leaves_the_folder_alone(tmp_path):
       with workdir.hold(out, prog="lev-export", inside=False):
         pass
   assert not (tmp_path / "exports").exists()
+
+
+def test_a_folder_that_is_a_file_is_one_error(tmp_path):
+  (tmp_path / "run").write_text("x")
+  with pytest.raises(workdir.WorkdirLockError, match="run: is a file; expected a folder"):
+    with workdir.hold(tmp_path / "run", prog="lev-train"):
+      pytest.fail("held a lock inside a file")
+  assert (tmp_path / "run").read_text() == "x"
