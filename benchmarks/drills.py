@@ -16,7 +16,8 @@ must equal it bit for bit (params, optimizer state, step) where the drill resume
   two writers  a second lev-train on a held workdir: one line, exit 2, at once.
   bit flip     64 flipped bytes in the latest step: one line, exit 2; with
                --restore_fallback the run resumes from the intact step.
-  bad input    each case must end with exit 2 and exactly one "lev-train: error:" line.
+  bad input    each case must end with exit 2 and exactly one "lev-train: error:"
+               message (a shape mismatch lists its fields below it), no traceback.
 """
 
 from __future__ import annotations
