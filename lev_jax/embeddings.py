@@ -24,7 +24,15 @@ from lev_jax.sharding import constrain, take_rows
 PAD_LOGIT = -1e9
 
 
-def _mask_padded(logits_BxLxV: jax.Array, vocab_size: int) -> jax.Array:
+def _logits(spec: str, x_BxLxD: jax.Array, w: jax.Array, vocab_size: int) -> jax.Array:
+  """float32 logits [B, L, V] of the head matmul `spec`, padded ids at PAD_LOGIT.
+
+  The matmul takes its inputs in the compute dtype (x's) and accumulates and returns
+  float32 (preferred_element_type): with bfloat16 compute the logits are not rounded
+  to bfloat16 on the way out (jax.lax.dot_general docs).
+  """
+  logits_BxLxV = jnp.einsum(spec, x_BxLxD, w.astype(x_BxLxD.dtype),
+                            preferred_element_type=jnp.float32)
   valid_V = jnp.arange(logits_BxLxV.shape[-1]) < vocab_size
   return jnp.where(valid_V, logits_BxLxV, PAD_LOGIT)
 
@@ -37,8 +45,7 @@ class _Head(nnx.Module):
     self.head = nnx.Param(w, logical_axes=("embed", "vocab"))
 
   def unembed(self, x_BxLxD: jax.Array) -> jax.Array:
-    logits = jnp.einsum("bld,dv->blv", x_BxLxD, self.head[...].astype(x_BxLxD.dtype))
-    return _mask_padded(logits.astype(jnp.float32), self.vocab_size)
+    return _logits("bld,dv->blv", x_BxLxD, self.head[...], self.vocab_size)
 
 
 class TiedEmbedding(nnx.Module):
@@ -53,8 +60,7 @@ class TiedEmbedding(nnx.Module):
     return take_rows(self.table[...], ids_BxL, self.dtype)
 
   def unembed(self, x_BxLxD: jax.Array) -> jax.Array:
-    logits = jnp.einsum("bld,vd->blv", x_BxLxD, self.table[...].astype(x_BxLxD.dtype))
-    return _mask_padded(logits.astype(jnp.float32), self.vocab_size)
+    return _logits("bld,vd->blv", x_BxLxD, self.table[...], self.vocab_size)
 
 
 class UntiedEmbedding(_Head):

@@ -247,7 +247,7 @@ def save_hf_tokenizer(tokenizer, out_dir, *, vocab_multiple: int = 128,
   if isinstance(tokenizer, ByteTokenizer):
     _write_json(out / TOKENIZER_CONFIG, {
         "tokenizer_class": "ByT5Tokenizer", "extra_ids": 0, "pad_token": "<pad>",
-        "eos_token": "</s>", "unk_token": "<unk>", **extra})
+        "eos_token": "</s>", "unk_token": "<unk>", "split_special_tokens": True, **extra})
     written.append(out / TOKENIZER_CONFIG)
   elif isinstance(tokenizer, SentencePieceTokenizer):
     tmp = out / (SPM_MODEL + ".tmp")
@@ -259,7 +259,7 @@ def save_hf_tokenizer(tokenizer, out_dir, *, vocab_multiple: int = 128,
         "add_bos_token": False, "add_eos_token": False, "bos_token": None,
         "eos_token": piece(tokenizer.eos_id), "unk_token": piece(UNK_ID),
         "pad_token": None if tokenizer.pad_id is None else piece(tokenizer.pad_id),
-        **extra})
+        "split_special_tokens": True, **extra})
     written += [out / SPM_MODEL, out / TOKENIZER_CONFIG]
   return written
 

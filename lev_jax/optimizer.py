@@ -31,6 +31,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from flax import nnx
+
+from lev_jax.sharding import param_logical_axes
 
 GROUPS = ("lev", "embedding_table", "head", "backbone")
 
@@ -133,31 +136,60 @@ def scale_group_updates(inner: optax.GradientTransformation, multipliers: dict
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warm-up from 0 to optim.lr over warmup_steps, then cosine to lr*min_lr_ratio.
+  """The learning rate of each optimizer update: linear warm-up, then cosine decay.
 
-  The schedule spans train.steps optimizer steps (not micro-batches).
+  Update k (k = 1 .. train.steps; optax passes count = k - 1, the updates already
+  applied) uses lr * k / warmup_steps for k <= warmup_steps, then a cosine from lr down
+  to lr * min_lr_ratio at k = train.steps. The first update therefore trains (lr /
+  warmup_steps, not 0: warm-up counted from update 1, not from a zero-lr update 0).
+  Counts are optimizer steps, not micro-batches.
+
+  Source: optax.warmup_cosine_decay_schedule (evaluated at count + 1).
   """
   o = config.optim
-  return optax.warmup_cosine_decay_schedule(
+  schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
       decay_steps=config.train.steps, end_value=o.lr * o.min_lr_ratio)
+  return lambda count: schedule(count + 1)
+
+
+def role_ndim(path, x) -> int:
+  """The number of dimensions a parameter has in its role, whatever the layout.
+
+  An nnx.Variable is judged by its logical axes without the "layers" axis that
+  model.scan_layers stacks in front (sharding.param_logical_axes): a norm scale is 1
+  whether stacked [n_layers, d_model] or not [d_model], a projection 2 or more. A bare
+  array (no metadata) is judged by its rank.
+  """
+  if isinstance(x, nnx.Variable):
+    return sum(n != "layers" for n in param_logical_axes(path, x))
+  return x.ndim
 
 
 def decay_mask(params, optim: ml_collections.ConfigDict):
   """Boolean pytree like `params`: True where weight decay applies.
 
-  `decay_mask`: "matrices" (ndim >= 2: projections, tables, LEV codebooks and
-  splines; not norms or biases), "all" or "none". Paths containing any substring in
-  `optim.no_decay` are excluded in addition.
+  `decay_mask`: "matrices" (parameters whose role is a matrix or larger, by
+  `role_ndim`: projections, tables, LEV codebooks and splines; not norm scales or
+  biases, stacked by model.scan_layers or not), "all" or "none". Paths containing any
+  substring in `optim.no_decay` are excluded in addition.
+
+  Args:
+    params: nnx.State of nnx.Param (as trained) or a pytree of arrays.
+  Raises:
+    ShardingError: a parameter Variable without `logical_axes` metadata.
   """
   def decide(path, x):
     if optim.decay_mask == "none":
-      return False
-    name = jax.tree_util.keystr(path, simple=True, separator="/")
-    if any(s in name for s in optim.no_decay):
-      return False
-    return optim.decay_mask == "all" or x.ndim >= 2
-  return jax.tree_util.tree_map_with_path(decide, params)
+      keep = False
+    elif any(s in jax.tree_util.keystr(path, simple=True, separator="/")
+             for s in optim.no_decay):
+      keep = False
+    else:
+      keep = optim.decay_mask == "all" or role_ndim(path, x) >= 2
+    return x.replace(keep) if isinstance(x, nnx.Variable) else keep
+  return jax.tree_util.tree_map_with_path(decide, params,
+                                          is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def make_clipping(optim: ml_collections.ConfigDict) -> optax.GradientTransformation:

@@ -11,6 +11,8 @@ Semantics follow lm-eval 0.4's Hugging Face model (lm_eval/models/huggingface.py
 ``get_rolling_token_windows`` and ``make_disjoint_window``):
   * a continuation's tokens are those of encode(context + continuation) past the
     tokens of encode(context); whitespace ending the context moves to the continuation;
+    where a token spans the boundary (the joint ids do not start with the context's),
+    the continuation is encoded alone, so it is never empty;
   * an empty context conditions on the eos id;
   * an input longer than max_len keeps its last max_len tokens (left truncation);
   * is_greedy: every continuation token is the argmax of its logits;
@@ -88,7 +90,7 @@ class Scorer:
       [B, L] to float32 logits [B, L, V] also works; padded vocab ids must carry
       -1e9 logits, as the Decoder's do).
     tokenizer: has encode(str) -> list[int], decode(ids) -> str, eos_id, vocab_size
-      (and optionally pad_id, default 0).
+      (and optionally pad_id; None or absent: eos_id pads, under the mask).
     max_len: tokens per forward pass. Default: config.train.seq_len, the length the
       model was trained at (RoPE allows up to config.model.max_seq_len, but quality
       beyond the training length is not what a benchmark should measure).
@@ -122,7 +124,10 @@ class Scorer:
     self.model, self.tokenizer = model, tokenizer
     self.max_len, self.batch_size = int(max_len), int(batch_size)
     self.eos_id = int(tokenizer.eos_id)
-    self.pad_id = int(getattr(tokenizer, "pad_id", 0))
+    # Padding sits after every scored position (right padding, causal attention), so
+    # any valid id serves; o200k_base has no pad id: use eos.
+    pad_id = getattr(tokenizer, "pad_id", None)
+    self.pad_id = self.eos_id if pad_id is None else int(pad_id)
 
   # --- tokenization (lm-eval HFLM._encode_pair) -------------------------------------
 
@@ -131,7 +136,11 @@ class Scorer:
 
     Whitespace ending `context` moves to the front of `continuation`; the continuation
     ids are encode(context + continuation) past len(encode(context)); an empty context
-    becomes [eos_id] and the continuation is encoded alone.
+    becomes [eos_id] and the continuation is encoded alone. When the joint encoding
+    does not start with the context's ids (a token spans the boundary, as in
+    ("The retu", "rn value") -> "return"), its tail would be empty or misaligned, so the
+    continuation is encoded alone (lm-eval's fix for empty continuations): a non-empty
+    continuation never gets zero ids, so it never scores log p = 0 for free.
     Raises:
       ValueError: context or continuation is not a str.
     """
@@ -145,7 +154,10 @@ class Scorer:
     if not context_ids:  # empty (or whitespace-only) context: condition on eos
       return [self.eos_id], list(self.tokenizer.encode(continuation))
     whole = list(self.tokenizer.encode(context + continuation))
-    return context_ids, whole[len(context_ids):]
+    n = len(context_ids)
+    if whole[:n] != context_ids or (continuation and len(whole) == n):
+      return context_ids, list(self.tokenizer.encode(continuation))
+    return context_ids, whole[n:]
 
   # --- log-likelihoods ----------------------------------------------------------------
 

@@ -184,6 +184,31 @@ def spec_for(names: Sequence[str | None], shape: Sequence[int], mesh_sizes: dict
   return P(*spec)
 
 
+def param_logical_axes(path, var: nnx.Variable) -> tuple[str, ...]:
+  """The logical axis names of every dimension of a parameter, one per dimension.
+
+  Args:
+    path: the parameter's key path in nnx.state(model, nnx.Param) (or its "/"-joined
+      string), e.g. "blocks/attn/wq".
+    var: the nnx.Variable (its `logical_axes` metadata names the unstacked dims).
+  Returns:
+    `logical_axes`, with "layers" first when model.scan_layers stacked the parameter
+    (one more dimension than names, under `blocks/`).
+  Raises:
+    ShardingError: the parameter has no `logical_axes` metadata.
+  """
+  if not isinstance(path, str):
+    path = jax.tree_util.keystr(tuple(path), simple=True, separator="/")
+  names = var.get_metadata().get("logical_axes")
+  if names is None:
+    raise ShardingError(f"parameter {path} has no logical_axes metadata: every "
+                        "parameter needs one")
+  names = tuple(names)
+  if len(names) + 1 == len(var.shape) and "/blocks/" in f"/{path}":
+    names = ("layers", *names)  # stacked by model.scan_layers
+  return names
+
+
 def param_specs(model_or_state, mesh_sizes: dict[str, int], rules) -> nnx.State:
   """A State like nnx.state(model, nnx.Param) whose leaves are PartitionSpecs.
 
@@ -196,12 +221,8 @@ def param_specs(model_or_state, mesh_sizes: dict[str, int], rules) -> nnx.State:
 
   def one(path, var):
     what = "parameter " + jax.tree_util.keystr(path, simple=True, separator="/")
-    names = var.get_metadata().get("logical_axes")
-    if names is None:
-      raise ShardingError(f"{what} has no logical_axes metadata: every parameter needs one")
-    if len(names) + 1 == len(var.shape) and "/blocks/" in f"/{what.split(' ', 1)[1]}":
-      names = ("layers", *names)  # stacked by model.scan_layers
-    return var.replace(spec_for(names, var.shape, mesh_sizes, rules, what))
+    return var.replace(spec_for(param_logical_axes(path, var), var.shape, mesh_sizes,
+                                rules, what))
 
   return jax.tree_util.tree_map_with_path(one, state,
                                           is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny configs that build in milliseconds."""
 
+import base64
 import json
 import os
 
@@ -150,3 +151,16 @@ def copy_run(finished, dst):
   shutil.copytree(src, dst)
   return c.copy_and_resolve_references(), dst
 
+
+
+@pytest.fixture
+def ranks_file(tmp_path):
+  """A tiny tiktoken ranks file (256 bytes + 5 merges), loaded by
+  data.TiktokenTokenizer as o200k_base's stand-in (o200k's specials, vocab 200019)."""
+  ranks = {bytes([i]): i for i in range(256)}
+  for piece in (b"th", b"the", b" the", b"in", b"ing"):
+    ranks[piece] = len(ranks)
+  path = tmp_path / "tiny.tiktoken"
+  # The .tiktoken format: one "base64(bytes) rank" line per token.
+  path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
+  return str(path)

@@ -1,7 +1,6 @@
 """o200k_base adapter with a small ranks file built here (no download, no cache):
 ids, pickling, info / save / load records and make_tokenizer."""
 
-import base64
 import os
 import pickle
 
@@ -14,15 +13,6 @@ from lev_jax.data import pipeline
 from lev_jax.data import tokenizer as tok_lib
 
 
-@pytest.fixture
-def ranks_file(tmp_path):
-  ranks = {bytes([i]): i for i in range(256)}
-  for piece in (b"th", b"the", b" the", b"in", b"ing"):
-    ranks[piece] = len(ranks)
-  path = tmp_path / "tiny.tiktoken"
-  # The .tiktoken format: one "base64(bytes) rank" line per token.
-  path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
-  return str(path)
 
 
 def test_tiktoken_round_trip_ids_and_specials(ranks_file):

@@ -144,12 +144,18 @@ def test_bfloat16_export(models, tmp_path):
   np.testing.assert_allclose(theirs, ours, atol=0.05)
 
 
+# Every special token's surface form inside plain text: our tokenizers encode it as
+# text (never as the special id), so the exported HF tokenizer must too
+# (split_special_tokens in tokenizer_config.json).
+SPECIALS_TEXT = "I <s>like</s> it <pad> and <unk>, <|endoftext|>."
+
+
 def test_byte_tokenizer_files_give_our_ids(exported):
   folder = exported["tied", False]
   assert load_tokenizer(folder / "lev_tokenizer") == ByteTokenizer()
   hf_tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-  text = "héllo wörld ✓\n\tend"
-  assert hf_tok(text, add_special_tokens=False)["input_ids"] == ByteTokenizer().encode(text)
+  for text in ("héllo wörld ✓\n\tend", SPECIALS_TEXT):
+    assert hf_tok(text, add_special_tokens=False)["input_ids"] == ByteTokenizer().encode(text)
   assert hf_tok.eos_token_id == ByteTokenizer().eos_id and len(hf_tok) == V
 
 
@@ -161,7 +167,7 @@ def test_sentencepiece_tokenizer_files_give_our_ids(tmp_path):
   tok = train_sentencepiece(docs, 320, tmp_path / "cache")
   hf_export.save_hf_tokenizer(tok, tmp_path / "hf")
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
-  texts = [docs[0], docs[-1], " x", "unseen 𝔘 ∮ symbols", "a  b   c\n\n\n"]
+  texts = [docs[0], docs[-1], " x", "unseen 𝔘 ∮ symbols", "a  b   c\n\n\n", SPECIALS_TEXT]
   for text in texts:
     ids = tok.encode(text)
     assert hf_tok(text, add_special_tokens=False)["input_ids"] == ids, text

@@ -119,6 +119,22 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
   assert logits.dtype == jnp.float32 and bool(jnp.isfinite(logits[..., :300]).all())
 
 
+@pytest.mark.parametrize("embedding", ["tied", "untied", "lev"])
+def test_bfloat16_head_accumulates_and_returns_float32_logits(embedding):
+  """bf16 inputs, float32 product: the logits equal the float32 matmul of the bf16
+  operands, not its bf16 rounding (whose low 16 bits would all be zero)."""
+  c = tiny_config(embedding)
+  c.model.dtype = "bfloat16"
+  emb = Decoder(c, rngs=nnx.Rngs(0)).embedding
+  x_BxLxD = jax.random.normal(jax.random.key(1), (2, 3, c.model.d_model), jnp.bfloat16)
+  logits = np.asarray(nnx.jit(lambda e, x: e.unembed(x))(emb, x_BxLxD))[..., :c.model.vocab_size]
+  w = emb.table[...].T if embedding == "tied" else emb.head[...]
+  expected = np.einsum("bld,dv->blv", np.asarray(x_BxLxD, np.float64),
+                       np.asarray(w.astype(jnp.bfloat16), np.float64))[..., :c.model.vocab_size]
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+  assert (logits.view(np.uint32) & 0xFFFF).any()
+
+
 def test_unknown_embedding_is_a_config_error():
   c = tiny_config("tied")
   c.model.embedding = "hashed"

@@ -16,15 +16,28 @@ from lev_jax.train import abstract_model, create_model, partition
 
 
 def test_warmup_then_cosine_to_the_floor():
+  """lr(count) is the rate of update count + 1: lr/10 first, peak at update 10, floor
+  at update 100 (the last)."""
   c = tiny_config()
   c.train.steps, c.optim.warmup_steps, c.optim.lr, c.optim.min_lr_ratio = 100, 10, 1e-3, 0.1
   lr = learning_rate_schedule(c)
-  assert float(lr(0)) == 0.0
-  assert float(lr(5)) == pytest.approx(5e-4)
-  assert float(lr(10)) == pytest.approx(1e-3)
-  assert float(lr(100)) == pytest.approx(1e-4)
-  values = [float(lr(s)) for s in range(10, 101)]
+  assert float(lr(0)) == pytest.approx(1e-4)
+  assert float(lr(4)) == pytest.approx(5e-4)
+  assert float(lr(9)) == pytest.approx(1e-3)
+  assert float(lr(99)) == pytest.approx(1e-4)
+  values = [float(lr(s)) for s in range(9, 100)]
   assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_the_first_update_trains():
+  """Warm-up from update 1's value: the first AdamW update moves the parameters."""
+  c = tiny_config()
+  c.train.steps, c.optim.warmup_steps, c.optim.weight_decay = 100, 10, 0.0
+  tx = make_optimizer(c)
+  params = {"w": jnp.ones((2, 2))}
+  updates, _ = tx.update({"w": jnp.full((2, 2), 0.5)}, tx.init(params), params)
+  # Adam's first step is lr * g / |g| = lr(update 1) = lr / warmup_steps per element.
+  np.testing.assert_allclose(np.asarray(updates["w"]), -c.optim.lr / 10, rtol=1e-5)
 
 
 def _mask_by_name(config):
@@ -53,6 +66,43 @@ def test_no_decay_patterns_and_modes():
   assert not any(_mask_by_name(c).values())
   c.optim.decay_mask, c.optim.no_decay = "all", ()
   assert all(_mask_by_name(c).values())
+
+
+def _decay_factors(scan_layers: bool) -> dict:
+  """{role path: param after five zero-gradient AdamW updates / param before (1 + after
+  where it was 0)}, with the
+  stacked layer axis unrolled so both layouts name a parameter alike."""
+  c = tiny_config("lev")
+  c.model.scan_layers, c.optim.warmup_steps, c.optim.weight_decay = scan_layers, 0, 0.1
+  params = nnx.state(create_model(c), nnx.Param)
+  tx = make_optimizer(c)
+  state, new = tx.init(params), params
+  for _ in range(5):
+    updates, state = tx.update(jax.tree.map(jnp.zeros_like, params), state, new)
+    new = optax.apply_updates(new, updates)
+  out = {}
+  for (path, before), after in zip(jax.tree_util.tree_flatten_with_path(params)[0],
+                                   jax.tree.leaves(new)):
+    name = jax.tree_util.keystr(path, simple=True, separator="/")
+    before, after = np.asarray(before), np.asarray(after)
+    ratio = np.where(before == 0, 1.0 + after, after / np.where(before == 0, 1, before))
+    if scan_layers and name.startswith("blocks/"):
+      for i in range(c.model.n_layers):
+        out[name.replace("blocks/", f"blocks/{i}/", 1)] = float(np.median(ratio[i]))
+    else:
+      out[name] = float(np.median(ratio))
+  return out
+
+
+def test_weight_decay_by_role_is_the_same_with_and_without_scan_layers():
+  """A stacked norm scale is rank 2 but still a norm: no decay in either layout."""
+  stacked, unstacked = _decay_factors(True), _decay_factors(False)
+  assert stacked.keys() == unstacked.keys()
+  assert stacked["blocks/0/attn_norm/scale/value"] == 1.0
+  assert stacked["blocks/1/mlp_norm/scale/value"] == 1.0
+  assert stacked["blocks/0/attn/wq/value"] < 1.0
+  for name in stacked:
+    assert stacked[name] == pytest.approx(unstacked[name], rel=1e-6), name
 
 
 def test_global_norm_clipping_rescales_gradients_before_adam():

@@ -92,6 +92,65 @@ def test_encode_pair_moves_trailing_space_and_uses_eos_for_empty_context(config)
     s.encode_pair("a", None)
 
 
+class MergingTokenizer:
+  """Greedy longest match over bytes + a few whole words, like BPE merges: "return"
+  and "default" are one token each, so a context ending inside them ("The retu",
+  "def") re-tokenises with the continuation. No pad id (as o200k_base)."""
+  WORDS = ("The", " return", "return", " value", "default", "def")
+  pad_id = None
+
+  def __init__(self):
+    self.eos_id, self.vocab_size = 256 + len(self.WORDS), 256 + len(self.WORDS) + 1
+
+  def encode(self, text):
+    data, ids = text.encode(), []
+    while data:
+      words = [(len(w), i) for i, w in enumerate(self.WORDS) if data.startswith(w.encode())]
+      n, i = max(words) if words else (1, None)
+      ids.append(data[0] if i is None else 256 + i)
+      data = data[n:]
+    return ids
+
+  def decode(self, ids):
+    return b"".join(bytes([t]) if t < 256 else self.WORDS[t - 256].encode()
+                    for t in ids if t != self.eos_id).decode()
+
+
+def test_a_token_spanning_the_boundary_never_leaves_the_continuation_empty(config):
+  """("The retu", "rn value"): the joined text has " return" where the context ended,
+  so its tail past the context's ids is empty; the continuation is encoded alone and
+  gets a finite, negative score (not log p = 0, which would win every comparison)."""
+  tok = MergingTokenizer()
+  tok.pad_id = 0
+  c = config.copy_and_resolve_references()
+  c.model.vocab_size = tok.vocab_size
+  scorer = Scorer(create_model(c), tok, config=c)
+  requests = [("The retu", "rn value"), ("def", "ault"), ("The", " return")]
+  assert scorer.encode_pair(*requests[0]) == (tok.encode("The retu"), tok.encode("rn value"))
+  assert scorer.encode_pair(*requests[1]) == (tok.encode("def"), tok.encode("ault"))
+  assert scorer.encode_pair(*requests[2]) == (tok.encode("The"), tok.encode(" return"))
+  for (ll, _), (ctx, cont) in zip(scorer.loglikelihood(requests), requests):
+    expected, _ = hand_ll(scorer.model, tok.encode(ctx), tok.encode(cont))
+    assert math.isfinite(ll) and ll < 0
+    assert ll == pytest.approx(expected, rel=1e-5)
+
+
+def test_an_o200k_model_scores_lambada(ranks_file, tmp_path):
+  """o200k_base has no pad id: zero-shot scoring pads with eos (a tiny ranks file
+  stands in for o200k's; the vocabulary is o200k's 200019 ids)."""
+  from lev_jax.data import TiktokenTokenizer
+  from lev_jax.downstream import evaluate_task
+  tok = TiktokenTokenizer(ranks_file)
+  c = tiny_config("untied")
+  c.model.vocab_size, c.model.d_model = tok.vocab_size, 8
+  scorer = Scorer(create_model(c), tok, config=c, batch_size=2)
+  assert scorer.pad_id == tok.eos_id
+  path = tmp_path / "lambada_test.jsonl"
+  path.write_text('{"text": "the thing in the ring"}\n{"text": "in the thing"}\n')
+  r = evaluate_task(scorer, "lambada", path)
+  assert 0.0 <= r["acc"] <= 1.0 and math.isfinite(r["perplexity"]) and r["perplexity"] > 1
+
+
 def test_loglikelihood_equals_hand_sum_in_any_order_and_batching(model, config):
   # 12 tokens each (input length 11), except the last: 22 tokens, left-truncated to 17.
   requests = [("hello", " world"), ("", "abcdefghijk"), ("x ", "yzabcdefghi"),

@@ -153,8 +153,14 @@ def test_gradient_accumulation_matches_one_big_batch():
   for group in ("lev", "head", "backbone"):  # per-group norms: after accumulation too
     assert float(m1[f"grad_norm/{group}"]) == pytest.approx(float(m4[f"grad_norm/{group}"]),
                                                            rel=1e-5)
-  for a, b in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s4["params"])):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  # The first update moves parameters by up to lr (Adam's first step is ~lr * sign(g));
+  # where |g| ~ eps the sum order shows up as ~1e-6 of it.
+  moved = 0.0
+  for a, b, init in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s4["params"]),
+                        jax.tree.leaves(create_train_state(c)[1]["params"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=5e-6)
+    moved = max(moved, float(np.abs(np.asarray(a) - np.asarray(init)).max()))
+  assert moved > 0.1 * c.optim.lr / c.optim.warmup_steps
 
 
 def test_relative_workdir_as_the_cli_default(data_cache, tmp_path, monkeypatch):
