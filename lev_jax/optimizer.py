@@ -166,6 +166,20 @@ def role_ndim(path, x) -> int:
   return x.ndim
 
 
+def schedule_count(opt_state) -> jax.Array:
+  """int32 []: the updates applied so far, as the learning-rate schedule counts them
+  (optax.ScaleByScheduleState.count in `make_optimizer`'s state). It stays behind the
+  train step after a step the NaN guard skipped (train.nan_policy = skip_step), so
+  learning_rate_schedule(config)(schedule_count(state)) is the rate the next update
+  uses. Source: optax.tree_utils.tree_get_all_with_path.
+  """
+  found = [v for p, v in optax.tree_utils.tree_get_all_with_path(opt_state, "count")
+           if getattr(p[-1], "tuple_name", None) == "ScaleByScheduleState"]
+  if len(found) != 1:
+    raise ValueError(f"optimizer state: expected one ScaleByScheduleState, found {len(found)}")
+  return found[0]
+
+
 def decay_mask(params, optim: ml_collections.ConfigDict):
   """Boolean pytree like `params`: True where weight decay applies.
 

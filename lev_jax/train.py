@@ -31,7 +31,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from lev_jax import sharding
 from lev_jax.model import Decoder
-from lev_jax.optimizer import group_diagnostics, learning_rate_schedule, make_optimizer
+from lev_jax.optimizer import (group_diagnostics, learning_rate_schedule, make_optimizer,
+                               schedule_count)
 
 
 def create_model(config: ml_collections.ConfigDict, seed: int | None = None) -> Decoder:
@@ -173,7 +174,7 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
     new_state = dict(state, params=keep(optax.apply_updates(params, updates), params),
                      opt_state=keep(opt_state, state["opt_state"]), step=state["step"] + 1)
     metrics = {"loss": loss, "grad_norm": grad_norm,
-               "lr": schedule(state["step"]), "tokens": n_tokens,
+               "lr": schedule(schedule_count(state["opt_state"])), "tokens": n_tokens,
                "nonfinite": 1.0 - finite.astype(jnp.float32),
                **group_diagnostics(grads, updates, params)}
     return new_state, metrics

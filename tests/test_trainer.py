@@ -163,6 +163,34 @@ def test_gradient_accumulation_matches_one_big_batch():
   assert moved > 0.1 * c.optim.lr / c.optim.warmup_steps
 
 
+def test_a_non_finite_step_changes_nothing_and_logs_the_rate_it_would_have_used():
+  """The NaN guard inside the step: params, optimizer state and the schedule's count
+  stay as they were (exactly), the step counter moves, `nonfinite` is 1, and `lr` is
+  the rate of the update that was not applied (so it repeats on the next step)."""
+  from lev_jax.train import create_train_state, make_train_step
+  c = tiny_config("tied")
+  c.train.steps, c.optim.warmup_steps = 100, 10
+  rng = np.random.default_rng(0)
+  batch = {"inputs": rng.integers(0, 300, (4, 16)).astype(np.int32),
+           "targets": rng.integers(0, 300, (4, 16)).astype(np.int32),
+           "weights": np.ones((4, 16), np.float32)}
+  part, state = create_train_state(c)
+  step = make_train_step(part, c)
+  state, first = step(state, batch)
+  poisoned = jax.tree.map(lambda x: x, state)
+  leaf = poisoned["params"]["final_norm"]["scale"]
+  leaf[...] = leaf[...].at[0].set(np.nan)
+  before = jax.tree.map(np.asarray, poisoned)
+  after, m = step(poisoned, batch)
+  assert float(m["nonfinite"]) == 1.0 and int(after["step"]) == 2
+  for a, b in zip(jax.tree.leaves(after["opt_state"]), jax.tree.leaves(before["opt_state"])):
+    np.testing.assert_array_equal(np.asarray(a), b)
+  assert float(first["lr"]) == pytest.approx(c.optim.lr / 10)
+  assert float(m["lr"]) == pytest.approx(2 * c.optim.lr / 10)  # update 2, not applied
+  _, again = step(after, batch)
+  assert float(again["lr"]) == float(m["lr"])
+
+
 def test_relative_workdir_as_the_cli_default(data_cache, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   c = run_config("tied", data_cache, steps=2)
