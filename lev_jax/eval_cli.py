@@ -215,7 +215,7 @@ def _pm(value: float, stderr: float | None) -> str:
 
 def heldout_test_files(config) -> tuple:
   """The files of the test split: data.test_files, or for the embedded source with
-  data.test_fraction > 0 its test shard (`corpus.write_embedded_corpus`).
+  data.test_fraction > 0 its test shard (`embedded.write_embedded_corpus`).
 
   Raises:
     ConfigError: no test split (naming both fields).

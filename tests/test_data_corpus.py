@@ -1,11 +1,10 @@
 """Pile-format reading (jsonl, jsonl.zst, globs, subsets, every bad input) and the
-embedded corpus (deterministic, disjoint split, idempotent cache)."""
+per-document hash splits."""
 
 import json
 import logging
 import os
 import random
-import sys
 
 from etils.epath import gpath as epath_gpath
 from etils.epath import testing as epath_testing
@@ -274,73 +273,6 @@ def test_gs_url_reads_through_epath(tmp_path, monkeypatch):
     assert report["files"] == 2 and report["skipped"]["bad_json"] == 1
     with pytest.raises(DataError, match=r"gs://bucket/x.jsonl:2: the line is not valid"):
       read_documents("gs://bucket/x.jsonl", strict=True)
-
-
-@pytest.fixture(scope="module")
-def embedded():
-  return corpus.embedded_documents()
-
-
-def test_embedded_documents_are_real_deterministic_text(embedded):
-  assert corpus.embedded_documents() == embedded
-  subsets = {d["meta"]["pile_set_name"] for d in embedded}
-  assert subsets == {"pydoc_topics", "stdlib_docstrings"}
-  megabytes = sum(len(d["text"].encode()) for d in embedded) / 1e6
-  assert 1.5 < megabytes < 6, megabytes
-  texts = [d["text"] for d in embedded]
-  assert all(t.strip() for t in texts)
-  assert any("Return the" in t for t in texts)
-  assert not any("The Zen of Python" in t for t in texts)  # `this` is never imported
-
-
-def test_embedded_corpus_split_is_disjoint_and_cached(tmp_path, embedded):
-  paths = corpus.write_embedded_corpus(tmp_path, 0.1)
-  version = ".".join(map(str, sys.version_info[:3]))
-  assert paths["train"].parent.name == f"embedded-py{version}-val0.1"
-  train, _ = read_documents(paths["train"])
-  validation, _ = read_documents(paths["validation"])
-  texts = [d["text"] for d in embedded]
-  assert sorted(train + validation) == sorted(texts)
-  assert not set(train) & set(validation)
-  assert 0.03 < len(validation) / len(texts) < 0.2
-  assert all(corpus.is_validation(t, 0.1) for t in validation)
-  mtime = os.stat(paths["train"]).st_mtime_ns
-  assert corpus.write_embedded_corpus(tmp_path, 0.1) == paths
-  assert os.stat(paths["train"]).st_mtime_ns == mtime  # written once
-  assert not list(paths["train"].parent.glob(".*tmp*"))
-  with pytest.raises(DataError, match="validation_fraction"):
-    corpus.write_embedded_corpus(tmp_path, 1.5)
-
-
-def test_a_test_split_comes_from_training_documents_and_leaves_validation_alone(tmp_path):
-  # A two-way cache as write_embedded_corpus leaves it (synthetic documents: no stdlib walk).
-  version = ".".join(map(str, sys.version_info[:3]))
-  folder = tmp_path / f"embedded-py{version}-val0.1"
-  folder.mkdir()
-  texts = [f"document number {i}" for i in range(400)]
-  lines = {"train": [], "validation": []}
-  for t in texts:
-    split = "validation" if corpus.is_validation(t, 0.1) else "train"
-    lines[split].append(json.dumps({"text": t, "meta": {"pile_set_name": "x"}}) + "\n")
-  for split, rows in lines.items():
-    (folder / f"{split}.jsonl").write_text("".join(rows))
-  two_way = corpus.write_embedded_corpus(tmp_path, 0.1)
-  three_way = corpus.write_embedded_corpus(tmp_path, 0.1, test_fraction=0.1)
-  assert three_way["validation"] == two_way["validation"]  # the same file, unchanged
-  assert three_way["test"].parent.name == folder.name + "-test0.1"
-  old_train, _ = read_documents(two_way["train"])
-  train, _ = read_documents(three_way["train"])
-  test, _ = read_documents(three_way["test"])
-  assert sorted(train + test) == sorted(old_train) and not set(train) & set(test)
-  assert 20 < len(test) < 60 and train == [t for t in old_train if t not in set(test)]
-  assert {corpus.split_of(t, 0.1, 0.1) for t in test} == {"test"}
-  assert {corpus.split_of(t, 0.1, 0.1) for t in train} == {"train"}
-  assert corpus.write_embedded_corpus(tmp_path, 0.1, test_fraction=0.1) == three_way
-  # Validation is decided first, by the same hash, whatever test_fraction is.
-  assert [corpus.split_of(t, 0.25, 0.25) == "validation" for t in texts] == [
-      corpus.is_validation(t, 0.25) for t in texts]
-  with pytest.raises(DataError, match="test_fraction"):
-    corpus.write_embedded_corpus(tmp_path, 0.5, test_fraction=0.5)
 
 
 def test_split_documents_depends_on_text_only():

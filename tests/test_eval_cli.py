@@ -152,8 +152,9 @@ def test_other_validation_files_need_no_data_source_and_the_summary_prints_lamba
 
 
 def test_split_test_of_the_embedded_source_is_its_held_out_shard(tmp_path):
-  # A two-way embedded cache as write_embedded_corpus leaves it (no stdlib walk).
-  folder = tmp_path / f"embedded-py{'.'.join(map(str, sys.version_info[:3]))}-val0.05"
+  # A two-way embedded cache as write_embedded_corpus leaves it (synthetic documents).
+  from lev_jax.data.embedded import cache_name
+  folder = tmp_path / f"{cache_name()}-val0.05"
   folder.mkdir()
   from lev_jax.data.corpus import is_validation
   texts = [f"document {i}" for i in range(200)]

@@ -3,8 +3,9 @@
 `load(config)` reads ``config.data`` once and returns a `DataBundle`. Sources
 (``config.data.source``):
 
-* ``'embedded'``: the pydoc topics and standard-library docstrings of this Python
-  (`corpus.embedded_documents`, about 2.3 MB), written once as Pile-format JSONL under
+* ``'embedded'``: CPython 3.11.7's pydoc topics and standard-library docstrings, frozen
+  in the package (`embedded.embedded_documents`, 607 documents, 2.3 MB, sha256-checked),
+  written once as Pile-format JSONL under
   ``config.data.cache_dir`` and split per document by a hash of its text (a test
   split too with ``data.test_fraction`` > 0, for ``lev-eval --split=test``);
 * ``'jsonl'``: Pile-format ``*.jsonl`` / ``*.jsonl.zst`` files or globs (local or
@@ -24,7 +25,8 @@ through tiktoken (``data.tiktoken_file``); UTF-8 bytes. Batches are ``{"inputs",
 "targets": int32 [B, L], "weights": float32 [B, L]}`` (+ ``segment_ids``,
 ``positions`` with ``data.segment_masking``), L = ``config.train.seq_len``.
 
-Modules: `corpus` (readers, `DataError`), `stream`, `tokenizer`, `pipeline` (grain),
+Modules: `corpus` (readers, `DataError`, hash splits), `embedded` (the frozen default
+corpus; `embedded_build` rebuilds it), `stream`, `tokenizer`, `pipeline` (grain),
 `prepared` / `prepare` (ArrayRecord datasets), `vocabularies` (seqio; imports
 TensorFlow, so it is never imported here).
 """
@@ -41,8 +43,8 @@ import grain
 import ml_collections
 import numpy as np
 
-from lev_jax.data.corpus import (DataError, embedded_documents, read_documents,
-                                 split_documents, write_embedded_corpus)
+from lev_jax.data.corpus import DataError, read_documents, split_documents
+from lev_jax.data.embedded import embedded_documents, write_embedded_corpus
 from lev_jax.data.files import npy_bytes, read_npy, write_bytes_atomic
 from lev_jax.data.pipeline import make_eval_batches, make_train_dataset, token_counts
 from lev_jax.data.tokenizer import (ByteTokenizer, SentencePieceTokenizer, TiktokenTokenizer,

@@ -1,4 +1,4 @@
-"""Documents: the embedded corpus that ships with Python, and Pile-format JSONL readers.
+"""Documents: Pile-format JSONL readers, read reports, and hash splits.
 
 A Pile-format line is one JSON object ``{"text": str, "meta": {"pile_set_name": str}}``
 (The Pile, Gao et al. 2020, https://pile.eleuther.ai/). Files are ``*.jsonl`` or
@@ -12,22 +12,16 @@ subset) are skipped and counted in a read report (`new_report`), or raise `DataE
 naming the file and line with ``strict``. `expand_files` lists the files, `iter_file`
 streams one file's documents, `read_documents` reads them all into memory.
 
-The embedded corpus needs no download: the ``pydoc_data.topics`` help texts and the
-docstrings of the standard library (about 2 MB of English technical prose and code).
+Also the per-document hash splits (`is_validation`, `split_of`) that every source and the
+embedded corpus (`lev_jax.data.embedded`) use.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib
-import inspect
 import io
 import json
 import os
-import pkgutil
-import sys
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 
 from absl import logging
@@ -45,17 +39,6 @@ SKIP_REASONS = ("missing_file", "empty_glob", "truncated_file", "bad_utf8", "bad
                 "no_text", "empty", "filtered_subset")
 SUFFIXES = (".jsonl", ".jsonl.zst")
 
-# Top-level standard-library modules never imported for the embedded corpus: they act on
-# import (open a browser, print, need a display or a terminal, write caches), only exist
-# on other platforms, or are test suites (so is any module with "test" in its name).
-_SKIP_MODULES = frozenset({
-    "__main__", "antigravity", "this", "tkinter", "turtle", "turtledemo", "idlelib",
-    "lib2to3", "test", "ensurepip", "distutils", "readline", "rlcompleter", "curses",
-    "pydoc_data", "msilib", "msvcrt", "winreg", "winsound", "nt", "site", "sitecustomize",
-    "usercustomize", "xxsubtype", "xxlimited", "__hello__", "__phello__", "_tkinter",
-    "_curses", "_curses_panel", "_msi", "_winapi", "_overlapped", "_scproxy",
-})
-_SKIP_SUBMODULE_NAMES = frozenset({"test", "tests", "__main__", "idle_test"})
 _ZST_CHUNK_BYTES = 1 << 20
 
 
@@ -63,96 +46,7 @@ class DataError(ValueError):
   """A bad data input; the message names the file (and line) and what was expected."""
 
 
-# ----------------------------------------------------------------------------- embedded
-
-
-def _clean(doc) -> str:
-  return inspect.cleandoc(doc) if isinstance(doc, str) and doc.strip() else ""
-
-
-def _module_text(module) -> str:
-  """The module docstring, then its own classes' and functions' docstrings, by name."""
-  parts, seen = [], set()
-
-  def add(header: str, doc) -> None:
-    text = _clean(doc)
-    if text and text not in seen:  # identical boilerplate ("Return self==value.") once
-      seen.add(text)
-      parts.append(f"{header}\n{text}" if header else text)
-
-  add("", module.__doc__)
-  for name, obj in sorted(vars(module).items()):
-    if getattr(obj, "__module__", None) != module.__name__:
-      continue
-    if inspect.isclass(obj):
-      add(f"{module.__name__}.{name}", obj.__doc__)
-      for attr, member in sorted(vars(obj).items()):
-        if isinstance(member, (staticmethod, classmethod)):
-          member = member.__func__
-        if (isinstance(member, property) or inspect.isfunction(member)
-            or inspect.isbuiltin(member) or inspect.ismethoddescriptor(member)):
-          add(f"{module.__name__}.{name}.{attr}", getattr(member, "__doc__", None))
-    elif inspect.isfunction(obj) or inspect.isbuiltin(obj):
-      add(f"{module.__name__}.{name}", obj.__doc__)
-  return "\n\n".join(parts)
-
-
-def _import_quietly(name: str):
-  """The module, or None when it cannot be imported here; warnings and output muted."""
-  sink = io.StringIO()
-  try:
-    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
-        contextlib.redirect_stderr(sink):
-      warnings.simplefilter("ignore")
-      return importlib.import_module(name)
-  except Exception:  # pylint: disable=broad-except  # platform-only or broken module
-    return None
-
-
-def _walk_package(module) -> Iterator:
-  """The module and (recursively, sorted by name) its non-test submodules."""
-  yield module
-  for info in sorted(pkgutil.iter_modules(getattr(module, "__path__", None) or []),
-                     key=lambda i: i.name):
-    if info.name in _SKIP_SUBMODULE_NAMES:
-      continue
-    sub = _import_quietly(f"{module.__name__}.{info.name}")
-    if sub is not None:
-      yield from _walk_package(sub)
-
-
-def embedded_documents() -> list[dict]:
-  """Real text that ships with every Python: pydoc help topics and stdlib docstrings.
-
-  Returns:
-    Pile-format records ``{"text": str, "meta": {"pile_set_name": str}}``: one per
-    ``pydoc_data.topics`` entry (``"pydoc_topics"``, sorted by topic), then one per
-    importable standard-library module and submodule (``"stdlib_docstrings"``, sorted
-    by name, `sys.stdlib_module_names` walked with `pkgutil.iter_modules`): the module,
-    class, method and function docstrings (`inspect.cleandoc`), each headed by its
-    qualified name. Order and content are fixed for a given Python build: 2.3 MB of
-    UTF-8 text in 607 documents on CPython 3.11.7 (Linux). Modules with import side
-    effects (``antigravity``, ``this``, ``tkinter``, ``turtle``, ``idlelib``,
-    ``lib2to3``, ``readline``, ...) and test packages are never imported; modules that
-    fail to import here are left out; warnings and output during import are muted.
-  """
-  from pydoc_data import topics  # pylint: disable=g-import-not-at-top
-
-  docs = [{"text": topics.topics[key], "meta": {"pile_set_name": "pydoc_topics"}}
-          for key in sorted(topics.topics) if topics.topics[key].strip()]
-  names = sorted(n for n in sys.stdlib_module_names
-                 if n not in _SKIP_MODULES and "test" not in n)
-  with warnings.catch_warnings():  # deprecated modules warn on attribute access too
-    warnings.simplefilter("ignore")
-    for name in names:
-      top = _import_quietly(name)
-      if top is None:
-        continue
-      for module in _walk_package(top):
-        text = _module_text(module)
-        if text.strip():
-          docs.append({"text": text, "meta": {"pile_set_name": "stdlib_docstrings"}})
-  return docs
+# ----------------------------------------------------------------------------- splits
 
 
 def _hash_fraction(text: str) -> float:
@@ -192,86 +86,20 @@ def split_documents(texts: Sequence[str], validation_fraction: float
   return train, validation
 
 
-def _write_atomic(path: epath.Path, lines: Iterable[str]) -> None:
+def write_lines_atomic(path: epath.Path, lines: Iterable[str]) -> None:
+  """Writes the lines (each ending in a newline) as UTF-8, atomically (files.write_bytes_atomic)."""
   write_bytes_atomic(path, "".join(lines).encode("utf-8"))
 
 
-def _check_fractions(validation_fraction: float, test_fraction: float) -> None:
+def check_fractions(validation_fraction: float, test_fraction: float) -> None:
+  """Raises DataError (naming the field) unless 0 < validation_fraction < 1 and
+  0 <= test_fraction < 1 - validation_fraction."""
   if not 0 < validation_fraction < 1:
     raise DataError(f"validation_fraction = {validation_fraction!r}: expected a number "
                     "in (0, 1)")
   if not 0 <= test_fraction < 1 - validation_fraction:
     raise DataError(f"test_fraction = {test_fraction!r}: expected a number in [0, "
                     f"1 - validation_fraction = {1 - validation_fraction:g})")
-
-
-def write_embedded_corpus(cache_dir, validation_fraction: float, test_fraction: float = 0.0
-                          ) -> dict[str, epath.Path]:
-  """Writes the embedded corpus as Pile-format JSONL once; returns the shard paths.
-
-  Args:
-    cache_dir: folder (str or path-like; ``~`` expanded) holding the cache subfolder
-      ``embedded-py{X.Y.Z}-val{fraction}``; with test_fraction > 0 also
-      ``...-val{fraction}-test{test_fraction}`` (train and test, carved from the first
-      folder's train file; validation stays the first folder's file).
-    validation_fraction: share in (0, 1) of documents held out, chosen per document by
-      a hash of its text (`is_validation`), so the split never depends on the order.
-    test_fraction: share in [0, 1 - validation_fraction) of documents held out as a
-      test split (`split_of`): taken from the training documents only, so the
-      validation split is the same for every test_fraction, and 0 (the default)
-      writes exactly the two-way split.
-
-  Returns:
-    ``{"train": path, "validation": path}`` to ``train.jsonl`` / ``validation.jsonl``,
-    and ``"test"``: ``test.jsonl`` when test_fraction > 0. Existing files are reused;
-    new ones are written to a temporary name, then `os.replace`-d into place.
-
-  Raises:
-    DataError: a fraction out of range (named).
-  """
-  _check_fractions(validation_fraction, test_fraction)
-  version = ".".join(str(v) for v in sys.version_info[:3])
-  root = epath.Path(os.path.expanduser(os.fspath(cache_dir)))
-  folder = root / f"embedded-py{version}-val{validation_fraction:g}"
-  if test_fraction > 0:
-    return _write_test_split(folder, validation_fraction, test_fraction)
-  paths = {"train": folder / "train.jsonl", "validation": folder / "validation.jsonl"}
-  if all(p.exists() for p in paths.values()):
-    return paths
-  folder.mkdir(parents=True, exist_ok=True)
-  records = {"train": [], "validation": []}
-  for doc in embedded_documents():
-    split = "validation" if is_validation(doc["text"], validation_fraction) else "train"
-    records[split].append(json.dumps(doc, ensure_ascii=False) + "\n")
-  for split in ("validation", "train"):  # train last: its presence marks completion
-    _write_atomic(paths[split], records[split])
-  logging.info("Wrote the embedded corpus to %s (%d train, %d validation documents).",
-               folder, len(records["train"]), len(records["validation"]))
-  return paths
-
-
-def _write_test_split(two_way: epath.Path, validation_fraction: float,
-                      test_fraction: float) -> dict[str, epath.Path]:
-  """The three-way split, carved from the two-way cache at `two_way` (written first if
-  absent): its validation file is reused as is, its training lines are divided into
-  train and test by `split_of`, line for line (order kept)."""
-  base = write_embedded_corpus(two_way.parent, validation_fraction)
-  folder = two_way.parent / f"{two_way.name}-test{test_fraction:g}"
-  paths = {"train": folder / "train.jsonl", "validation": base["validation"],
-           "test": folder / "test.jsonl"}
-  if all(p.exists() for p in paths.values()):
-    return paths
-  folder.mkdir(parents=True, exist_ok=True)
-  records = {"train": [], "test": []}
-  for line in base["train"].read_text().splitlines(keepends=True):
-    text = json.loads(line)["text"]
-    records[split_of(text, validation_fraction, test_fraction)].append(line)
-  for split in ("test", "train"):  # train last: its presence marks completion
-    _write_atomic(paths[split], records[split])
-  logging.info("Held out %d of the embedded corpus's %d training documents as a test "
-               "split in %s.", len(records["test"]),
-               len(records["test"]) + len(records["train"]), folder)
-  return paths
 
 
 # ----------------------------------------------------------------------------- reading

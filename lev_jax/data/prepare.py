@@ -31,7 +31,7 @@ import sentencepiece as spm
 import tensorflow_datasets as tfds
 import tqdm
 
-from lev_jax.data import corpus
+from lev_jax.data import corpus, embedded
 from lev_jax.data.files import npy_bytes, read_npy, write_bytes_atomic
 from lev_jax.data import prepared
 from lev_jax.data import tokenizer as tokenizer_lib
@@ -143,7 +143,7 @@ def input_files(config: ml_collections.ConfigDict, reports: dict[str, dict]
   """Per split, the input files (splits without files are left out).
 
   data.source "embedded": the embedded corpus under data.cache_dir (train, validation,
-  and test with data.test_fraction > 0; `corpus.write_embedded_corpus`); otherwise
+  and test with data.test_fraction > 0; `embedded.write_embedded_corpus`); otherwise
   data.train_files, validation_files and test_files through `corpus.expand_files`
   (skipped paths counted in ``reports[split]``).
 
@@ -153,7 +153,7 @@ def input_files(config: ml_collections.ConfigDict, reports: dict[str, dict]
   """
   d = config.data
   if d.source == "embedded":
-    paths = corpus.write_embedded_corpus(
+    paths = embedded.write_embedded_corpus(
         epath.Path(os.path.expanduser(d.cache_dir)), d.validation_fraction,
         d.get("test_fraction", 0.0))
     for split in paths:

@@ -31,7 +31,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from lev_jax.data import corpus
+from lev_jax.data import corpus, embedded
 from lev_jax.data.corpus import DataError
 from lev_jax.data.files import write_bytes_atomic
 from lev_jax.data.tokenizer import ByteTokenizer, SentencePieceTokenizer, TiktokenTokenizer
@@ -323,13 +323,13 @@ def register_jsonl_task(name: str, *, files: Mapping[str, object], tokenizer,
 
 def register_embedded_task(name: str = "lev_embedded", *, cache_dir,
                            validation_fraction: float = 0.05, tokenizer) -> seqio.Task:
-  """`register_jsonl_task` over the embedded corpus (`corpus.write_embedded_corpus`):
+  """`register_jsonl_task` over the embedded corpus (`embedded.write_embedded_corpus`):
   splits "train" and "validation", written under `cache_dir` on first use.
 
   Raises:
     DataError: validation_fraction outside (0, 1), or as `register_jsonl_task`.
   """
-  paths = corpus.write_embedded_corpus(cache_dir, validation_fraction)
+  paths = embedded.write_embedded_corpus(cache_dir, validation_fraction)
   return register_jsonl_task(name, files={k: [p] for k, p in paths.items()},
                              tokenizer=tokenizer)
 
