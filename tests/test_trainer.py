@@ -204,3 +204,34 @@ def test_gs_workdir_without_gcs_support_names_the_install(data_cache, monkeypatc
   c = run_config("tied", data_cache)
   with pytest.raises(ConfigError, match=r"--workdir is on gs:// .*gcsfs missing.*\[gcs\]"):
     train_and_evaluate(c, "gs://bucket/runs/x")
+
+
+def test_a_streamed_run_reports_its_counts_at_every_checkpoint(tmp_path):
+  """Issue 13.7: data_report.json of a jsonl_stream run holds what the streams counted,
+  rewritten at each checkpoint (also after a resume), and says whether it is complete."""
+  docs = [f"doc {i}: short text here" for i in range(6)]  # 6 x 23 tokens with eos
+  lines = [json.dumps({"text": d}) for d in docs]
+  (tmp_path / "train.jsonl").write_text("\n".join(lines[:4] + ["{bad"] + lines[4:]) + "\n")
+  (tmp_path / "val.jsonl").write_text("\n".join(json.dumps({"text": "validation " * 20})
+                                                for _ in range(6)) + "\n")
+  c = tiny_config("tied")
+  c.model.vocab_size = 259
+  c.data.update(source="jsonl_stream", tokenizer="bytes", shuffle_buffer=2,
+                train_files=(str(tmp_path / "train.jsonl"),),
+                validation_files=(str(tmp_path / "val.jsonl"),),
+                cache_dir=str(tmp_path / "cache"))
+  c.train.update(steps=4, checkpoint_every=1, eval_every=100, log_every=1)
+  c.optim.warmup_steps = 1
+  c.eval.update(batch_size=2, batches=1)
+  run = tmp_path / "run"
+  # Step 1 reads 4 x 17 tokens (+ a window of 2 rows, + a document): not all 138.
+  assert train_and_evaluate(c, run, stop_at_step=1) == Stopped(1, "stop_at_step")
+  first = json.loads((run / "data_report.json").read_text())
+  assert first["counted_at_step"] == 1 and first["counted"]["train"] == "partial"
+  assert 1 <= first["train"]["documents"] < 6 and first["train"]["tokens"] > 0
+  assert first["validation"]["count"] == "partial" and first["validation"]["documents"] >= 1
+  train_and_evaluate(c, run)  # resumes with the counts of checkpoint 1
+  last = json.loads((run / "data_report.json").read_text())
+  assert last["counted_at_step"] == 4 and last["counted"]["train"] == "complete"
+  assert last["train"]["documents"] == 6 and last["train"]["skipped"]["bad_json"] == 1
+  assert last["train"]["tokens"] == sum(map(len, docs)) and last["train_tokens"] == 6 * 23
