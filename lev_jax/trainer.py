@@ -4,7 +4,8 @@
 checkpoint exists, so re-running the same command continues the run. Outputs:
   WORKDIR/metrics.jsonl     one JSON object per log / eval step
   WORKDIR/tensorboard/      TensorBoard event files
-  WORKDIR/eval.json         the latest validation result (with frequency buckets)
+  WORKDIR/eval.json         the latest validation result (with frequency buckets, and
+                            "data": what was evaluated, N of the split's M tokens)
   WORKDIR/data_report.json  the data: source, documents, tokens, skipped lines by reason
                             (jsonl_stream: counted so far, rewritten at each checkpoint)
   WORKDIR/tokenizer/        the tokenizer (save_tokenizer), for inference and export
@@ -34,7 +35,7 @@ from lev_jax.checkpoint import Checkpointer
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer import save_tokenizer
-from lev_jax.evaluate import evaluate
+from lev_jax.evaluate import coverage, evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
 from lev_jax import sharding
@@ -69,6 +70,9 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
   result = evaluate(eval_step, params, bundle.eval_batches(), bundle.token_counts_V,
                     config.eval.freq_bucket_edges)
   result["step"] = step
+  result["data"] = bundle.eval_data()  # split, files, sha256, N of M tokens
+  logging.info("eval at step %d: loss %.4f, perplexity %.2f; %s", step, result["loss"],
+               result["perplexity"], coverage(result["data"]))
   scalars = {"eval/loss": result["loss"], "eval/perplexity": result["perplexity"]}
   for b in result["buckets"]:
     if b["perplexity"] is not None:
@@ -235,7 +239,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   _check_workdir(workdir)
   t = config.train
   bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree
-  bundle.eval_batches()  # DataError now, not after training, if validation is too small
+  bundle.eval_data()  # DataError now, not after training, if validation is too small
   part = partition(config)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())

@@ -45,7 +45,8 @@ import numpy as np
 from lev_jax.data.corpus import (DataError, embedded_documents, read_documents,
                                  split_documents, write_embedded_corpus)
 from lev_jax.data.files import npy_bytes, read_npy, write_bytes_atomic
-from lev_jax.data.pipeline import make_eval_batches, make_train_dataset, token_counts
+from lev_jax.data.pipeline import (count_tokens, make_eval_batches, make_train_dataset,
+                                   token_counts)
 from lev_jax.data.tokenizer import (ByteTokenizer, SentencePieceTokenizer, TiktokenTokenizer,
                                     cache_key, make_tokenizer, train_sentencepiece)
 
@@ -85,6 +86,7 @@ class DataBundle:
   train_documents: Callable[[int, int], object] = dataclasses.field(repr=False)
   validation_documents: object = dataclasses.field(repr=False)
   _eval_batches: list | None = dataclasses.field(default=None, repr=False)
+  _eval_data: dict | None = dataclasses.field(default=None, repr=False)
   _train_stream: object = dataclasses.field(default=None, repr=False)
 
   def train_dataset(self, batch_size: int, shard_index: int = 0, shard_count: int = 1
@@ -120,6 +122,50 @@ class DataBundle:
           batch_size=c.eval.batch_size, n_batches=c.eval.batches,
           vocab_size=c.model.vocab_size, segment_masking=c.data.segment_masking)
     return self._eval_batches
+
+  def eval_data(self) -> dict:
+    """What `eval_batches` hold: `evaluate.data_record` (split "validation", its
+    files, the batches' sha256, N tokens evaluated of the split's M; M None for a
+    validation stream not read to its end). Built once, with the batches; costs one
+    encode of in-memory validation documents (to count M).
+
+    Raises:
+      DataError: as `eval_batches`.
+    """
+    if self._eval_data is None:
+      from lev_jax.evaluate import data_record  # pylint: disable=g-import-not-at-top
+      batches = self.eval_batches()
+      self._eval_data = data_record(batches, split="validation",
+                                    files=self._validation_files(),
+                                    tokens_in_split=self._validation_tokens())
+    return self._eval_data
+
+  def _validation_files(self) -> list[str]:
+    d, source = self.config.data, self.report.get("source")
+    if source == "embedded":
+      return [self.report["corpus_paths"]["validation"]]
+    if source == "prepared":
+      return [f"{d.prepared_dir} (validation split)"]
+    if d.validation_files:
+      files = d.validation_files
+      return [files] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+    return [f"hold-out ({d.validation_fraction}) of " + ", ".join(map(str, d.train_files))]
+
+  def _validation_tokens(self) -> int | None:
+    """M: the validation split's tokens, eos included (None: a stream not read to its
+    end, or a prepared dataset whose report lacks them)."""
+    docs, source = self.validation_documents, self.report.get("source")
+    if isinstance(docs, list):
+      return count_tokens(docs, self.tokenizer)
+    if source == "prepared":
+      split = self.report.get("validation") or {}
+      if "tokens" in split and "documents" in split:
+        return int(split["tokens"]) + int(split["documents"])
+      return None
+    counts = getattr(docs, "counts", lambda: None)()
+    if counts and counts["complete"] and counts["report"]["tokens"] is not None:
+      return counts["report"]["tokens"] + counts["report"]["documents"]
+    return None
 
   def current_report(self) -> dict:
     """`report` with what the streams have counted so far (source jsonl_stream; the
