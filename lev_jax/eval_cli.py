@@ -215,18 +215,36 @@ def relative_changes(result: dict, base: dict, path: str) -> dict:
   return out
 
 
+def _downstream_files(config) -> dict:
+  """{task: file} of config.eval.downstream (piqa_labels is PIQA's option, not a task).
+
+  Raises:
+    ConfigError: piqa_labels without piqa (it would be ignored).
+  """
+  d = config.eval.downstream
+  files = {k: v for k, v in d.items() if v and k != "piqa_labels"}
+  if d.piqa_labels and "piqa" not in files:
+    raise ConfigError(f"--config.eval.downstream.piqa_labels={d.piqa_labels}: "
+                      "config.eval.downstream.piqa is empty; give the PIQA data file too")
+  return files
+
+
 def downstream_tasks(im, config) -> dict:
-  """Zero-shot results for every task with a file in config.eval.downstream."""
+  """Zero-shot results for every task with a file in config.eval.downstream.
+
+  Raises:
+    ConfigError: piqa_labels without piqa. DownstreamError: a bad task file.
+  """
   from lev_jax import downstream
   from lev_jax.scoring import Scorer
-  files = {k: v for k, v in config.eval.downstream.items() if v and k != "piqa_labels"}
+  files = _downstream_files(config)
   if not files:
     return {}
   scorer = Scorer(im.model, im.tokenizer, max_len=config.train.seq_len,
                   batch_size=config.eval.batch_size)
   options = {"piqa": {"labels": config.eval.downstream.piqa_labels or None}}
   return downstream.evaluate_tasks(scorer, files, limit=config.eval.downstream_limit or None,
-                                   options=options)
+                                   options=options, progress=True)  # minutes: a bar each
 
 
 def _print_summary(out: dict) -> None:
@@ -329,6 +347,7 @@ def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | N
     with config.unlocked():
       config.data.validation_files = tuple(validation_files)
   validation_override = validation_files is not None
+  _downstream_files(config)  # a ConfigError now, not after the perplexity
   base = (_read_baseline(baseline, allow_different_data) if baseline and perplexity_too
           else None)
   check = (None if base is None else

@@ -209,7 +209,7 @@ def read_metrics(path: epath.Path) -> list[dict]:
     try:
       row = json.loads(line)
     except json.JSONDecodeError as e:
-      raise LadderError(f"{path}:{i}: not JSON ({e.msg})") from e
+      raise LadderError(f"{path}:{i}: not JSON ({e.msg}: column {e.colno})") from e
     if not isinstance(row, dict) or not isinstance(row.get("step"), int):
       raise LadderError(f"{path}:{i}: expected a JSON object with an integer 'step'")
     rows.append(row)

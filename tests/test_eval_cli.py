@@ -126,6 +126,11 @@ def test_downstream_tasks_from_config_paths(workdirs, tmp_path):
   with pytest.raises(ValueError, match=r"valid.jsonl:1.*sol2"):
     eval_cli.evaluate_checkpoint(workdirs / "lev", perplexity_too=False,
                                  overrides={"eval.downstream.piqa": str(piqa)})
+  # Issue 13.9b's sibling: labels without the data file would be ignored.
+  with pytest.raises(ConfigError, match=r"^--config.eval.downstream.piqa_labels=.*lst: "
+                     r"config.eval.downstream.piqa is empty; give the PIQA data file too$"):
+    eval_cli.evaluate_checkpoint(workdirs / "lev", overrides={
+        "eval.downstream.piqa_labels": str(tmp_path / "valid-labels.lst")})
 
 
 def test_other_validation_files_need_no_data_source_and_the_summary_prints_lambada(

@@ -277,11 +277,12 @@ def test_a_broken_metrics_line_is_reported_with_file_and_line(tmp_path):
   write_rung(root, "tied_a", 2.0)
   path = root / "tied_a" / "metrics.jsonl"
   lines = path.read_text().splitlines()
-  lines[2] = "{not json"
+  lines[2] = '{"step": "unterminated'
   lines.append(json.dumps({"step": STEPS, "eval/loss": "nan"}))  # non-finite: left out
   path.write_text("\n".join(lines) + "\n")
   rung = collect(ladder, root).rung("tied_a")
-  assert rung.status == "unreadable" and f"{path}:3: not JSON" in rung.reason
+  assert rung.status == "unreadable"  # issue 13.9a's sibling: the column, not a bare "at"
+  assert rung.reason == f"{path}:3: not JSON (Unterminated string starting at: column 10)"
   lines[2] = json.dumps({"step": 1, "train/loss": 9.0})
   path.write_text("\n".join(lines) + "\n")
   rung = collect(ladder, root).rung("tied_a")

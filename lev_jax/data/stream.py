@@ -100,7 +100,8 @@ class JsonlStreamDataset(grain.IterDataset):
       encode: a tokenizer's ``encode``: the stream yields ``{"tokens": int32 [n]}`` (the
         document's ids, no eos: `pipeline.make_train_dataset` appends it) instead of
         the text, and counts the tokens (`counts`). None: texts, tokens not counted.
-      warn: log skipped paths and lines (`corpus.expand_files`, `corpus.iter_file`);
+      warn: log skipped paths and lines (`corpus.expand_files`, `corpus.iter_file`),
+        each file's the first time an iterator reads it (not again every epoch);
         False for a read whose skips another read of the same files reports (the
         sample a tokenizer is trained on).
 
@@ -185,6 +186,7 @@ class JsonlStreamIterator(grain.DatasetIterator):
     self._reader: Iterator | None = None
     self._epoch = self._file = self._line = 0
     self._epoch_has_documents = False
+    self._warned: set[int] = set()  # files whose skips were logged: once per iterator
 
   @property
   def report(self) -> dict:
@@ -221,11 +223,12 @@ class JsonlStreamIterator(grain.DatasetIterator):
     ds, counter = self._ds, self._counter
     while not self._exhausted():
       if self._reader is None:
-        path = ds.files[self._order(self._epoch)[self._file]]
+        index = int(self._order(self._epoch)[self._file])
         self._reader = iter_file(
-            path, strict=ds.strict, pile_set_names=ds.pile_set_names, report=counter.file,
-            start_line=self._line, shard_index=ds.shard_index, shard_count=ds.shard_count,
-            warn=ds.warn)
+            ds.files[index], strict=ds.strict, pile_set_names=ds.pile_set_names,
+            report=counter.file, start_line=self._line, shard_index=ds.shard_index,
+            shard_count=ds.shard_count, warn=ds.warn and index not in self._warned)
+        self._warned.add(index)
       item = next(self._reader, None)
       if item is not None:
         self._line, text, _ = item
