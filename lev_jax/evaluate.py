@@ -156,7 +156,8 @@ def batches_sha256(batches: Sequence[dict]) -> str:
   exactly when the same token ids are scored with the same weights."""
   digest = hashlib.sha256()
   for batch in batches:
-    for key, dtype in (("inputs", np.int32), ("targets", np.int32), ("weights", np.float32)):
+    for key, dtype in (("inputs", np.int32), ("targets", np.int32),
+                       ("weights", np.float32)):
       array = np.ascontiguousarray(batch[key], dtype=dtype)
       digest.update(f"{key}{array.shape}".encode())
       digest.update(array.tobytes())
@@ -219,4 +220,5 @@ def describe_data(record: dict | None) -> str:
   if not record:
     return "not recorded"
   return (f"{record['split']} of {', '.join(record['files']) or '?'}, "
-          f"{record['tokens_evaluated']:,} tokens evaluated, sha256 {record['sha256'][:12]}")
+          f"{record['tokens_evaluated']:,} tokens evaluated, "
+          f"sha256 {record['sha256'][:12]}")

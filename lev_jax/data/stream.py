@@ -169,7 +169,8 @@ class JsonlStreamIterator(grain.DatasetIterator):
   Cost of a resume: the file is re-opened and its lines 1..line are read again, and for
   ``.zst`` decompressed, but not parsed: up to one whole file, at about 1 GB/s
   (``.jsonl``) or 300 MB/s of decompressed text (``.jsonl.zst``) on one CPU core, i.e. a
-  few minutes for a whole Pile shard (~45 GB decompressed). A state taken at the last document of a file re-reads that file.
+  few minutes for a whole Pile shard (~45 GB decompressed). A state taken at the last
+  document of a file re-reads that file.
 
   Attributes:
     report: (read-only) a `corpus.new_report` dict, the dataset's expansion report plus
