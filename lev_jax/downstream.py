@@ -11,7 +11,8 @@ Files (downloaded by the user; nothing here touches the network):
   hellaswag      rowanz/hellaswag data/hellaswag_val.jsonl (ctx_a, ctx_b, activity_label,
                  endings[4], label)
   piqa           ybisk/piqa valid.jsonl (goal, sol1, sol2) + valid-labels.lst (one 0/1 per
-                 line; found beside the data as <stem>-labels.lst or given as labels=...)
+                 line; found beside the data as <stem>-labels.lst, or read_piqa's labels:
+                 lev-eval's --config.eval.downstream.piqa_labels=PATH)
   arc_easy,      ARC-V1-Feb2018 ARC-Easy/ARC-Easy-Test.jsonl and ARC-Challenge/...jsonl
   arc_challenge  ({"question": {"stem", "choices": [{"text", "label"}]}, "answerKey"})
   winogrande     winogrande_1.1 dev.jsonl (sentence with one "_", option1, option2,
@@ -42,10 +43,12 @@ import dataclasses
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 
 class DownstreamError(ValueError):
@@ -95,7 +98,8 @@ def _jsonl(path) -> Iterator[tuple[int, dict]]:
     try:
       obj = json.loads(line)
     except json.JSONDecodeError as e:
-      raise DownstreamError(f"{path}:{n}: malformed JSON ({e.msg} at column {e.colno}); "
+      # e.msg may end in "at" ("Unterminated string starting at"): the column follows.
+      raise DownstreamError(f"{path}:{n}: malformed JSON ({e.msg}: column {e.colno}); "
                             "expected one JSON object per line") from e
     if not isinstance(obj, dict):
       raise DownstreamError(f"{path}:{n}: a JSON {type(obj).__name__}; expected an object")
@@ -187,13 +191,20 @@ def _label(obj: dict, key: str, n_choices: int, path, n: int) -> int:
 
 def read_piqa(path, labels=None) -> list[Item]:
   """PIQA goal/sol1/sol2 *.jsonl with its labels file (one 0 or 1 per line; default
-  <stem>-labels.lst beside the data, e.g. valid.jsonl -> valid-labels.lst)."""
+  <stem>-labels.lst beside the data, e.g. valid.jsonl -> valid-labels.lst; lev-eval
+  passes config.eval.downstream.piqa_labels as `labels`).
+
+  Raises:
+    DownstreamError: no labels file (naming the lev-eval flag that gives one), a bad
+      label or item, or labels and items that differ in number.
+  """
   p = Path(path)
-  labels = Path(labels) if labels else p.with_name(p.name.split(".")[0] + "-labels.lst")
+  default = p.with_name(p.name.split(".")[0] + "-labels.lst")
+  labels = Path(labels) if labels else default
   if not labels.is_file():
     raise DownstreamError(f"{labels}: no such labels file for {p}; expected one label "
-                          "(0 or 1) per line, beside the data as <name>-labels.lst or "
-                          "given with labels=PATH")
+                          f"(0 or 1) per line, beside the data as {default.name} or given "
+                          "with --config.eval.downstream.piqa_labels=PATH")
   gold = []
   for n, line in enumerate(_open_lines(labels), 1):
     if not line.strip():
@@ -277,7 +288,7 @@ def read_task(name: str, path, **opts) -> list[Item]:
 
   Args:
     name: a key of TASKS.
-    opts: reader options (piqa: labels=PATH).
+    opts: reader options (piqa: labels, the labels file's path).
   Raises:
     DownstreamError: unknown task, or a file that does not hold the task's format
       (the message names file, line and the expected form).
@@ -355,10 +366,27 @@ def _limited(items: list[Item], limit: int | None) -> list[Item]:
   return items[:limit]
 
 
-def score_items(scorer, name: str, items: Sequence[Item], path="") -> dict:
+def score_items(scorer, name: str, items: Sequence[Item], path="",
+                progress: bool = False) -> dict:
   """The metrics of `evaluate_task` for items already read (all choices of all items
-  are scored in one `scorer.loglikelihood` call)."""
-  results = scorer.loglikelihood([req for item in items for req in item.requests])
+  are scored in one `scorer.loglikelihood` call).
+
+  progress: a tqdm bar on stderr, one per task ("<name>: k/n item", items/s, ETA),
+  advanced as each item's last choice is scored (needs a scorer whose loglikelihood
+  takes ``on_done``, as `lev_jax.scoring.Scorer`'s does).
+  """
+  requests = [req for item in items for req in item.requests]
+  if not progress:
+    results = scorer.loglikelihood(requests)
+  else:
+    item_of = [k for k, item in enumerate(items) for _ in item.requests]
+    left = [len(item.requests) for item in items]
+    with tqdm(total=len(items), desc=name, unit="item", file=sys.stderr) as bar:
+      def on_done(i: int) -> None:
+        left[item_of[i]] -= 1
+        if not left[item_of[i]]:
+          bar.update(1)
+      results = scorer.loglikelihood(requests, on_done=on_done)
   if name == "lambada":
     metrics = lambada_metrics(results)
   else:
@@ -371,14 +399,17 @@ def score_items(scorer, name: str, items: Sequence[Item], path="") -> dict:
 
 
 def evaluate_tasks(scorer, files: dict, limit: int | None = None,
-                   options: dict | None = None) -> dict[str, dict]:
+                   options: dict | None = None, progress: bool = False
+                   ) -> dict[str, dict]:
   """evaluate_task for every {task name: file path} pair; results keyed by task name.
   Every file is read before any scoring, so a bad file fails fast. `options` maps a
-  task name to its reader's keyword arguments (e.g. {"piqa": {"labels": PATH}}).
+  task name to its reader's keyword arguments (e.g. {"piqa": {"labels": PATH}});
+  progress: a progress bar per task on stderr (see `score_items`).
   Raises:
     DownstreamError: as read_task, for the first bad file.
   """
   options = options or {}
   items = {name: _limited(read_task(name, path, **options.get(name, {})), limit)
            for name, path in files.items()}
-  return {name: score_items(scorer, name, items[name], files[name]) for name in files}
+  return {name: score_items(scorer, name, items[name], files[name], progress=progress)
+          for name in files}

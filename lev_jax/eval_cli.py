@@ -16,10 +16,16 @@ Writes `--output` (default CHECKPOINT/lev_eval.json) with:
   validation               loss, perplexity, tokens, and per-bucket perplexity under
                            the log-frequency edges (eval.freq_bucket_edges)
   validation_equal_mass    the same under equal-mass buckets (eval.equal_mass_buckets)
+  data                     what was evaluated (evaluate.data_record): split, files,
+                           sha256 of the batches, N tokens evaluated of the split's M
   relative_change          with --baseline: per bucket, perplexity / baseline - 1
   downstream               per task: acc, acc_norm, their standard errors, n (and
                            LAMBADA's perplexity), from lev_jax.downstream
 Buckets are by each id's count in the training split (arXiv 2601.22040, Sec. 5).
+
+A --baseline is compared only when it was evaluated on the same batches (equal
+``data.sha256``); otherwise, or when its lev_eval.json predates the record, lev-eval
+stops before evaluating or writing anything, unless --allow_different_data.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ def _define_flags():
                     "data.test_fraction > 0).")
   flags.DEFINE_string("baseline", None, "Another run's lev_eval.json (or its folder): "
                       "adds the per-bucket relative perplexity change against it.")
+  flags.DEFINE_bool("allow_different_data", False, "Compare with a --baseline evaluated "
+                    "on other data (other files, split, token count or tokenizer), or "
+                    "whose lev_eval.json does not record its data.")
   flags.DEFINE_string("output", None, "Result file (default CHECKPOINT/lev_eval.json).")
   flags.DEFINE_bool("perplexity", True, "Evaluate validation perplexity and buckets.")
   config_flags.DEFINE_config_dict(
@@ -84,11 +93,13 @@ def apply_overrides(config, overrides: dict):
   return validate(config)
 
 
-def _eval_batches(config, tokenizer, validation_override: bool):
-  """Validation batches from the configured split, or straight from given files."""
+def _eval_batches(config, tokenizer, validation_override: bool, split: str):
+  """(batches, training token counts or None, `evaluate.data_record`) of the
+  configured validation split, or straight from given files (named `split`)."""
   from lev_jax import data as data_lib
   from lev_jax.data.corpus import read_documents
-  from lev_jax.data.pipeline import make_eval_batches
+  from lev_jax.data.pipeline import count_tokens, make_eval_batches
+  from lev_jax.evaluate import data_record
   d = config.data
   if not validation_override:
     if d.tokenizer == "sentencepiece" and hasattr(tokenizer, "model_path"):
@@ -97,21 +108,26 @@ def _eval_batches(config, tokenizer, validation_override: bool):
     if bundle.tokenizer.fingerprint != tokenizer.fingerprint:
       raise ConfigError("config.data builds a different tokenizer than the checkpoint's "
                         f"({bundle.tokenizer!r} vs {tokenizer!r})")
-    return bundle.eval_batches(), bundle.token_counts_V
-  texts, _ = read_documents(list(d.validation_files), strict=d.strict,
-                            pile_set_names=tuple(d.pile_set_names))
+    return bundle.eval_batches(), bundle.token_counts_V, bundle.eval_data()
+  files = list(d.validation_files)
+  texts, _ = read_documents(files, strict=d.strict, pile_set_names=tuple(d.pile_set_names))
   batches = make_eval_batches(texts, tokenizer, seq_len=config.train.seq_len,
                               batch_size=config.eval.batch_size, n_batches=config.eval.batches,
                               vocab_size=config.model.vocab_size,
                               segment_masking=d.segment_masking)
-  return batches, None
+  return batches, None, data_record(batches, split=split, files=files,
+                                    tokens_in_split=count_tokens(texts, tokenizer))
 
 
-def perplexity(im, config, validation_override: bool = False, eval_step=None) -> dict:
-  """{"validation", "validation_equal_mass"?}: `evaluate` results for `im` (one pass).
+def perplexity(im, config, validation_override: bool = False, eval_step=None, *,
+               split: str = "validation", check_data=None) -> dict:
+  """{"validation", "validation_equal_mass"?, "data"}: `evaluate` results for `im` (one
+  pass) and what was evaluated (`evaluate.data_record`).
 
   eval_step: a `train.make_eval_step` of `partition(config)` to reuse (one compilation
-  for several splits); None builds one.
+  for several splits); None builds one. split: the name recorded for
+  validation_override files ("validation" or "test"). check_data: called with the data
+  record once the batches are built, before any evaluation (it may raise).
 
   Raises:
     ConfigError / DataError: bad data settings, or no token counts for the buckets.
@@ -120,7 +136,9 @@ def perplexity(im, config, validation_override: bool = False, eval_step=None) ->
   from flax import nnx
   from lev_jax.evaluate import equal_mass_edges, evaluate_schemes
   from lev_jax.train import make_eval_step, partition
-  batches, counts = _eval_batches(config, im.tokenizer, validation_override)
+  batches, counts, record = _eval_batches(config, im.tokenizer, validation_override, split)
+  if check_data is not None:
+    check_data(record)
   counts = im.token_counts_V if im.token_counts_V is not None else counts
   if counts is None:
     raise ConfigError(f"{im.source}: no token_counts.npy beside the checkpoint; "
@@ -135,14 +153,16 @@ def perplexity(im, config, validation_override: bool = False, eval_step=None) ->
   out = {"validation": results["log"]}
   if "equal_mass" in results:
     out["validation_equal_mass"] = results["equal_mass"]
+  out["data"] = record
   return out
 
 
-def _read_baseline(baseline_path) -> tuple[dict, str]:
+def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[dict, str]:
   """(the baseline's lev_eval.json, its path), read before any evaluation.
 
   Raises:
-    ConfigError: missing, unreadable, or holding no validation result.
+    ConfigError: missing, unreadable, or holding no validation result; or (unless
+      allow_different_data) not recording the data it was evaluated on.
   """
   path = epath.Path(baseline_path)
   if path.is_dir():
@@ -154,17 +174,38 @@ def _read_baseline(baseline_path) -> tuple[dict, str]:
                       "run lev-eval on the baseline first") from e
   if not isinstance(base, dict) or "validation" not in base:
     raise ConfigError(f"--baseline={path}: it holds no validation result to compare with")
+  if not isinstance(base.get("data"), dict) and not allow_different_data:
+    raise ConfigError(f"--baseline={path}: it does not record the data it was evaluated "
+                      "on (written by an older lev-eval); re-run lev-eval on the baseline, "
+                      "or pass --allow_different_data")
   return base, os.fspath(path)
 
 
+def check_same_data(base: dict, path: str, record: dict,
+                    allow_different_data: bool = False) -> None:
+  """Refuses a baseline evaluated on other batches than `record` (another split, other
+  files, token count, tokenizer or segment masking: another ``data.sha256``).
+
+  Raises:
+    ConfigError: the data differ and not allow_different_data (both named).
+  """
+  from lev_jax.evaluate import describe_data, same_data
+  if not same_data(base.get("data"), record) and not allow_different_data:
+    raise ConfigError(f"--baseline={path}: evaluated on other data than this run "
+                      f"(baseline: {describe_data(base.get('data'))}; this run: "
+                      f"{describe_data(record)}); evaluate both on the same data, or pass "
+                      "--allow_different_data")
+
+
 def relative_changes(result: dict, base: dict, path: str) -> dict:
-  """{"baseline": path, scheme: evaluate.relative_change rows} against another run.
+  """{"baseline": path, "same_data": bool, scheme: evaluate.relative_change rows}
+  against another run (same_data: equal `evaluate.data_record` sha256s).
 
   Raises:
     ConfigError: the two runs' buckets have different edges (the baseline named).
   """
-  from lev_jax.evaluate import relative_change
-  out = {"baseline": path}
+  from lev_jax.evaluate import relative_change, same_data
+  out = {"baseline": path, "same_data": same_data(base.get("data"), result.get("data"))}
   for key in ("validation", "validation_equal_mass"):
     if key in result and key in base:
       try:
@@ -174,34 +215,61 @@ def relative_changes(result: dict, base: dict, path: str) -> dict:
   return out
 
 
+def _downstream_files(config) -> dict:
+  """{task: file} of config.eval.downstream (piqa_labels is PIQA's option, not a task).
+
+  Raises:
+    ConfigError: piqa_labels without piqa (it would be ignored).
+  """
+  d = config.eval.downstream
+  files = {k: v for k, v in d.items() if v and k != "piqa_labels"}
+  if d.piqa_labels and "piqa" not in files:
+    raise ConfigError(f"--config.eval.downstream.piqa_labels={d.piqa_labels}: "
+                      "config.eval.downstream.piqa is empty; give the PIQA data file too")
+  return files
+
+
 def downstream_tasks(im, config) -> dict:
-  """Zero-shot results for every task with a file in config.eval.downstream."""
+  """Zero-shot results for every task with a file in config.eval.downstream.
+
+  Raises:
+    ConfigError: piqa_labels without piqa. DownstreamError: a bad task file.
+  """
   from lev_jax import downstream
   from lev_jax.scoring import Scorer
-  files = {k: v for k, v in config.eval.downstream.items() if v and k != "piqa_labels"}
+  files = _downstream_files(config)
   if not files:
     return {}
   scorer = Scorer(im.model, im.tokenizer, max_len=config.train.seq_len,
                   batch_size=config.eval.batch_size)
   options = {"piqa": {"labels": config.eval.downstream.piqa_labels or None}}
   return downstream.evaluate_tasks(scorer, files, limit=config.eval.downstream_limit or None,
-                                   options=options)
+                                   options=options, progress=True)  # minutes: a bar each
 
 
 def _print_summary(out: dict) -> None:
+  from lev_jax.evaluate import coverage
   v = out.get("validation")
   if v:
     print(f"{PROG}: step {out['step']}: {out['split']} loss {v['loss']:.4f}, "
           f"perplexity {v['perplexity']:.2f} over {v['tokens']} tokens")
+    if out.get("data"):
+      print(f"  {coverage(out['data'])}")
     for key in ("validation", "validation_equal_mass"):
-      if key in out:
-        rows = ", ".join(f"{b['range']} {b['perplexity']:.1f}" for b in out[key]["buckets"]
-                         if b["perplexity"] is not None)
+      if key in out:  # each bucket's target tokens: a bucket of 3 says little
+        rows = ", ".join(f"{b['range']} {b['perplexity']:.1f} ({b['tokens']:,} tokens)"
+                         for b in out[key]["buckets"] if b["perplexity"] is not None)
         print(f"  {out[key]['bucket_scheme']} buckets (training count): {rows}")
-  for key, rows in out.get("relative_change", {}).items():
-    if key != "baseline":
+  change = out.get("relative_change", {})
+  if change and not change.get("same_data", True):
+    print("  vs baseline: evaluated on other data than the baseline "
+          "(--allow_different_data): the changes below mix model and data")
+  for key, rows in change.items():
+    if key in ("validation", "validation_equal_mass"):
+      tokens = [b["tokens"] for b in out[key]["buckets"]]
       print(f"  vs baseline ({key}): " + ", ".join(
-          f"{r['range']} {100 * r['change']:+.1f}%" for r in rows if r["change"] is not None))
+          f"{r['range']} {100 * r['change']:+.1f}% ({n:,} tokens)"
+          for r, n in zip(rows, tokens) if r["change"] is not None))
   for task, r in out.get("downstream", {}).items():
     figures = [f"{key} {_pm(r[key], r.get(key + '_stderr'))}"
                for key in ("acc", "acc_norm", "perplexity") if r.get(key) is not None]
@@ -235,21 +303,28 @@ def heldout_test_files(config) -> tuple:
 
 def evaluate_checkpoint(checkpoint, *, step=None, dtype=None, split="validation",
                         baseline=None, overrides: dict | None = None,
-                        perplexity_too: bool = True) -> dict:
+                        perplexity_too: bool = True,
+                        allow_different_data: bool = False) -> dict:
   """Everything `lev-eval` computes for one checkpoint (see the module docstring).
 
   Raises:
     InferenceError, ConfigError, DataError, DownstreamError (ValueErrors): a bad
-      checkpoint, override, split, baseline, data or task file, named in the message.
+      checkpoint, override, split, baseline, data or task file, named in the message;
+      a baseline evaluated on other data, or not recording its data (ConfigError,
+      unless allow_different_data), before any evaluation.
   """
   from lev_jax import inference
+  if baseline and perplexity_too:  # a refused baseline costs no checkpoint load
+    _read_baseline(baseline, allow_different_data)
   im = inference.load(checkpoint, step=step, dtype=dtype)
   return evaluate_model(im, split=split, baseline=baseline, overrides=overrides,
-                        perplexity_too=perplexity_too)
+                        perplexity_too=perplexity_too,
+                        allow_different_data=allow_different_data)
 
 
 def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | None = None,
-                   perplexity_too: bool = True, eval_step=None) -> dict:
+                   perplexity_too: bool = True, eval_step=None,
+                   allow_different_data: bool = False) -> dict:
   """`evaluate_checkpoint` on a loaded `inference.InferenceModel` (evaluate several
   splits of one checkpoint without loading it again, sharing `eval_step`: see
   `perplexity`); `im.config` is not changed.
@@ -272,11 +347,16 @@ def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | N
     with config.unlocked():
       config.data.validation_files = tuple(validation_files)
   validation_override = validation_files is not None
-  base = _read_baseline(baseline) if baseline and perplexity_too else None
+  _downstream_files(config)  # a ConfigError now, not after the perplexity
+  base = (_read_baseline(baseline, allow_different_data) if baseline and perplexity_too
+          else None)
+  check = (None if base is None else
+           lambda record: check_same_data(*base, record, allow_different_data))
   out = {"checkpoint": im.source, "step": im.step, "split": split,
          "embedding": config.model.embedding}
   if perplexity_too:
-    out.update(perplexity(im, config, validation_override, eval_step))
+    out.update(perplexity(im, config, validation_override, eval_step, split=split,
+                          check_data=check))
     if base is not None:
       out["relative_change"] = relative_changes(out, *base)
   results = downstream_tasks(im, config)
@@ -309,7 +389,8 @@ def main(argv):
   try:
     out = evaluate_checkpoint(fl.checkpoint, step=fl.step, dtype=fl.dtype, split=fl.split,
                               baseline=fl.baseline, overrides=_overrides(),
-                              perplexity_too=fl.perplexity)
+                              perplexity_too=fl.perplexity,
+                              allow_different_data=fl.allow_different_data)
   except (ValueError, FileNotFoundError) as e:  # every error of ours is a ValueError
     cli.fail(PROG, cli.first_line(e))
   path = epath.Path(fl.output or os.path.join(out["checkpoint"], "lev_eval.json"))

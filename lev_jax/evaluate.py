@@ -4,10 +4,15 @@ Frequency buckets follow the Leviathan paper's frequency-stratified evaluation (
 2601.22040, Sec. 5): each target token is placed in a bucket by how often its id occurs
 in the training split; bucket b holds counts in [edges[b-1], edges[b]) with edges
 extended by 0 and infinity. A bucket's perplexity is exp(mean nll of its targets).
+
+`data_record` says what an evaluation read (split, files, a sha256 of the batches, how
+many of the split's tokens), so that two results are compared only on the same data
+(`same_data`), and `coverage` says "evaluated N of M tokens".
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Callable, Sequence
 
@@ -143,3 +148,77 @@ def relative_change(baseline: dict, other: dict) -> list[dict]:
     rows.append({"range": a["range"], "baseline": pa, "other": pb,
                  "change": None if pa is None or pb is None else pb / pa - 1.0})
   return rows
+
+
+def batches_sha256(batches: Sequence[dict]) -> str:
+  """sha256 (hex) of the evaluation batches, in order: each batch's ``inputs`` and
+  ``targets`` (as int32) and ``weights`` (as float32), C order, with their shapes: equal
+  exactly when the same token ids are scored with the same weights."""
+  digest = hashlib.sha256()
+  for batch in batches:
+    for key, dtype in (("inputs", np.int32), ("targets", np.int32),
+                       ("weights", np.float32)):
+      array = np.ascontiguousarray(batch[key], dtype=dtype)
+      digest.update(f"{key}{array.shape}".encode())
+      digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def data_record(batches: Sequence[dict], *, split: str, files: Sequence[str],
+                tokens_in_split: int | None) -> dict:
+  """What an evaluation read, for eval.json / lev_eval.json ``"data"``.
+
+  Args:
+    batches: the evaluation batches (inputs / targets int32 [B, L], weights [B, L]).
+    split: "validation" or "test".
+    files: the files (or patterns, or a description such as a prepared dataset's
+      folder) the split was read from.
+    tokens_in_split: M, the split's tokens (eos included), or None when not counted
+      (a stream not read to its end).
+
+  Returns:
+    ``{"split", "files", "sha256" (`batches_sha256`), "batches", "batch_size",
+    "seq_len", "tokens_evaluated", "tokens_in_split"}``; tokens_evaluated N = batches x
+    B x (L + 1): the split's tokens in the evaluated rows (each row's L targets are
+    scored; its first token is context only).
+  """
+  n_batches = len(batches)
+  batch_size, seq_len = (np.shape(batches[0]["targets"]) if batches else (0, 0))
+  return {"split": split, "files": [str(f) for f in files],
+          "sha256": batches_sha256(batches), "batches": n_batches,
+          "batch_size": int(batch_size), "seq_len": int(seq_len),
+          "tokens_evaluated": int(n_batches * batch_size * (seq_len + 1)),
+          "tokens_in_split": None if tokens_in_split is None else int(tokens_in_split)}
+
+
+def coverage(record: dict) -> str:
+  """"evaluated N of M validation tokens (...)" for a `data_record`: how much of the
+  split the evaluation read, and when not all of it, what limited it."""
+  n, m, split = record["tokens_evaluated"], record["tokens_in_split"], record["split"]
+  rows = (f"{record['batches']} batch(es) of {record['batch_size']} x "
+          f"{record['seq_len'] + 1} tokens")
+  if m is None:
+    return (f"evaluated {n:,} {split} tokens ({rows}) of a stream not read to its end "
+            "(its size is not counted)")
+  line = f"evaluated {n:,} of {m:,} {split} tokens ({100 * n / max(m, 1):.3g}%; {rows})"
+  per_batch = record["batch_size"] * (record["seq_len"] + 1)
+  if per_batch and m // per_batch > record["batches"]:
+    line += (f"; the split holds {m // per_batch:,} such batches: raise eval.batches to "
+             "evaluate more of it")
+  return line
+
+
+def same_data(record: dict | None, other: dict | None) -> bool:
+  """Whether two `data_record`s describe the same evaluated batches (equal sha256); a
+  missing record (None, or an older result without one) is never the same."""
+  return bool(record and other and record.get("sha256")
+              and record.get("sha256") == other.get("sha256"))
+
+
+def describe_data(record: dict | None) -> str:
+  """A `data_record` in a few words, for messages ("not recorded" for None)."""
+  if not record:
+    return "not recorded"
+  return (f"{record['split']} of {', '.join(record['files']) or '?'}, "
+          f"{record['tokens_evaluated']:,} tokens evaluated, "
+          f"sha256 {record['sha256'][:12]}")

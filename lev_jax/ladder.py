@@ -209,7 +209,7 @@ def read_metrics(path: epath.Path) -> list[dict]:
     try:
       row = json.loads(line)
     except json.JSONDecodeError as e:
-      raise LadderError(f"{path}:{i}: not JSON ({e.msg})") from e
+      raise LadderError(f"{path}:{i}: not JSON ({e.msg}: column {e.colno})") from e
     if not isinstance(row, dict) or not isinstance(row.get("step"), int):
       raise LadderError(f"{path}:{i}: expected a JSON object with an integer 'step'")
     rows.append(row)
@@ -406,6 +406,11 @@ def _efficiency(tied: Rung, lev: Rung) -> dict:
 
 
 def _buckets(tied: Rung, lev: Rung) -> dict:
+  a, b = tied.final.get("data"), lev.final.get("data")  # eval.json's data records
+  if a and b and not evaluate.same_data(a, b):
+    return {"rows": [], "reason": (f"evaluated on other data: {tied.variant}: "
+                                   f"{evaluate.describe_data(a)}; {lev.variant}: "
+                                   f"{evaluate.describe_data(b)}")}
   try:
     rows = evaluate.relative_change(tied.final, lev.final)
   except (ValueError, KeyError, TypeError) as e:

@@ -26,6 +26,7 @@ from lev_jax import workdir as workdir_lock
 from lev_jax.checkpoint import CheckpointMismatchError, CheckpointWriteError
 from lev_jax.config import ConfigError, validate
 from lev_jax.data import DataError
+from lev_jax.evaluate import coverage
 from lev_jax.sharding import ShardingError
 
 # 128 + SIGTERM: the shell's status for a process ended by SIGTERM; schedulers read it
@@ -90,6 +91,8 @@ def main(argv):
   if distributed.is_primary():
     print(f"lev-train: {config.name} step {result['step']}: validation loss "
           f"{result['loss']:.4f}, perplexity {result['perplexity']:.2f} -> {workdir}/eval.json")
+    if result.get("data"):  # eval.json of a run finished before the record was kept
+      print(f"  {coverage(result['data'])}")
 
 
 def run():

@@ -161,18 +161,22 @@ class Scorer:
 
   # --- log-likelihoods ----------------------------------------------------------------
 
-  def loglikelihood(self, requests: Sequence[tuple[str, str]]) -> list[tuple[float, bool]]:
+  def loglikelihood(self, requests: Sequence[tuple[str, str]],
+                    on_done: Callable[[int], None] | None = None
+                    ) -> list[tuple[float, bool]]:
     """Sum of log p(continuation | context) and is_greedy, per request, in input order.
 
     Args:
       requests: (context, continuation) strings.
+      on_done: called with a request's index once it is scored (for progress bars;
+        requests finish longest first, not in input order).
     Returns:
       (log-likelihood in nats (float, <= 0), is_greedy) per request.
     Raises:
       ValueError: a request that is not two strings.
     """
     pairs = [self.encode_pair(c, x) for c, x in requests]
-    return self.loglikelihood_tokens(pairs)
+    return self.loglikelihood_tokens(pairs, on_done=on_done)
 
   def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
     """Total log-likelihood (nats) of each whole text, first token conditioned on eos,
@@ -188,13 +192,15 @@ class Scorer:
       pairs.append(([self.eos_id], list(self.tokenizer.encode(t))))
     return [ll for ll, _ in self.loglikelihood_tokens(pairs)]
 
-  def loglikelihood_tokens(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]
+  def loglikelihood_tokens(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+                           on_done: Callable[[int], None] | None = None
                            ) -> list[tuple[float, bool]]:
     """(sum log p, is_greedy) of each continuation id list after its context ids.
 
     Long inputs are split by `windows` (left truncation when the continuation fits in
     one window). Windows are sorted longest first, batched in rows of batch_size at
-    bucketed lengths, and the results are returned in input order.
+    bucketed lengths, and the results are returned in input order. on_done: called
+    with a pair's index once all its windows are scored.
     Raises:
       ValueError: an id outside [0, tokenizer.vocab_size), or a continuation with no
         context id.
@@ -211,6 +217,10 @@ class Scorer:
         jobs.append((i, ids, len(w_cont)))
     ll = np.zeros(len(pairs), np.float64)
     greedy = np.ones(len(pairs), bool)
+    left = np.bincount([j[0] for j in jobs], minlength=len(pairs))  # windows to score
+    if on_done is not None:
+      for i in np.flatnonzero(left == 0):  # an empty continuation: nothing to score
+        on_done(int(i))
     jobs.sort(key=lambda j: -len(j[1]))
     forward = self._forward()
     for b in range(0, len(jobs), self.batch_size):
@@ -226,6 +236,9 @@ class Scorer:
         stop = len(ids) - 1  # targets ids[1:], the last n are the continuation
         ll[i] += logp_BxL[r, stop - n:stop].sum()
         greedy[i] &= bool(top_BxL[r, stop - n:stop].all())
+        left[i] -= 1
+        if on_done is not None and not left[i]:
+          on_done(i)
     return [(float(a), bool(g)) for a, g in zip(ll, greedy)]
 
   def _forward(self) -> Callable:

@@ -197,7 +197,8 @@ def read_eval(workdir) -> dict | None:
 def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
   """Validation and test evaluation of a finished run, both bucket schemes; writes and
   returns WORKDIR/study_eval.json: {"step", "eval_batches", "validation": {"log",
-  "equal_mass"}, "test": {...}}, each an `evaluate.evaluate` result.
+  "equal_mass", "data"}, "test": {...}}, each an `evaluate.evaluate` result and what
+  was evaluated (`evaluate.data_record`).
 
   Args:
     workdir: a finished lev-train workdir (its latest checkpoint is evaluated).
@@ -214,7 +215,8 @@ def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
   out = {"step": im.step, "eval_batches": eval_batches or im.config.eval.batches}
   for split in SPLITS:
     r = eval_cli.evaluate_model(im, split=split, overrides=overrides, eval_step=step_fn)
-    out[split] = {"log": r["validation"], "equal_mass": r.get("validation_equal_mass")}
+    out[split] = {"log": r["validation"], "equal_mass": r.get("validation_equal_mass"),
+                  "data": r.get("data")}
   path = epath.Path(workdir) / EVAL_FILE
   tmp = path.parent / (path.name + ".tmp")
   tmp.write_text(json.dumps(out, indent=1))
@@ -247,7 +249,14 @@ def _split_figures(evals: list[dict], split: str) -> dict:
 
 
 def _bucket_rows(base_evals, other_evals, split, scheme) -> dict:
-  """Per bucket: the paired t-interval of the per-seed relative changes."""
+  """Per bucket: the paired t-interval of the per-seed relative changes (none when a
+  pair was evaluated on other data: both record it and the sha256s differ)."""
+  for b, o in zip(base_evals, other_evals):
+    a_data, o_data = b[split].get("data"), o[split].get("data")
+    if a_data and o_data and not evaluate.same_data(a_data, o_data):
+      return {"rows": [], "reason": (
+          f"evaluated on other data: {evaluate.describe_data(a_data)} vs "
+          f"{evaluate.describe_data(o_data)}")}
   pairs = [(b[split][scheme], o[split][scheme]) for b, o in zip(base_evals, other_evals)
            if b[split].get(scheme) and o[split].get(scheme)]
   if not pairs:

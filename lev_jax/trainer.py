@@ -4,8 +4,10 @@
 checkpoint exists, so re-running the same command continues the run. Outputs:
   WORKDIR/metrics.jsonl     one JSON object per log / eval step
   WORKDIR/tensorboard/      TensorBoard event files
-  WORKDIR/eval.json         the latest validation result (with frequency buckets)
+  WORKDIR/eval.json         the latest validation result (with frequency buckets, and
+                            "data": what was evaluated, N of the split's M tokens)
   WORKDIR/data_report.json  the data: source, documents, tokens, skipped lines by reason
+                            (jsonl_stream: counted so far, rewritten at each checkpoint)
   WORKDIR/tokenizer/        the tokenizer (save_tokenizer), for inference and export
   WORKDIR/token_counts.npy  int64 [V] training-split count of each id (frequency buckets)
   WORKDIR/checkpoints/<step>/{state,data,config}
@@ -33,7 +35,7 @@ from lev_jax.checkpoint import Checkpointer
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer import save_tokenizer
-from lev_jax.evaluate import evaluate
+from lev_jax.evaluate import coverage, evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
 from lev_jax import sharding
@@ -68,6 +70,9 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
   result = evaluate(eval_step, params, bundle.eval_batches(), bundle.token_counts_V,
                     config.eval.freq_bucket_edges)
   result["step"] = step
+  result["data"] = bundle.eval_data()  # split, files, sha256, N of M tokens
+  logging.info("eval at step %d: loss %.4f, perplexity %.2f; %s", step, result["loss"],
+               result["perplexity"], coverage(result["data"]))
   scalars = {"eval/loss": result["loss"], "eval/perplexity": result["perplexity"]}
   for b in result["buckets"]:
     if b["perplexity"] is not None:
@@ -78,6 +83,18 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
     write_bytes_atomic(epath.Path(workdir) / "eval.json",
                        json.dumps(result, indent=1).encode())
   return result
+
+
+def _write_data_report(workdir: epath.Path, bundle, step: int) -> None:
+  """WORKDIR/data_report.json (process 0, atomic): `DataBundle.current_report`; for
+  jsonl_stream with ``counted_at_step``, as its counts grow while the stream is read."""
+  if jax.process_index() != 0:
+    return
+  report = bundle.current_report()
+  if "counted" in report:
+    report["counted_at_step"] = step
+  write_bytes_atomic(workdir / "data_report.json",
+                     json.dumps(report, indent=1, default=str).encode())
 
 
 def _check_gcs_support(config: ml_collections.ConfigDict, workdir) -> None:
@@ -222,7 +239,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   _check_workdir(workdir)
   t = config.train
   bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree
-  bundle.eval_batches()  # DataError now, not after training, if validation is too small
+  bundle.eval_data()  # DataError now, not after training, if validation is too small
   part = partition(config)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())
@@ -259,9 +276,8 @@ def _run(config, workdir, bundle, part, train_iter, feed, stop_at_step, restore_
       state = init_state(part, config)
     step = int(state["step"])
     # Every check passed: from here on the workdir is written.
-    if jax.process_index() == 0:  # documents, tokens, skipped lines by reason, tokenizer
-      write_bytes_atomic(workdir / "data_report.json",
-                         json.dumps(bundle.report, indent=1, default=str).encode())
+    _write_data_report(workdir, bundle, step)  # documents, tokens, skipped lines by reason
+    if jax.process_index() == 0:  # the tokenizer, the token counts
       save_tokenizer(bundle.tokenizer, workdir / "tokenizer", config.model.vocab_multiple)
       write_bytes_atomic(workdir / "token_counts.npy", npy_bytes(bundle.token_counts_V))
       truncate_metrics(workdir, step)  # re-done steps must not appear twice
@@ -349,6 +365,8 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
       if step % t.checkpoint_every == 0 or step == t.steps or stopping:
         health.check()  # never a checkpoint after a non-finite step
         ckpt.save(step, state, train_iter, config)
+        if bundle.report.get("source") == "jsonl_stream":  # counts grow as it is read
+          _write_data_report(workdir, bundle, step)
       if stopping:
         stopped = Stopped(step, "SIGTERM" if preempted else "stop_at_step")
         logging.warning("stopping at step %d (%s) after saving a checkpoint", step,

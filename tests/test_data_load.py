@@ -93,3 +93,42 @@ def test_embedded_source_at_the_default_vocab(tmp_path):
   assert bundle.report["train_tokens"] > 300_000
   assert (bundle.token_counts_V > 0).sum() > 1500  # the merges are used
   assert len(bundle.eval_batches()) == 3
+
+
+def test_jsonl_stream_report_counts_what_the_streams_read(tmp_path, caplog):
+  """Issue 13.7: the report of a stream holds its documents, tokens and skipped lines,
+  partial while an epoch is being read, complete once one was read in full. Issue 13.9c
+  (sibling): the bad line is logged once, not by the tokenizer's sample nor per epoch."""
+  train = tmp_path / "train.jsonl"
+  _write(train, _docs(5))
+  train.write_text(train.read_text() + "{bad json\n")
+  val = _write(tmp_path / "val.jsonl", _docs(40, 500))
+  c = _config(tmp_path, source="jsonl_stream", train_files=(str(train),),
+              validation_files=(val,), tokenizer="bytes")
+  c.model.vocab_size = 259
+  with caplog.at_level("WARNING"):
+    bundle = data.load(c)
+  assert bundle.current_report()["counted"] == {"train": "not read yet",
+                                                "validation": "not read yet"}
+  assert "not counted in full" not in bundle.report["counts_from"]
+  bundle.eval_batches()  # 3 batches of 2 x 17 tokens: the start of 40 documents
+  it = iter(bundle.train_dataset(4))
+  next(it)
+  report = bundle.current_report()
+  assert report["counted"] == {"train": "partial", "validation": "partial"}
+  assert 0 < report["validation"]["documents"] < 40
+  assert report["train"]["note"].startswith("partial: 0 of 1 training file(s) of epoch 0")
+  with caplog.at_level("WARNING"):
+    for _ in range(40):  # 5 documents of ~230 tokens: one epoch is ~18 batches
+      next(it)
+  assert [r.getMessage() for r in caplog.records].count(
+      f"{train}: skipped 0 line(s) that are not UTF-8, 1 that are not JSON and 0 without "
+      'a string "text" (data.strict=True makes these errors).') == 1
+  report = json.loads(json.dumps(bundle.current_report()))  # JSON-safe, as written
+  train_report = report["train"]
+  assert report["counted"]["train"] == "complete" and train_report["documents"] == 5
+  assert train_report["skipped"]["bad_json"] == 1 and train_report["files"] == 1
+  tokens = sum(len(bundle.tokenizer.encode(d)) for d in _docs(5))
+  assert train_report["tokens"] == tokens and report["train_tokens"] == tokens + 5
+  assert train_report["note"].startswith("complete: a whole epoch of the training files")
+  assert bundle.report["train"] is None  # load's report is left as it was

@@ -386,3 +386,16 @@ def test_cli_refuses_a_folder_another_preparation_is_writing(tmp_path, pile, cap
   assert err.startswith(f"lev-prepare-data: error: {busy} is in use by lev-prepare-data "
                         f"(pid {os.getpid()}, host "), err
   assert not busy.exists() and not (tmp_path / ".busy.lock").exists()
+
+
+def test_each_file_s_skipped_lines_are_logged_once(tmp_path, pile, caplog):
+  """Issue 13.9c: the tokenizer's training sample reads the train files before the
+  shards do; only the shards' full read logs their skipped lines."""
+  c = _config(tmp_path, pile, tokenizer="sentencepiece")
+  c.model.vocab_size = 300
+  with caplog.at_level("WARNING"):
+    prepare(c, workers=1)
+  for name in ("a.jsonl", "b.jsonl.zst"):
+    logged = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith(f"{pile['root'] / 'train' / name}: skipped")]
+    assert len(logged) == 1, logged

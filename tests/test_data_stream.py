@@ -1,5 +1,6 @@
 """JsonlStreamDataset: file order per epoch, sharding, exact resume (alone, under .map and
-under WindowShuffleIterDataset), skip counting and the empty-epoch error."""
+under WindowShuffleIterDataset), skip counting, the counts a checkpoint carries, and the
+empty-epoch error."""
 
 import itertools
 import json
@@ -41,6 +42,10 @@ def _take(it, n):
   return list(itertools.islice(it, n))
 
 
+def _position(state):
+  return {k: state[k] for k in ("epoch", "file", "line")}
+
+
 def _epoch_docs(ds, epoch):
   """The documents of one epoch, read file by file in the epoch's order."""
   by_file = {}
@@ -68,7 +73,7 @@ def test_epoch_order_is_a_seeded_file_permutation(files):
 def test_endless_by_default(files):
   it = iter(JsonlStreamDataset(files / "c.jsonl", seed=0))
   assert _take(it, 10) == ["c1", "c2", "c3"] * 3 + ["c1"]
-  assert it.get_state() == {"epoch": 3, "file": 0, "line": 1}
+  assert _position(it.get_state()) == {"epoch": 3, "file": 0, "line": 1}
 
 
 def test_shards_partition_each_epoch(files):
@@ -92,8 +97,9 @@ def test_state_resumes_exactly_at_every_position(files, shard_index):
   reference = _take(iter(ds), 40)  # about 6 epochs: every file and epoch boundary
   it = iter(ds)
   for k in range(len(reference) - 5):
-    state = json.loads(json.dumps(it.get_state()))  # JSON-safe plain ints
-    assert all(type(v) is int for v in state.values())
+    state = json.loads(json.dumps(it.get_state()))  # JSON-safe
+    assert state == it.get_state()
+    assert all(type(v) is int for v in _position(state).values())
     fresh = iter(ds)
     fresh.set_state(state)
     assert _take(fresh, 5) == reference[k: k + 5], (k, state)
@@ -105,11 +111,11 @@ def test_state_restores_into_a_used_iterator_and_past_the_end(files):
   it = iter(ds)
   _take(it, 3)
   state = it.get_state()
-  assert state == {"epoch": 0, "file": 0, "line": 3}
+  assert _position(state) == {"epoch": 0, "file": 0, "line": 3}
   assert _take(it, 3) == ["a4", "a1", "a2"]
   it.set_state(state)  # rewind an iterator that has a file open
   assert list(it) == ["a4", "a1", "a2", "a3", "a4"]
-  assert it.get_state() == {"epoch": 2, "file": 0, "line": 0}
+  assert _position(it.get_state()) == {"epoch": 2, "file": 0, "line": 0}
   fresh = iter(ds)
   fresh.set_state(it.get_state())
   assert list(fresh) == []
@@ -199,3 +205,50 @@ def test_close_releases_the_file(files):
   it.close()
   with pytest.raises(ValueError, match="closed"):
     next(it)
+
+
+def test_counts_are_partial_then_one_whole_epoch_and_travel_with_the_state(files):
+  """Issue 13.7: documents, tokens and skipped lines per reason, counted as the stream
+  reads; complete once a whole epoch was read; carried by the state across a resume."""
+  ds = JsonlStreamDataset([files, files / "gone.jsonl"], seed=0,
+                          encode=lambda text: [ord(ch) for ch in text])
+  assert ds.counts() is None
+  it = iter(ds)
+  docs = [d["tokens"] for d in _take(it, 5)]
+  assert all(d.dtype == np.int32 for d in docs)
+  partial = ds.counts()
+  assert not partial["complete"] and partial["report"]["documents"] == 5
+  assert partial["report"]["tokens"] == sum(d.size for d in docs)
+  assert partial["report"]["skipped"]["missing_file"] == 1  # the listing's skips too
+  assert partial["files_read"] < partial["files"] == 4
+  _take(it, 13 - 5 + 1)  # past the end of epoch 0
+  whole = ds.counts()
+  assert whole["complete"] and whole["epoch"] == 1 and whole["report"]["files"] == 4
+  assert whole["report"]["documents"] == 13 and whole["report"]["tokens"] == 26
+  assert whole["report"]["skipped"]["bad_json"] == 1
+  state = json.loads(json.dumps(it.get_state()))  # as a checkpoint stores it
+  _take(it, 20)  # epoch 1 ends too: the whole-epoch counts stay the same
+  assert ds.counts()["report"] == whole["report"]
+  resumed = iter(ds)
+  resumed.set_state(state)
+  assert resumed.counts()["report"] == whole["report"]
+  _take(resumed, 3)
+  assert ds.counts() == resumed.counts()
+  del resumed  # the dataset keeps the counts of the iterator it made last
+  assert ds.counts()["complete"]
+  # A state saved before counts were kept: counting restarts at the next epoch.
+  old = iter(ds)
+  old.set_state({"epoch": 0, "file": 2, "line": 1})
+  assert old.counts()["report"] is None and not old.counts()["complete"]
+  old.set_state({"epoch": 1, "file": 0, "line": 0})
+  assert old.counts()["report"]["documents"] == 0
+  with pytest.raises(DataError, match=r"state\['counts'\] = 3: expected"):
+    old.set_state({"epoch": 0, "file": 0, "line": 0, "counts": 3})
+
+
+def test_a_finite_stream_read_to_its_end_is_counted_in_full(files):
+  ds = JsonlStreamDataset(files / "b.jsonl.zst", seed=0, num_epochs=1)
+  assert list(ds) == ["b1", "b3", "b5"]
+  counts = ds.counts()
+  assert counts["complete"] and counts["report"]["documents"] == 3
+  assert counts["report"]["tokens"] is None  # texts: no encode, no token count

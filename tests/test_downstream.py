@@ -204,3 +204,40 @@ def test_missing_files_and_piqa_label_errors(tmp_path):
   (tmp_path / "valid-labels.lst").write_text("0\n2\n")
   with pytest.raises(DownstreamError, match=r"valid-labels\.lst:2: label '2': expected 0 or 1"):
     read_task("piqa", f)
+
+
+def test_a_malformed_json_message_reads_as_english(tmp_path):
+  """Issue 13.9a: json's message ends in "at"; no "starting at at column"."""
+  f = tmp_path / "h.jsonl"
+  f.write_text('{"ctx_a": "unterminated\n')
+  with pytest.raises(DownstreamError) as e:
+    read_task("hellaswag", f)
+  assert str(e.value) == (f"{f}:1: malformed JSON (Unterminated string starting at: "
+                          "column 11); expected one JSON object per line")
+
+
+def test_a_missing_piqa_labels_file_names_the_real_flag(tmp_path):
+  """Issue 13.9b: the message names lev-eval's --config.eval.downstream.piqa_labels,
+  the config field that exists, and the default file name it looked for."""
+  from lev_jax.config import base_config
+  assert "piqa_labels" in base_config().eval.downstream
+  f = write_jsonl(tmp_path / "valid.jsonl", [{"goal": "g", "sol1": "a", "sol2": "b"}])
+  with pytest.raises(DownstreamError) as e:
+    read_task("piqa", f)
+  assert str(e.value).endswith(
+      "beside the data as valid-labels.lst or given with "
+      "--config.eval.downstream.piqa_labels=PATH")
+
+
+def test_scoring_shows_a_progress_bar_per_task_on_stderr(scorer, tmp_path, capsys):
+  """Issue 13.9e: lev-eval scores for minutes; a tqdm bar per task (items, items/s,
+  ETA) on stderr, nothing on stdout; the results are those without the bar."""
+  f = write_jsonl(tmp_path / "dev.jsonl", [{"sentence": f"a{i} _ z", "option1": "q",
+                                            "option2": "b", "answer": "1"}
+                                           for i in range(5)])
+  quiet = evaluate_tasks(scorer, {"winogrande": f})
+  capsys.readouterr()
+  shown = evaluate_tasks(scorer, {"winogrande": f}, progress=True)
+  assert shown == quiet
+  out, err = capsys.readouterr()
+  assert out == "" and "winogrande: 100%" in err and "5/5" in err and "item/s" in err

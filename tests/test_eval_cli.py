@@ -126,6 +126,11 @@ def test_downstream_tasks_from_config_paths(workdirs, tmp_path):
   with pytest.raises(ValueError, match=r"valid.jsonl:1.*sol2"):
     eval_cli.evaluate_checkpoint(workdirs / "lev", perplexity_too=False,
                                  overrides={"eval.downstream.piqa": str(piqa)})
+  # Issue 13.9b's sibling: labels without the data file would be ignored.
+  with pytest.raises(ConfigError, match=r"^--config.eval.downstream.piqa_labels=.*lst: "
+                     r"config.eval.downstream.piqa is empty; give the PIQA data file too$"):
+    eval_cli.evaluate_checkpoint(workdirs / "lev", overrides={
+        "eval.downstream.piqa_labels": str(tmp_path / "valid-labels.lst")})
 
 
 def test_other_validation_files_need_no_data_source_and_the_summary_prints_lambada(
@@ -173,3 +178,61 @@ def test_split_test_of_the_embedded_source_is_its_held_out_shard(tmp_path):
   assert held_out and set(held_out) < set(lines)
   c.data.test_files = ("other.jsonl",)  # explicit files win
   assert eval_cli.heldout_test_files(c) == ("other.jsonl",)
+
+
+def test_the_record_says_what_was_evaluated_and_the_summary_prints_it(workdirs, capsys):
+  """Issue 13.9f: "evaluated N of M tokens" (recorded and printed) when eval.batches
+  takes only the start of the split; 13.9d: each bucket's target tokens beside it."""
+  from lev_jax.data.corpus import read_documents
+  im = inference.load(workdirs / "lev")
+  out = eval_cli.evaluate_model(im, overrides={"eval.batches": 1})
+  data = out["data"]
+  assert data["split"] == "validation" and data["batches"] == 1
+  assert data["tokens_evaluated"] == 4 * 33 and len(data["sha256"]) == 64
+  texts, _ = read_documents(data["files"])
+  total = sum(len(im.tokenizer.encode(t)) + 1 for t in texts)
+  assert data["tokens_in_split"] == total > 10 * 4 * 33
+  eval_cli._print_summary(out)
+  printed = capsys.readouterr().out
+  assert f"evaluated 132 of {total:,} validation tokens" in printed, printed
+  assert "raise eval.batches to evaluate more of it" in printed
+  for b in out["validation"]["buckets"]:
+    if b["perplexity"] is not None:
+      assert f"{b['range']} {b['perplexity']:.1f} ({b['tokens']:,} tokens)" in printed
+
+
+def test_a_baseline_evaluated_on_other_data_is_refused_unless_allowed(workdirs, tmp_path):
+  """Issue 13.8: lev_eval.json records its data; a baseline evaluated on other data, or
+  recording none, is refused before evaluating, unless --allow_different_data."""
+  tied = eval_cli.evaluate_checkpoint(workdirs / "tied", overrides={"eval.batches": 1})
+  base = tmp_path / "base.json"
+  base.write_text(json.dumps(tied))
+  same = eval_cli.evaluate_checkpoint(workdirs / "lev", baseline=base,
+                                      overrides={"eval.batches": 1})
+  assert same["relative_change"]["same_data"] and same["data"] == tied["data"]
+  with pytest.raises(ConfigError, match=(
+      r"--baseline=.*base.json: evaluated on other data than this run \(baseline: "
+      r"validation of .*validation.jsonl, 132 tokens evaluated, sha256 \w{12}; this run: "
+      r"validation of .*, 264 tokens evaluated, .*pass --allow_different_data$")):
+    eval_cli.evaluate_checkpoint(workdirs / "lev", baseline=base,
+                                 overrides={"eval.batches": 2})
+  allowed = eval_cli.evaluate_checkpoint(workdirs / "lev", baseline=base,
+                                         overrides={"eval.batches": 2},
+                                         allow_different_data=True)
+  assert allowed["relative_change"]["same_data"] is False
+  old = tmp_path / "old.json"
+  old.write_text(json.dumps({k: v for k, v in tied.items() if k != "data"}))
+  with pytest.raises(ConfigError, match=(
+      r"--baseline=.*old.json: it does not record the data it was evaluated on .*; "
+      r"re-run lev-eval on the baseline, or pass --allow_different_data")):
+    eval_cli.evaluate_checkpoint("/not/even/loaded", baseline=old)
+  # The command: one line, exit 2, nothing written.
+  run = subprocess.run([sys.executable, "-m", "lev_jax.eval_cli",
+                        f"--checkpoint={workdirs / 'lev'}", f"--baseline={base}",
+                        "--config.eval.batches=2", f"--output={tmp_path / 'r.json'}"],
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                       text=True)
+  assert run.returncode == 2, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines()[-1].startswith(
+      f"lev-eval: error: --baseline={base}: evaluated on other data than this run")
+  assert not (tmp_path / "r.json").exists()

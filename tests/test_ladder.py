@@ -277,11 +277,12 @@ def test_a_broken_metrics_line_is_reported_with_file_and_line(tmp_path):
   write_rung(root, "tied_a", 2.0)
   path = root / "tied_a" / "metrics.jsonl"
   lines = path.read_text().splitlines()
-  lines[2] = "{not json"
+  lines[2] = '{"step": "unterminated'
   lines.append(json.dumps({"step": STEPS, "eval/loss": "nan"}))  # non-finite: left out
   path.write_text("\n".join(lines) + "\n")
   rung = collect(ladder, root).rung("tied_a")
-  assert rung.status == "unreadable" and f"{path}:3: not JSON" in rung.reason
+  assert rung.status == "unreadable"  # issue 13.9a's sibling: the column, not a bare "at"
+  assert rung.reason == f"{path}:3: not JSON (Unterminated string starting at: column 10)"
   lines[2] = json.dumps({"step": 1, "train/loss": 9.0})
   path.write_text("\n".join(lines) + "\n")
   rung = collect(ladder, root).rung("tied_a")
@@ -417,3 +418,23 @@ def test_a_rung_trained_to_the_end_without_its_final_evaluation_says_so(tmp_path
   assert missing["tied_a"]["reason"] == (
       f"step {STEPS} of {STEPS} reached but {root / 'tied_a' / 'eval.json'} is missing: "
       "re-run lev-train on it to evaluate")
+
+
+def test_bucket_changes_of_twins_evaluated_on_other_data_are_refused(tmp_path):
+  """Issue 13.8's sibling: eval.json records its data; twins evaluated on other batches
+  get no per-bucket change, and a reason naming both."""
+  ladder, root, _ = build_ladder(tmp_path, sizes={"a": 16, "b": 32}, downstream=False)
+  for variant, sha in (("tied_a", "a" * 64), ("leviathan_a", "b" * 64),
+                       ("tied_b", "c" * 64), ("leviathan_b", "c" * 64)):
+    path = root / variant / "eval.json"
+    result = json.loads(path.read_text())
+    result["data"] = {"split": "validation", "files": ["val.jsonl"], "sha256": sha,
+                      "tokens_evaluated": 600, "tokens_in_split": 6000}
+    path.write_text(json.dumps(result))
+  by_size = {p["size"]: p for p in analyse(collect(ladder, root))["pairs"]}
+  assert by_size["a"]["buckets"]["rows"] == []
+  assert by_size["a"]["buckets"]["reason"] == (
+      "evaluated on other data: tied_a: validation of val.jsonl, 600 tokens evaluated, "
+      "sha256 aaaaaaaaaaaa; leviathan_a: validation of val.jsonl, 600 tokens evaluated, "
+      "sha256 bbbbbbbbbbbb")
+  assert by_size["b"]["buckets"]["rows"] and by_size["b"]["buckets"]["reason"] is None

@@ -194,3 +194,23 @@ def test_lev_only_options_do_not_relabel_a_model_without_lev():
   c.model.embedding = "tied"
   c.optim.clip_mode = "per_group"  # acts on every model: always in the label
   assert study.cell_of(c)[2] == "clip_mode=per_group"
+
+
+def test_bucket_changes_of_seeds_evaluated_on_other_data_are_refused():
+  """Issue 13.8's sibling: a seed pair whose study_eval.json record other data gets no
+  per-bucket interval, and a reason naming both."""
+  def evals(sha, ppl):
+    log = {"bucket_edges": [10], "buckets": [
+        {"range": r, "perplexity": p, "tokens": 5, "ids": 3}
+        for r, p in (("[0,10)", ppl), ("[10,inf)", 2.0))]}
+    data = {"split": "validation", "files": ["val.jsonl"], "sha256": sha,
+            "tokens_evaluated": 66, "tokens_in_split": 660}
+    return {"validation": {"log": log, "equal_mass": None, "data": data}}
+  same = study._bucket_rows([evals("a" * 64, 10.0)], [evals("a" * 64, 5.0)],
+                            "validation", "log")
+  assert same["reason"] is None and same["rows"][0]["change"]["mean"] == pytest.approx(-0.5)
+  other = study._bucket_rows([evals("a" * 64, 10.0)], [evals("b" * 64, 5.0)],
+                             "validation", "log")
+  assert other["rows"] == [] and other["reason"] == (
+      "evaluated on other data: validation of val.jsonl, 66 tokens evaluated, sha256 "
+      "aaaaaaaaaaaa vs validation of val.jsonl, 66 tokens evaluated, sha256 bbbbbbbbbbbb")

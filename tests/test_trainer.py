@@ -238,3 +238,53 @@ def test_gs_workdir_without_gcs_support_names_the_install(data_cache, monkeypatc
   c = run_config("tied", data_cache)
   with pytest.raises(ConfigError, match=r"--workdir is on gs:// .*gcsfs missing.*\[gcs\]"):
     train_and_evaluate(c, "gs://bucket/runs/x")
+
+
+def test_a_streamed_run_reports_its_counts_at_every_checkpoint(tmp_path, caplog):
+  """Issue 13.7: data_report.json of a jsonl_stream run holds what the streams counted,
+  rewritten at each checkpoint (also after a resume), and says whether it is complete."""
+  docs = [f"doc {i}: short text here" for i in range(6)]  # 6 x 23 tokens with eos
+  lines = [json.dumps({"text": d}) for d in docs]
+  (tmp_path / "train.jsonl").write_text("\n".join(lines[:4] + ["{bad"] + lines[4:]) + "\n")
+  (tmp_path / "val.jsonl").write_text("\n".join(json.dumps({"text": "validation " * 20})
+                                                for _ in range(6)) + "\n")
+  c = tiny_config("tied")
+  c.model.vocab_size = 259
+  c.data.update(source="jsonl_stream", tokenizer="bytes", shuffle_buffer=2,
+                train_files=(str(tmp_path / "train.jsonl"),),
+                validation_files=(str(tmp_path / "val.jsonl"),),
+                cache_dir=str(tmp_path / "cache"))
+  c.train.update(steps=4, checkpoint_every=1, eval_every=100, log_every=1)
+  c.optim.warmup_steps = 1
+  c.eval.update(batch_size=2, batches=1)
+  run = tmp_path / "run"
+  # Step 1 reads 4 x 17 tokens (+ a window of 2 rows, + a document): not all 138.
+  assert train_and_evaluate(c, run, stop_at_step=1) == Stopped(1, "stop_at_step")
+  first = json.loads((run / "data_report.json").read_text())
+  assert first["counted_at_step"] == 1 and first["counted"]["train"] == "partial"
+  assert 1 <= first["train"]["documents"] < 6 and first["train"]["tokens"] > 0
+  assert first["validation"]["count"] == "partial" and first["validation"]["documents"] >= 1
+  with caplog.at_level("INFO"):
+    train_and_evaluate(c, run)  # resumes with the counts of checkpoint 1
+  # Issue 13.9f: the eval log line says how much of the validation split was read.
+  assert "eval at step 4: loss" in caplog.text
+  assert ("evaluated 34 validation tokens (1 batch(es) of 2 x 17 tokens) of a stream not "
+          "read to its end") in caplog.text
+  last = json.loads((run / "data_report.json").read_text())
+  assert last["counted_at_step"] == 4 and last["counted"]["train"] == "complete"
+  assert last["train"]["documents"] == 6 and last["train"]["skipped"]["bad_json"] == 1
+  assert last["train"]["tokens"] == sum(map(len, docs)) and last["train_tokens"] == 6 * 23
+
+
+def test_eval_json_records_what_was_evaluated(finished_tied_run):
+  """Issue 13.9f/13.8: eval.json says which data was evaluated: N of the split's M
+  tokens, the files and a sha256 of the batches."""
+  from lev_jax.evaluate import coverage
+  c, run = finished_tied_run
+  data = json.loads((run / "eval.json").read_text())["data"]
+  n = c.eval.batches * c.eval.batch_size * (c.train.seq_len + 1)
+  assert data["split"] == "validation" and data["tokens_evaluated"] == n
+  assert data["tokens_in_split"] > n and len(data["sha256"]) == 64
+  assert data["files"][0].endswith("validation.jsonl")
+  assert coverage(data).startswith(
+      f"evaluated {n:,} of {data['tokens_in_split']:,} validation tokens")

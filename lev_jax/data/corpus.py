@@ -168,7 +168,8 @@ def _is_glob(text: str) -> bool:
   return any(ch in text for ch in "*?[")
 
 
-def _matches(text: str, strict: bool, report: dict) -> list[epath.Path]:
+def _matches(text: str, strict: bool, report: dict, warn: bool = True
+             ) -> list[epath.Path]:
   """The sorted files one pattern names; [] (counted and warned) when it names none."""
   if _is_glob(text):
     if "**" in text:  # epath refuses recursive globs (thousands of requests on GCS)
@@ -195,12 +196,13 @@ def _matches(text: str, strict: bool, report: dict) -> list[epath.Path]:
     if strict:
       raise DataError(message)
     report["skipped"][reason] += 1
-    logging.warning("%s; skipped (data.strict=True makes this an error).", message)
+    if warn:
+      logging.warning("%s; skipped (data.strict=True makes this an error).", message)
   return matches
 
 
-def expand_files(patterns, *, strict: bool = False, report: dict | None = None
-                 ) -> list[epath.Path]:
+def expand_files(patterns, *, strict: bool = False, report: dict | None = None,
+                 warn: bool = True) -> list[epath.Path]:
   """The Pile-format files that paths, globs and folders name.
 
   Args:
@@ -212,6 +214,8 @@ def expand_files(patterns, *, strict: bool = False, report: dict | None = None
     report: a `new_report` dict: ``skipped["missing_file"]`` / ``["empty_glob"]`` count
       the skipped patterns (each also logged with `logging.warning`) and ``"files"``
       grows by the number of files returned.
+    warn: False counts the skipped patterns without logging them (a second listing of
+      patterns whose skips were already reported).
 
   Returns:
     Each pattern's files sorted by name, patterns in the given order, each file once
@@ -228,7 +232,7 @@ def expand_files(patterns, *, strict: bool = False, report: dict | None = None
   before = dict(report["skipped"])
   files, seen = [], set()
   for text in texts:
-    for m in _matches(text, strict, report):
+    for m in _matches(text, strict, report, warn):
       if not m.name.endswith(SUFFIXES):
         raise DataError(f"{m} (from {text}): expected a Pile-format file named *.jsonl "
                         "or *.jsonl.zst")
@@ -344,7 +348,8 @@ def _subsets(pile_set_names) -> frozenset:
 
 def iter_file(path, *, strict: bool = False, pile_set_names: Sequence[str] = (),
               report: dict | None = None, start_line: int = 0, shard_index: int = 0,
-              shard_count: int = 1) -> Iterator[tuple[int, str, str | None]]:
+              shard_count: int = 1, warn: bool = True
+              ) -> Iterator[tuple[int, str, str | None]]:
   """The kept documents of one Pile-format file, read as a stream.
 
   Args:
@@ -367,6 +372,9 @@ def iter_file(path, *, strict: bool = False, pile_set_names: Sequence[str] = (),
     shard_index, shard_count: keep only line numbers n with ``(n - 1) % shard_count ==
       shard_index``, chosen before parsing, so that shards 0..shard_count-1 together
       read every line once.
+    warn: False counts skips in `report` without logging them: for a read whose skips
+      another read of the same file reports (a tokenizer's training sample, read before
+      the file is read in full), so each warning is printed once.
 
   Yields:
     ``(lineno, text, pile_set_name)``: 1-based line number, the non-empty text, and
@@ -417,16 +425,18 @@ def iter_file(path, *, strict: bool = False, pile_set_names: Sequence[str] = (),
       raise DataError(f"{message}; expected a complete *.jsonl.zst file written by zstd"
                       ) from e
     skipped["truncated_file"] += 1
-    logging.warning("%s; kept the lines before the damage and skipped the rest "
-                    "(data.strict=True makes this an error).", message)
+    if warn:
+      logging.warning("%s; kept the lines before the damage and skipped the rest "
+                      "(data.strict=True makes this an error).", message)
   except FileNotFoundError as e:
     if strict:
       raise DataError(f"{path}: no such file (it was listed, then disappeared); expected "
                       "a Pile-format *.jsonl or *.jsonl.zst file") from e
     skipped["missing_file"] += 1
-    logging.warning("%s: no such file (it was listed, then disappeared); skipped "
-                    "(data.strict=True makes this an error).", path)
-  if any(bad.values()):
+    if warn:
+      logging.warning("%s: no such file (it was listed, then disappeared); skipped "
+                      "(data.strict=True makes this an error).", path)
+  if warn and any(bad.values()):
     logging.warning('%s: skipped %d line(s) that are not UTF-8, %d that are not JSON and '
                     '%d without a string "text" (data.strict=True makes these errors).',
                     path, bad["bad_utf8"], bad["bad_json"], bad["no_text"])

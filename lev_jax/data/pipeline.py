@@ -270,6 +270,13 @@ def make_eval_batches(documents, tokenizer, *, seq_len: int, batch_size: int,
   return batches
 
 
+def count_tokens(docs: Sequence[str], tokenizer) -> int:
+  """Tokens of a list of texts as the pipelines stream them: each document's ids plus
+  one eos (e.g. M in "evaluated N of M validation tokens"). Costs one encode of every
+  document (batched where the tokenizer can)."""
+  return sum(len(ids) + 1 for chunk in _encoded_chunks(docs, tokenizer) for ids in chunk)
+
+
 def token_counts(docs: Sequence[str], tokenizer, vocab_size: int) -> np.ndarray:
   """How often each id occurs in the tokenized documents, one eos per document included.
 

@@ -141,12 +141,15 @@ def training_sample(files: Sequence[epath.Path], *, strict: bool = False,
 
   Reads the files round-robin (one document from each in turn, so every file is
   represented) with `corpus.iter_file` until `max_characters` characters or the end of
-  every file. Deterministic for given files.
+  every file. Deterministic for given files. Skipped lines are not logged (the full
+  read that follows logs them once).
 
   Raises:
     DataError: (strict) a bad line, naming ``file:line``.
   """
-  streams = [iter(corpus.iter_file(f, strict=strict, pile_set_names=pile_set_names))
+  # Quiet: the shards read these files again in full and report (and log) their skips.
+  streams = [iter(corpus.iter_file(f, strict=strict, pile_set_names=pile_set_names,
+                                   warn=False))
              for f in files]
   texts, chars = [], 0
   while streams and chars < max_characters:
