@@ -285,8 +285,9 @@ class Checkpointer:
         if not fallback or not isinstance(e, CheckpointCorruptError) and (
             "cannot be read" not in str(e)):
           raise
-        logging.warning("skipping %s (--restore_fallback): %s", step, str(e).splitlines()[0])
-        errors.append(f"{step}: {str(e).splitlines()[0]}")
+        reason = str(e).splitlines()[0].split(". Nothing was changed")[0]  # no advice
+        logging.warning("skipping %s (--restore_fallback): %s", step, reason)
+        errors.append(f"{step}: {reason}")
         skipped.append(step)
         continue
       if skipped and jax.process_index() == 0:

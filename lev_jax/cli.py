@@ -174,6 +174,11 @@ def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
   """Ends with one line for an unknown `--config.<field>` or a config file that does not
   load; re-raises anything else (a bug deserves its traceback)."""
   message = config_file_error(error, argv)
+  path = _config_file(argv)
+  if message is None and path and not os.path.isfile(os.path.expanduser(path)):
+    what = "is a folder" if os.path.isdir(os.path.expanduser(path)) else "no such file"
+    message = (f"--config={path}: {what} (expected a Python config file and variant, "
+               "e.g. experiments/smoke.py:leviathan)")
   if message is None and isinstance(error, (AttributeError, LookupError)) and _overrides(argv):
     config = _config_being_overridden(error)
     message = unknown_override(config, argv) if config is not None else None

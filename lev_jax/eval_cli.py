@@ -368,6 +368,9 @@ def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | N
 def _check_output_writable(output: str | None, checkpoint: str) -> None:
   """One line, before any evaluation, when the result file's folder cannot be written
   (e.g. a read-only checkpoint folder: --output elsewhere)."""
+  if "://" not in checkpoint and os.path.exists(checkpoint) and not os.path.isdir(checkpoint):
+    cli.fail(PROG, f"--checkpoint={checkpoint}: is a file, not a folder (expected a "
+             "lev-train workdir or a lev-export folder)")
   path = epath.Path(output or os.path.join(checkpoint, "lev_eval.json"))
   folder = path.parent
   if "://" in str(folder) or not folder.exists():

@@ -40,6 +40,7 @@ from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
 from lev_jax import sharding
 from lev_jax.metrics import MetricWriter, truncate_metrics
+from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
 
 
@@ -173,23 +174,40 @@ class _Health:
   last check, fetched together with the metrics (or before a checkpoint), so it adds
   no host sync per step.
 
+  `skipped` counts the non-finite steps of the whole run, resumes included: it starts
+  at step - (the optimizer's update count), the steps whose updates were not applied
+  (both are in the checkpoint).
+
   Raises (check):
     DivergenceError: train.nan_policy = "stop" and a step was non-finite, or
       "skip_step" and more than train.max_skipped_steps steps were.
   """
 
-  def __init__(self, config, ckpt):
+  def __init__(self, config, ckpt, state):
     self.policy, self.limit = config.train.nan_policy, config.train.max_skipped_steps
-    self.ckpt, self.pending, self.skipped = ckpt, [], 0
+    self.ckpt, self.pending = ckpt, []
+    self.skipped = int(state["step"]) - int(schedule_count(state["opt_state"]))
 
   def add(self, step: int, metrics: dict):
     self.pending.append((step, {k: metrics[k] for k in ("nonfinite", "loss", "grad_norm")}))
 
-  def check(self):
+  def check(self, upto: int | None = None) -> None:
+    """Counts the pending steps (those <= upto; all by default); raises as the class
+    docstring says."""
+    error = self.count(upto)
+    if error is not None:
+      raise error
+
+  def count(self, upto: int | None = None) -> DivergenceError | None:
+    """As `check`, but returns the DivergenceError instead of raising it (the caller
+    first writes the metrics row of the step that diverged)."""
     if not self.pending:
-      return
-    pending, self.pending = jax.device_get(self.pending), []
-    for step, m in pending:
+      return None
+    if upto is None:
+      upto = self.pending[-1][0]
+    now = [p for p in self.pending if p[0] <= upto]
+    self.pending = [p for p in self.pending if p[0] > upto]
+    for step, m in jax.device_get(now):
       if not m["nonfinite"]:
         continue
       what = (f"step {step}: loss {float(m['loss']):.6g}, gradient norm "
@@ -200,12 +218,18 @@ class _Health:
         logging.warning("%s (train.nan_policy=skip_step: %d of at most %d skipped)", what,
                         self.skipped, self.limit)
         continue
+      self.pending = []
       latest = self.ckpt.latest_step()
-      reason = ("train.nan_policy=stop" if self.policy == "stop" else
-                f"more than train.max_skipped_steps={self.limit} steps skipped")
-      raise DivergenceError(
-          f"{what}; stopped ({reason}). No checkpoint was written after it; the latest "
-          f"is step {latest}. Lower optim.lr, or set train.nan_policy=skip_step")
+      saved = ("no checkpoint has been written" if latest is None else
+               f"no checkpoint was written after it; the latest is step {latest}")
+      if self.policy == "stop":
+        reason, advice = "train.nan_policy=stop", "Lower optim.lr, or set train.nan_policy=skip_step"
+      else:
+        reason = f"more than train.max_skipped_steps={self.limit} steps skipped in this run"
+        advice = "Lower optim.lr, or raise train.max_skipped_steps"
+      return DivergenceError(f"{what}; stopped ({reason}). {saved[0].upper()}{saved[1:]}. "
+                             f"{advice}")
+    return None
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
@@ -299,7 +323,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
   train_step = make_train_step(part, config)
   eval_step = make_eval_step(part)
   writer = MetricWriter(workdir)
-  health = _Health(config, ckpt)
+  health = _Health(config, ckpt, state)
   tokens_per_step = t.global_batch_size * t.seq_len
   flops_per_step = train_flops_per_step(config)["total"]
   n_devices, device_kind = jax.device_count(), jax.devices()[0].device_kind
@@ -311,8 +335,8 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
 
   def flush(pending):
     nonlocal window_start, window_steps, compiled
-    health.check()
     s, m = pending
+    diverged = health.count(upto=s)  # the row of step s counts steps <= s, and is written
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     now = time.perf_counter()
     step_time = (now - window_start) / max(window_steps, 1)
@@ -338,6 +362,8 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
     writer.write(s, scalars)
     bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{tokens_per_step / step_time:,.0f}")
     window_start, window_steps = now, 0
+    if diverged is not None:
+      raise diverged
 
   try:
     stopped = None
@@ -363,6 +389,9 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
       preempted = preemption.agreed()
       stopping = preempted or step == stop_at_step
       if step % t.checkpoint_every == 0 or step == t.steps or stopping:
+        if pending is not None:  # its row first (a save syncs anyway)
+          flush(pending)
+          pending = None
         health.check()  # never a checkpoint after a non-finite step
         ckpt.save(step, state, train_iter, config)
         if bundle.report.get("source") == "jsonl_stream":  # counts grow as it is read

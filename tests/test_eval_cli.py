@@ -105,6 +105,16 @@ def test_an_unwritable_output_folder_is_one_line(tmp_path, monkeypatch, capsys):
       f"{tmp_path / 'run'} is not writable; pass --output=PATH in a writable folder")
 
 
+def test_a_checkpoint_that_is_a_file_is_named_as_such(tmp_path, capsys):
+  (tmp_path / "afile").write_text("x")
+  with pytest.raises(SystemExit) as e:
+    eval_cli._check_output_writable(None, str(tmp_path / "afile"))
+  assert e.value.code == 2
+  assert capsys.readouterr().err.strip() == (
+      f"lev-eval: error: --checkpoint={tmp_path / 'afile'}: is a file, not a folder "
+      "(expected a lev-train workdir or a lev-export folder)")
+
+
 def test_downstream_tasks_from_config_paths(workdirs, tmp_path):
   arc = tmp_path / "ARC-Easy-Test.jsonl"
   arc.write_text("\n".join(json.dumps(

@@ -120,12 +120,16 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_cache):
   assert f"stopped at step {steps[0]} (SIGTERM)" in stderr and "re-run to resume" in stderr
 
 
-@pytest.mark.parametrize("config,needle", [
-    ("experiments/nope.py", "No such file or directory: 'experiments/nope.py'"),
-    (f"{SMOKE}:nonexistent", "unknown variant 'nonexistent'; expected one of tied, untied, leviathan"),
+@pytest.mark.parametrize("config,needle,extra", [
+    ("experiments/nope.py", "No such file or directory: 'experiments/nope.py'", ()),
+    (f"{SMOKE}:nonexistent", "unknown variant 'nonexistent'; expected one of tied, untied, leviathan", ()),
+    # With an override, ml_collections fails while applying it: still one line.
+    ("experiments/nope.py", "--config=experiments/nope.py: no such file",
+     ("--config.train.steps=20",)),
+    ("/", "--config=/: is a folder", ("--config.train.steps=20",)),
 ])
-def test_bad_config_file_or_variant_is_one_line(config, needle, tmp_path):
-  proc = lev("train", f"--config={config}", f"--workdir={tmp_path}")
+def test_bad_config_file_or_variant_is_one_line(config, needle, extra, tmp_path):
+  proc = lev("train", f"--config={config}", f"--workdir={tmp_path}", *extra)
   assert_clean_error(proc, needle)
   assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 

@@ -1,6 +1,7 @@
 """The trainer's guards: a diverged or refused run never damages what is on disk."""
 
 import json
+import math
 import os
 import shutil
 
@@ -55,6 +56,41 @@ def test_skip_step_goes_on_and_stops_after_the_bound(run):
   rows = [r for r in metrics(workdir) if "train/skipped_steps" in r]
   assert rows and max(r["train/skipped_steps"] for r in rows) <= 3
   assert all(_all_finite(workdir, s) for s in _steps(workdir))
+
+
+def _nonfinite(row):
+  return not (math.isfinite(float(row["train/loss"]))
+              and math.isfinite(float(row["train/grad_norm"])))
+
+
+def test_skipped_steps_are_counted_per_row_and_across_a_resume(run):
+  """Row s counts the non-finite steps <= s (not s + 1); a re-run continues the count
+  (from the checkpoint: step - the optimizer's update count) instead of restarting it."""
+  c, workdir = run
+  c.train.steps, c.train.log_every, c.train.checkpoint_every = 40, 1, 2
+  c.optim.lr = 1e6
+  c.train.nan_policy, c.train.max_skipped_steps = "skip_step", 3
+  with pytest.raises(DivergenceError, match="more than train.max_skipped_steps=3"):
+    train_and_evaluate(c, workdir)
+  rows = [r for r in metrics(workdir) if "train/skipped_steps" in r and r["step"] > 4]
+  seen = 0
+  for r in rows:
+    seen += _nonfinite(r)
+    assert r["train/skipped_steps"] == seen, (r["step"], r["train/skipped_steps"], seen)
+  # The re-run resumes after some skipped steps and does not get a fresh allowance.
+  with pytest.raises(DivergenceError, match="more than train.max_skipped_steps=3"):
+    train_and_evaluate(c, workdir)
+
+
+def test_the_row_of_the_diverged_step_is_written_before_the_stop(run):
+  c, workdir = run
+  c.train.steps, c.train.log_every = 40, 1
+  c.optim.lr = 1e6
+  with pytest.raises(DivergenceError) as e:
+    train_and_evaluate(c, workdir)
+  bad = int(str(e.value).split(":")[0].split()[1])
+  steps = [r["step"] for r in metrics(workdir) if "train/loss" in r and r["step"] > 4]
+  assert steps == list(range(5, bad + 1))
 
 
 def test_a_refused_run_leaves_the_workdir_byte_for_byte(run):
