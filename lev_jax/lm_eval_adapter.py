@@ -157,6 +157,35 @@ if MODEL_NAME not in model_registry:
   model_registry.register(MODEL_NAME, target="lev_jax.lm_eval_adapter:LevJaxLM")
 
 
+HELP_USAGE = """\
+`lev-lm-eval`: lm-evaluation-harness tasks on a lev_jax model (lm-eval's `run` command
+with `--model lev_jax`, lev_jax/lm_eval_adapter.py).
+
+  lev-lm-eval --model_args checkpoint=runs/smoke_leviathan --tasks lambada_openai,hellaswag
+  lev-lm-eval --model_args checkpoint=exports/leviathan,step=200 --tasks piqa --limit 100
+
+Flags (lm-eval's; a value may follow `=` or a space; all of them: lev-lm-eval run --help):"""
+HELP_FLAGS = (
+    ("--model_args=checkpoint=runs/smoke_leviathan,step=200",
+     "checkpoint=PATH (a lev-train workdir or lev-export folder), step=N (default: "
+     "latest), dtype=float32|bfloat16|float16, batch_size=B, max_len=L."),
+    ("--tasks=lambada_openai,hellaswag", "lm-eval task names, comma-separated "
+     "(lev-lm-eval ls tasks lists them)."),
+    ("--include_path=my_tasks", "A folder of more task YAML files."),
+    ("--batch_size=16", "Rows per forward pass (default 8; 'auto' = 8)."),
+    ("--num_fewshot=0", "Examples in the few-shot context."),
+    ("--limit=100", "At most this many documents per task (for a quick look)."),
+    ("--output_path=results/lm_eval.json", "Write the results (and samples) there."),
+    ("--log_samples", "Also save each document's requests and answers."),
+)
+
+
+def usage() -> str:
+  """`lev-lm-eval --help`: examples and the lm-eval flags that matter here."""
+  from lev_jax.cli import help_row  # pylint: disable=import-outside-toplevel
+  return "\n".join([HELP_USAGE, *(l for f, t in HELP_FLAGS for l in help_row(f, t))])
+
+
 def run(argv: Sequence[str] | None = None) -> None:
   """lm-eval's command line with the lev_jax model registered (console script).
 
@@ -164,16 +193,18 @@ def run(argv: Sequence[str] | None = None) -> None:
     argv: the arguments after the program name (default sys.argv[1:]); lm-eval's
       `run` options (--model_args, --tasks, --batch_size, --output_path, ...).
       `--model lev_jax` is added unless --model is given; `ls` / `validate`
-      subcommands pass through.
+      subcommands pass through; no arguments, -h or --help print `usage()`
+      (lm-eval's own: `run --help`).
   """
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
 
   argv = list(sys.argv[1:] if argv is None else argv)
-  has_model = any(a in ("--model", "-M") or a.startswith("--model=") for a in argv)
-  if argv and argv[0] not in ("ls", "validate", "-h", "--help") and not has_model:
-    argv += ["--model", MODEL_NAME]
   if not argv or argv[0] in ("-h", "--help"):
-    print((__doc__ or "").strip() + "\n\nlm-eval's own options follow.\n")
+    print(usage())
+    sys.exit(0)
+  has_model = any(a in ("--model", "-M") or a.startswith("--model=") for a in argv)
+  if argv[0] not in ("ls", "validate") and not has_model:
+    argv += ["--model", MODEL_NAME]
   sys.argv = ["lm-eval", *argv]
   try:
     cli_evaluate()
