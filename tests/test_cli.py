@@ -38,9 +38,11 @@ def _first_word(line: str) -> str:
 
 
 def _parse_only():
-  """Stop each command right after its flags are parsed (absl's app.run, lm-eval's CLI)."""
+  """Stop each command right after its flags are parsed (absl's app.run, lm-eval's CLI;
+  lev-lm-eval's check of the tasks' data is skipped)."""
   from absl import app
   from lm_eval._cli import harness
+  from lev_jax import lm_eval_adapter
 
   def run(main, argv=None, flags_parser=None):
     flags_parser(sys.argv)
@@ -48,6 +50,7 @@ def _parse_only():
 
   app.run = run
   harness.HarnessCLI.execute = lambda self, args: None
+  lm_eval_adapter.data_problem = lambda tasks, include_path: None
 
 
 def _attempt(entry, prog: str, argv: list[str], parse_only: bool) -> tuple[int, str]:
