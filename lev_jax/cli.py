@@ -9,10 +9,14 @@ from __future__ import annotations
 import difflib
 import logging as std_logging
 import os
+import re
+import shlex
 import sys
+import textwrap
 
 import ml_collections
 from absl import flags, logging
+from ml_collections import config_flags
 
 
 def fail(prog: str, message: str):
@@ -32,22 +36,132 @@ def _last_line(error: BaseException) -> str:
 
 
 _HELP = ("--help", "-help", "-h", "--helpshort", "-?")
+_HELP_WIDTH = 88
+# Characters whose example values a shell would not pass through as written.
+_SHELL_SPECIAL = set("$`\\")
+# What absl appends to a multi flag's help.
+_MULTI_SUFFIX = re.compile(r";\s*repeat this option to specify a list of values$")
+
+
+def _doc_examples(doc: str, prog: str) -> dict[str, str | None]:
+  """{flag name: its value in the docstring's first example that gives it (None: bare)}.
+
+  Example commands are docstring lines starting with `prog` (or `` `prog ``), with the
+  lines after them that start with `--` or `[--` (or follow a trailing backslash); they
+  are split as a shell would (shlex). A value a shell would change ($, backquotes, backslashes) or an
+  ellipsis is skipped.
+  """
+  found: dict[str, str | None] = {}
+  in_example = False
+  for line in doc.replace("\\\n", " ").splitlines():
+    text = line.strip()
+    in_example = (text.lstrip("`").startswith(prog + " ") or
+                  (in_example and text.startswith(("--", "[--"))))
+    if not in_example:
+      continue
+    try:
+      tokens = shlex.split(text, comments=True)
+    except ValueError:  # an unbalanced quote: not an example a user could paste
+      continue
+    for token in tokens:
+      token = token.strip("[]`")
+      if not token.startswith("--"):
+        continue
+      name, eq, value = token[2:].partition("=")
+      value = " ".join(value.split())  # a quoted value continued on the next line
+      if eq and (_SHELL_SPECIAL & set(value) or "..." in value):
+        continue
+      found.setdefault(name, value if eq else None)
+  return found
+
+
+def _is_config_flag(flag) -> bool:
+  """True for an ml_collections config flag (it accepts --config.<field>=... overrides)."""
+  return type(flag).__module__.startswith("ml_collections.config_flags")
+
+
+def _flag_example(flag, examples: dict[str, str | None]) -> str:
+  """`--name=VALUE` for `flag`: the docstring's example, else a value the flag parses."""
+  if isinstance(flag, flags.BooleanFlag):
+    return f"--{flag.name}" if not flag.default else f"--no{flag.name}"
+  value = examples.get(flag.name)
+  if value is not None and not _is_config_flag(flag):  # parsing a config runs its file
+    try:
+      flag.parser.parse(value)
+    except (ValueError, TypeError):
+      value = None
+  if value is None:
+    choices = getattr(flag.parser, "enum_values", None)
+    if choices:
+      value = next((c for c in choices if c != flag.default), choices[0])
+    elif flag.default not in (None, "", []) and not _is_config_flag(flag):
+      value = flag.default_as_str.strip("'") if flag.default_as_str else str(flag.default)
+    elif isinstance(flag.parser, flags.IntegerParser):
+      value = str(max(1, flag.parser.lower_bound or 1))
+    elif isinstance(flag.parser, flags.FloatParser):
+      value = "1.0"
+    else:
+      value = flag.name.upper()
+  return f"--{flag.name}={shlex.quote(value)}"
+
+
+def help_row(example: str, text: str) -> list[str]:
+  """One flag of a `--help` listing: `example` (e.g. "--step=200"), then `text` in an
+  aligned column (on the next line when the example is wider), wrapped at 88."""
+  column = 36
+  wrap = dict(width=_HELP_WIDTH, subsequent_indent=" " * column, break_on_hyphens=False)
+  if len(example) + 4 <= column:
+    return (textwrap.wrap(text, initial_indent=f"  {example:<{column - 4}}  ", **wrap)
+            or [f"  {example}"])
+  return [f"  {example}"] + textwrap.wrap(text, initial_indent=" " * column, **wrap)
+
+
+def command_help(prog: str, module: str, fv: flags.FlagValues = flags.FLAGS) -> str:
+  """The `--help` text of a command: its module docstring, then the flags it accepts.
+
+  Each flag `module` defines is one row: an example (`--name=VALUE`: the value the
+  docstring's example commands give it, else one its parser accepts) and its help.
+  `--config.<section>.<field>=value` is listed only when the command has a config flag
+  (ml_collections), with the docstring's first such override as its example; the
+  config's contents are never dumped.
+
+  Args:
+    prog: the command's name, e.g. "lev-export" (its example lines start with it).
+    module: the module defining the command's flags, e.g. "lev_jax.export".
+    fv: the FlagValues holding them.
+  Returns:
+    The text, without a trailing newline.
+  """
+  doc = (sys.modules[module].__doc__ or prog).strip()
+  examples = _doc_examples(doc, prog)
+  lines = [doc, "", "Flags:"]
+  for flag in sorted(fv.get_key_flags_for_module(module), key=lambda f: f.name):
+    text = _MULTI_SUFFIX.sub("", flag.help)  # enum flags' help already starts <a|b|c>:
+    if _is_config_flag(flag):
+      override = next((f"--{n}={shlex.quote(v)}" for n, v in examples.items()
+                       if n.startswith("config.") and v is not None),
+                      "--config.train.steps=50")
+      if isinstance(flag.parser, config_flags.config_flags.ConfigFileFlagParser):
+        lines += help_row(_flag_example(flag, examples), text)
+        text = "Overrides one field of that config (--config.<section>.<field>=value)."
+      lines += help_row(override, text)
+      continue
+    lines += help_row(_flag_example(flag, examples), text)
+  return "\n".join(lines)
 
 
 def flags_parser(prog: str, module: str | None = None):
   """An `app.run(flags_parser=...)` that turns flag errors into one line.
 
-  ``--help`` prints the docstring of `module` (the command's own module, e.g.
-  "lev_jax.prepare_data") and the flags it defines, then exits 0 (absl would print
-  the console-script wrapper's empty docstring). An unknown `--config.<field>` and a
+  ``--help`` prints `command_help(prog, module)` (the command's own module, e.g.
+  "lev_jax.prepare_data") and exits 0 (absl would print the console-script wrapper's
+  empty docstring and every flag of every module). An unknown `--config.<field>` and a
   config file that does not load (`--config=FILE` is read here) end as in
   `define_or_exit`.
   """
   def parse(argv):
     if module is not None and any(a in _HELP for a in argv[1:]):
-      print((sys.modules[module].__doc__ or prog).strip() + "\n")
-      print(flags.FLAGS.module_help(module) or "")
-      print("\nAny config field: --config.<section>.<field>=value. All flags: --helpfull")
+      print(command_help(prog, module))
       sys.exit(0)
     try:
       return flags.FLAGS(argv)

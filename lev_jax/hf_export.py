@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -213,6 +214,22 @@ def _write_json(path: Path, obj: dict) -> None:
   os.replace(tmp, path)
 
 
+def _save_safetensors(state: dict, path: Path) -> None:
+  """safetensors' `save_file` through PATH.tmp, with the mode `open` would give the file.
+
+  safetensors (0.8) writes through a temporary file of its own, created 0600 whatever
+  the umask; the file is given the mode a file created here gets (0666 less the umask).
+  """
+  from safetensors.numpy import save_file
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.unlink(missing_ok=True)
+  tmp.touch()  # created as every other file of the folder: 0666 & ~umask
+  mode = stat.S_IMODE(tmp.stat().st_mode)
+  save_file(state, str(tmp), metadata={"format": "pt"})
+  os.chmod(tmp, mode)
+  os.replace(tmp, path)
+
+
 def save_hf_tokenizer(tokenizer, out_dir, *, vocab_multiple: int = 128,
                       model_max_length: int | None = None) -> list[Path]:
   """Writes `tokenizer` into a HF folder: `lev_tokenizer/` always, plus the files
@@ -295,7 +312,7 @@ def save_hf(model, config: ml_collections.ConfigDict, out_dir, *, dtype: str = "
     HFExportError: `check_exportable`, a bad dtype, shapes that do not match `config`,
       or a tokenizer whose vocab differs from the model's.
   """
-  from safetensors.numpy import save_file
+  import safetensors.numpy  # noqa: F401  (missing: fail before any work)
   check_exportable(config)
   kind = _embedding_kind(model)
   if tokenizer is not None and int(tokenizer.vocab_size) != int(config.model.vocab_size):
@@ -312,9 +329,7 @@ def save_hf(model, config: ml_collections.ConfigDict, out_dir, *, dtype: str = "
         "_from_model_config": True, "eos_token_id": int(tokenizer.eos_id),
         "pad_token_id": None if tokenizer.pad_id is None else int(tokenizer.pad_id)})
     written.append(out / GENERATION_CONFIG)
-  tmp = out / (WEIGHTS + ".tmp")
-  save_file(state, str(tmp), metadata={"format": "pt"})
-  os.replace(tmp, out / WEIGHTS)
+  _save_safetensors(state, out / WEIGHTS)
   _write_json(out / CONFIG, hf_config(config, tied=kind == "tied", dtype=dtype,
                                       tokenizer=tokenizer))
   written += [out / WEIGHTS, out / CONFIG]

@@ -12,7 +12,8 @@ that is not finished is trained (resumed when it has a checkpoint), one after an
   local   a subprocess `python -m lev_jax.main --config=LADDER:VARIANT
           --workdir=ROOT/VARIANT [train_flags]` (lev-train); a rung that fails is reported
           and the next one runs
-  print   prints those lev-train commands and trains nothing
+  print   prints those lev-train commands, one per line, and stops: nothing is trained
+          or written (no report)
   tpu     `python launch/tpu.py [launcher_flags] --workdir=ROOT/VARIANT --
           --config=LADDER:VARIANT [train_flags]` per rung (it creates or reuses the TPU,
           runs, restarts after preemption; LADDER relative to the checkout it copies)
@@ -197,6 +198,11 @@ def main(argv):
   except (ladder_lib.LadderError, ValueError) as e:
     cli.fail(PROG, str(e))
   failed = {}
+  if f.run and f.launcher == "print":  # the plan only: nothing is trained or written
+    train_rungs(commands, f.launcher)
+    print(f"{PROG}: --launcher=print: {len(commands)} of {len(result.rungs)} rungs would be "
+          f"trained (the commands above); nothing written", file=sys.stderr)
+    return
   if f.run:
     if not todo:
       print(f"{PROG}: every rung of {f.ladder} is finished under {f.root}; nothing to train")
@@ -206,9 +212,8 @@ def main(argv):
       cli.fail(PROG, "interrupted; re-run the same command to resume the unfinished rungs")
     except OSError as e:
       cli.fail(PROG, f"cannot start {commands[0][1][0]}: {e.strerror}")
-    if f.launcher != "print":
-      result = ladder_lib.collect(module, f.root)
-      result.ladder = f.ladder
+    result = ladder_lib.collect(module, f.root)
+    result.ladder = f.ladder
   for variant, status in failed.items():
     rung = result.rung(variant)
     if rung is not None and not rung.finished:

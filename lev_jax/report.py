@@ -15,7 +15,9 @@ Writes into out_dir (created if needed):
                        dashed, log x)
   scaling_fit.png      tied final losses, the fitted L(N) = E + A N^-alpha, Leviathan
                        rungs placed at their effective N with the 16-84 % interval
+                       (colour = size; names and n_eff / N in the legend below)
   freq_buckets.png     relative perplexity change per token-frequency bucket, per size
+                       (buckets under MIN_BUCKET_TARGETS validation targets: n/a, undrawn)
 
 Plots use matplotlib's Agg canvas directly (no pyplot state, no display needed;
 https://matplotlib.org/stable/gallery/user_interfaces/canvasagg.html). Paper figures
@@ -38,6 +40,10 @@ PAPER = {
     "buckets": "-81 % on the rarest tokens, near 0 % on the most frequent",
     "downstream": "all six zero-shot tasks improve; LAMBADA perplexity -30 %",
 }
+# A bucket's perplexity change over fewer validation targets than this is noise (a
+# bucket of 1 target can show the largest change of all): it is reported as n/a and not
+# drawn, in report.md and freq_buckets.png alike (and in lev_jax/study_report.py).
+MIN_BUCKET_TARGETS = 50
 CSV_COLUMNS = ("variant", "kind", "size", "status", "step", "steps", "tokens", "params",
                "non_embedding_params", "final_eval_loss", "perplexity",
                "ppl_change_vs_tied", "target_loss", "tokens_to_target", "efficiency",
@@ -79,6 +85,19 @@ def ratio_text(x) -> str:
   if math.isinf(x):
     return "inf"
   return f"{x:.2f}x" if abs(x) < 1000 else f"{x:.3g}x"
+
+
+def too_few_targets(targets) -> bool:
+  """Whether a bucket of `targets` validation targets (None: unknown) is too small to
+  report its change: 0 < targets < MIN_BUCKET_TARGETS (0 has no change at all)."""
+  return targets is not None and 0 < targets < MIN_BUCKET_TARGETS
+
+
+def bucket_change_text(change, targets) -> str:
+  """A bucket's change for report.md: '-12.3 %', or why it is n/a."""
+  if too_few_targets(targets):
+    return f"n/a ({targets} validation targets < {MIN_BUCKET_TARGETS})"
+  return "n/a (no validation targets)" if change is None else _pct(change)
 
 
 def _cell(x) -> str:
@@ -183,53 +202,65 @@ def plot_loss_vs_tokens(analysis, path) -> None:
   fig.savefig(path, dpi=110)
 
 
-def plot_scaling_fit(analysis, path) -> None:
+def plot_scaling_fit(analysis, path):
+  """scaling_fit.png: tied final losses, the fit, Leviathan at its own and effective N.
+
+  Colour = size; which point is which, and each n_eff / N, is in the legend below the
+  axes (no free text in the axes: labels of nearby points would overlap each other, the
+  edge and the fit line). Returns the matplotlib Figure (also saved to `path`).
+  """
   import numpy as np
-  fig = _figure(7.5, 5)
+  from matplotlib.lines import Line2D
+  fig = _figure(7.5, 6.4)
   ax = fig.subplots()
+  colours = _size_colours(_sizes(analysis))
+  size_of = {r["variant"]: r["size"] for r in analysis["rungs"]}
   fit = analysis["fit"]
   tied = fit["points"]
   xs = [p["N"] for p in tied]
-  if tied:
-    ax.plot(xs, [p["loss"] for p in tied], "o", color="C0", ms=7, label="tied (final eval loss)")
-    for p in tied:
-      ax.annotate(p["variant"], (p["N"], p["loss"]), textcoords="offset points", xytext=(5, 5),
-                  fontsize=8)
-  lev = [e for e in analysis["effective"]]
-  ax.plot([e["N"] for e in lev], [e["loss"] for e in lev], "s", mfc="none", color="C3",
-          ms=7, label="leviathan at its own N")
+  for p in tied:
+    ax.plot([p["N"]], [p["loss"]], "o", color=colours.get(size_of.get(p["variant"]), "C0"),
+            ms=7)
+  lev = list(analysis["effective"])
+  for e in lev:
+    ax.plot([e["N"]], [e["loss"]], "s", mfc="none", color=colours.get(e["size"], "C3"), ms=7)
   finite = [e for e in lev if e["n_eff"] is not None and math.isfinite(e["n_eff"])]
   # The axis spans the points and the estimates; an interval reaching beyond it (an
   # unconstrained fit can give 1e300) is cut at the edge and marked with an arrowhead.
   all_x = xs + [e["N"] for e in lev] + [e["n_eff"] for e in finite]
   all_x += [e[k] for e in finite for k in ("lo", "hi")
             if math.isfinite(e[k]) and e[k] > 0 and 0.1 * min(all_x) < e[k] < 10 * max(all_x)]
+  grey = "0.35"
+  handles = [Line2D([], [], marker="o", ls="", color=grey, ms=7, label="tied (final eval loss)"),
+             Line2D([], [], marker="s", ls="", mfc="none", color=grey, ms=7,
+                    label="leviathan at its own N")]
   if fit["ok"] and all_x:
     left, right = min(all_x) / 1.3, max(all_x) * 1.3
     grid = np.geomspace(left, right, 200)
     se = fit["stderr"]
-    ax.plot(grid, fit["E"] + fit["A"] * grid ** -fit["alpha"], ":", color="C0",
-            label=(f"fit E + A N^-alpha: E={fit['E']:.3f}±{se['E']:.3g}, "
-                   f"alpha={fit['alpha']:.3f}±{se['alpha']:.3g}"))
+    handles += ax.plot(grid, fit["E"] + fit["A"] * grid ** -fit["alpha"], ":", color=grey,
+                       label=(f"fit E + A N^-alpha: E={fit['E']:.3f}±{se['E']:.3g}, "
+                              f"alpha={fit['alpha']:.3f}±{se['alpha']:.3g}"))
     for e in finite:
+      colour = colours.get(e["size"], "C3")
       # The 16-84 % interval of the sampled n_eff; a skewed spread need not contain
       # the point estimate, so it is drawn as its own bar (no error-bar arithmetic).
       lo, hi = min(max(e["lo"], left), right), max(min(e["hi"], right), left)
-      ax.plot([lo, hi], [e["loss"], e["loss"]], "-", color="C3", lw=2.5, alpha=0.45,
+      ax.plot([lo, hi], [e["loss"], e["loss"]], "-", color=colour, lw=2.5, alpha=0.45,
               solid_capstyle="butt")
       if e["lo"] < left:
-        ax.plot([lo], [e["loss"]], "<", color="C3", alpha=0.6)
+        ax.plot([lo], [e["loss"]], "<", color=colour, alpha=0.6)
       if e["hi"] > right:
-        ax.plot([hi], [e["loss"]], ">", color="C3", alpha=0.6)
-      ax.plot([e["n_eff"]], [e["loss"]], "s", color="C3", ms=7)
+        ax.plot([hi], [e["loss"]], ">", color=colour, alpha=0.6)
+      ax.plot([e["n_eff"]], [e["loss"]], "s", color=colour, ms=7)
       ax.annotate("", xy=(e["n_eff"], e["loss"]), xytext=(e["N"], e["loss"]),
-                  arrowprops={"arrowstyle": "->", "color": "C3", "alpha": 0.6})
-      ax.annotate(f"{e['variant']}: {ratio_text(e['ratio'])}", (e["n_eff"], e["loss"]),
-                  textcoords="offset points", xytext=(5, -12), fontsize=8, color="C3")
+                  arrowprops={"arrowstyle": "->", "color": colour, "alpha": 0.6})
     if finite:
-      ax.plot([], [], "s", color="C3", label="leviathan at its effective N (16-84 %)")
+      handles.append(Line2D([], [], marker="s", color=grey, ms=7, lw=2.5, alpha=0.8,
+                            label="leviathan at its effective N (bar: 16-84 %)"))
     if any(e["lo"] < left or e["hi"] > right for e in finite):
-      ax.plot([], [], ">", color="C3", alpha=0.6, label="interval runs beyond the axis")
+      handles.append(Line2D([], [], marker=">", ls="", color=grey, alpha=0.6,
+                            label="interval runs beyond the axis"))
     ax.set_xlim(left, right)
     title = "Scaling fit over the tied rungs; Leviathan at effective N"
     if fit.get("warnings"):
@@ -239,24 +270,40 @@ def plot_scaling_fit(analysis, path) -> None:
     import textwrap
     ax.set_title("no power-law fit:\n" + textwrap.fill(fit["reason"] or "no tied rungs", 70),
                  fontsize=9)
+  ratio = {e["size"]: e for e in lev}
+  for size, colour in colours.items():
+    e = ratio.get(size)
+    text = (f"n_eff = {ratio_text(e['ratio'])} N" if e and e["ratio"] is not None
+            and e["n_eff"] is not None and math.isfinite(e["n_eff"]) else "n_eff n/a")
+    handles.append(Line2D([], [], marker="s", ls="", color=colour, ms=7,
+                          label=f"{size}: {text}"))
   ax.set_xscale("log")
   _count_axis(ax.xaxis)
   ax.set_xlabel("N (total parameters)")
   ax.set_ylabel("final validation loss (nats / token)")
   ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize=8)
+  fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
   fig.savefig(path, dpi=110)
+  return fig
 
 
-def plot_freq_buckets(analysis, path) -> None:
+def plot_freq_buckets(analysis, path):
+  """freq_buckets.png: the relative perplexity change per bucket and size; a bucket
+  with fewer than MIN_BUCKET_TARGETS validation targets is not drawn (the x label says
+  so). Returns the matplotlib Figure (also saved to `path`)."""
   import numpy as np
   fig = _figure(8, 4.5)
   ax = fig.subplots()
   pairs = [p for p in analysis["pairs"] if p["buckets"] and p["buckets"]["rows"]]
+
+  def drawn(row) -> bool:
+    return row["change"] is not None and not too_few_targets(row.get("tokens"))
+
+  omitted = any(too_few_targets(row.get("tokens")) for p in pairs for row in p["buckets"]["rows"])
   ranges = []
   for p in pairs:
     for row in p["buckets"]["rows"]:
-      if row["change"] is not None and row["range"] not in ranges:
+      if drawn(row) and row["range"] not in ranges:
         ranges.append(row["range"])
   if not pairs or not ranges:
     ax.text(0.5, 0.5, "no size with both twins finished and bucket data", ha="center",
@@ -268,8 +315,8 @@ def plot_freq_buckets(analysis, path) -> None:
     x = np.arange(len(ranges))
     all_heights = [0.0]
     for i, p in enumerate(pairs):
-      change = {row["range"]: row["change"] for row in p["buckets"]["rows"]}
-      heights = [100 * change[r] if change.get(r) is not None else np.nan for r in ranges]
+      change = {row["range"]: 100 * row["change"] for row in p["buckets"]["rows"] if drawn(row)}
+      heights = [change.get(r, np.nan) for r in ranges]
       all_heights += [h for h in heights if not np.isnan(h)]
       bars = ax.bar(x + (i - (len(pairs) - 1) / 2) * width, heights, width, label=p["size"],
                     color=colours[p["size"]])
@@ -280,12 +327,15 @@ def plot_freq_buckets(analysis, path) -> None:
     pad = 0.12 * max(hi - lo, 1.0)
     ax.set_ylim(lo - pad, hi + pad)
     ax.set_xticks(x, ranges)
-    ax.set_xlabel("token frequency bucket (count in the training split)")
+    ax.set_xlabel("token frequency bucket (count in the training split)" + (
+        f"\nnot drawn: buckets with fewer than {MIN_BUCKET_TARGETS} validation targets"
+        if omitted else ""))
     ax.set_ylabel("perplexity change, leviathan vs tied (%)")
     ax.legend(title="size", fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
   ax.set_title("Per-bucket perplexity change (rarest tokens left)")
   fig.savefig(path, dpi=110)
+  return fig
 
 
 # ---------------------------------------------------------------------------- CSV
@@ -424,8 +474,9 @@ def _fit_section(analysis) -> list[str]:
 def _bucket_section(analysis) -> list[str]:
   out = ["## Token-frequency buckets", "",
          "Validation perplexity per bucket of target tokens, by the target id's count in "
-         "the training split; change = leviathan / tied - 1 (evaluate.relative_change). "
-         f"Paper: {PAPER['buckets']}.", ""]
+         "the training split; change = leviathan / tied - 1 (evaluate.relative_change), "
+         f"n/a for a bucket of fewer than {MIN_BUCKET_TARGETS} validation targets "
+         f"(noise; not drawn either). Paper: {PAPER['buckets']}.", ""]
   pairs = [p for p in analysis["pairs"] if p["buckets"] is not None]
   if not pairs:
     return out + ["n/a (no size with both twins finished)", ""]
@@ -441,10 +492,10 @@ def _bucket_section(analysis) -> list[str]:
       row = next((r for r in p["buckets"]["rows"] if r["range"] == rng), None)
       if p["buckets"]["reason"]:
         cells.append(_na(p["buckets"]["reason"]))
-      elif row is None or row["change"] is None:
+      elif row is None:
         cells.append("n/a (no validation targets)")
       else:
-        cells.append(_pct(row["change"]))
+        cells.append(bucket_change_text(row["change"], row.get("tokens")))
     rows.append(cells)
   out += _table(["bucket", *(f"change {p['size']}" for p in pairs)], rows) + [""]
   largest = pairs[-1]
@@ -452,7 +503,7 @@ def _bucket_section(analysis) -> list[str]:
     out += [f"Largest size ({largest['size']}) in detail:", ""]
     out += _table(["bucket", "validation targets", "tied ppl", "leviathan ppl", "change"], [
         [r["range"], str(r.get("tokens", "n/a")), _num(r["baseline"], 2), _num(r["other"], 2),
-         _pct(r["change"]) if r["change"] is not None else "n/a (no targets)"]
+         bucket_change_text(r["change"], r.get("tokens"))]
         for r in largest["buckets"]["rows"]]) + [""]
   return out + ["![frequency buckets](freq_buckets.png)", ""]
 

@@ -29,7 +29,8 @@ import math
 from pathlib import Path
 
 from lev_jax import report
-from lev_jax.report import PAPER, _count, _csv_value, _figure, _count_axis, _table, provenance
+from lev_jax.report import (MIN_BUCKET_TARGETS, PAPER, _count, _count_axis, _csv_value,
+                            _figure, _table, provenance)
 from lev_jax.study import SCHEMES, SPLITS
 
 CELL_COLUMNS = (
@@ -143,7 +144,9 @@ def _bucket_section(analysis) -> list[str]:
   out = ["## Token-frequency buckets (test split)", "",
          "Perplexity per bucket of target tokens by the id's count in the training split "
          "(equal-mass: each bucket ~1/n of the training tokens; log: fixed edges); "
-         "tied / other ppl are means over seeds, change as in the final table. "
+         "tied / other ppl are means over seeds, change as in the final table; n/a for a "
+         f"bucket of fewer than {MIN_BUCKET_TARGETS} test targets (noise; not drawn "
+         "either). "
          f"Paper: {PAPER['buckets']}.", ""]
   for label in analysis["final"]:
     comp = comps.get(label)
@@ -162,8 +165,15 @@ def _bucket_section(analysis) -> list[str]:
                      "change (95 % CI)"],
                     [[r["range"], _count(r["targets"]), str(r["ids"]),
                       report._num(r["tied_ppl"], 2), report._num(r["other_ppl"], 2),
-                      interval(r["change"])] for r in b["rows"]]) + [""]
+                      _bucket_change(r)] for r in b["rows"]]) + [""]
   return out + ["![frequency buckets](freq_buckets.png)", ""]
+
+
+def _bucket_change(row: dict) -> str:
+  """A bucket's change with its interval, or n/a under MIN_BUCKET_TARGETS test targets."""
+  if report.too_few_targets(row["targets"]):
+    return f"n/a ({_count(row['targets'])} test targets < {MIN_BUCKET_TARGETS})"
+  return interval(row["change"])
 
 
 def _efficiency_section(analysis) -> list[str]:
@@ -328,7 +338,10 @@ def plot_loss_vs_tokens(analysis, path) -> None:
   fig.savefig(path, dpi=110)
 
 
-def plot_freq_buckets(analysis, path) -> None:
+def plot_freq_buckets(analysis, path):
+  """freq_buckets.png: per comparison, the test-split change per bucket with its 95 %
+  interval; a bucket of fewer than MIN_BUCKET_TARGETS test targets is not drawn (the
+  x label says so). Returns the matplotlib Figure (also saved to `path`)."""
   import numpy as np
   _, comps = _by_label(analysis)
   finals = [comps[l] for l in analysis["final"] if l in comps and not comps[l]["reason"]]
@@ -344,10 +357,13 @@ def plot_freq_buckets(analysis, path) -> None:
     for i, scheme in enumerate(SCHEMES):
       ax = axes[i, j]
       width = 0.8 / max(len(here), 1)
-      ranges = []
+      ranges, omitted = [], False
       for k, comp in enumerate(here):
         rows = comp["buckets"]["test"][scheme]["rows"]
         ranges = ranges or [r["range"] for r in rows]
+        omitted = omitted or any(report.too_few_targets(r["targets"]) for r in rows)
+        rows = [r if not report.too_few_targets(r["targets"]) else
+                {**r, "change": {"mean": None, "lo": None, "hi": None}} for r in rows]
         mean = [100 * r["change"]["mean"] if r["change"]["mean"] is not None else np.nan
                 for r in rows]
         err = [[100 * (r["change"]["mean"] - r["change"]["lo"]) if r["change"]["lo"]
@@ -359,13 +375,16 @@ def plot_freq_buckets(analysis, path) -> None:
                yerr=err, capsize=2, color=colours[key], label=key)
       ax.axhline(0, color="k", lw=0.8)
       ax.set_xticks(np.arange(len(ranges)), ranges, rotation=30, fontsize=7)
+      if omitted:
+        ax.set_xlabel(f"not drawn: < {MIN_BUCKET_TARGETS} test targets", fontsize=7)
       ax.set_title(f"vocab {vocab}, {scheme} buckets", fontsize=9)
       ax.set_ylabel("ppl change vs tied (%)")
       ax.grid(True, axis="y", alpha=0.3)
       ax.legend(fontsize=7)
-  fig.suptitle("Per-bucket perplexity change vs tied, test split (95 % t-intervals; "
-               "rarest tokens left)", fontsize=10)
+  fig.suptitle("Per-bucket perplexity change vs tied, test split\n(95 % t-intervals; "
+               "rarest tokens left)", fontsize=10)  # two lines: one vocab is 4.6 in wide
   fig.savefig(path, dpi=110)
+  return fig
 
 
 def write_report(analysis: dict, out_dir, *, command: str | None = None) -> dict:

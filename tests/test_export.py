@@ -136,3 +136,21 @@ def test_an_export_to_an_output_another_export_is_writing_is_refused(source, tmp
   assert err.startswith(f"lev-export: error: {out} is in use by lev-export (pid "
                         f"{os.getpid()}, host "), err
   assert not out.exists() and sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_every_exported_file_honours_the_umask(source, tmp_path, capsys, umask, mode):
+  pytest.importorskip("safetensors.numpy")
+  path, _ = source
+  out = tmp_path / "out"
+  old = os.umask(umask)
+  try:
+    lev_export(f"--checkpoint={path}", f"--output={out}", "--hf")
+  finally:
+    os.umask(old)
+  capsys.readouterr()
+  modes = {os.path.relpath(os.path.join(d, f), out): oct(os.stat(os.path.join(d, f)).st_mode
+                                                         & 0o777)
+           for d, _, files in os.walk(out) for f in files}
+  assert "hf/model.safetensors" in modes
+  assert {p: m for p, m in modes.items() if m != oct(mode)} == {}

@@ -372,12 +372,18 @@ def _cli(*args):
                         text=True, cwd=REPO, timeout=120, env=dict(os.environ))
 
 
-def test_cli_reports_and_prints_the_commands_of_unfinished_rungs(tmp_path):
+def test_cli_print_launcher_prints_the_commands_of_unfinished_rungs_and_writes_nothing(
+    tmp_path):
   ladder, root, _ = build_ladder(tmp_path, skip=("leviathan_d",))
+  before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
   proc = _cli(f"--ladder={ladder}", f"--root={root}", "--run", "--launcher=print")
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert f"lev-train --config={ladder}:leviathan_d --workdir={root}/leviathan_d\n" in proc.stdout
-  assert proc.stdout.count("lev-train --config") == 1  # finished rungs are not retrained
+  # stdout is the plan only: one lev-train command per unfinished rung, ready for a shell
+  assert proc.stdout == f"lev-train --config={ladder}:leviathan_d --workdir={root}/leviathan_d\n"
+  assert "1 of 8 rungs would be trained" in proc.stderr and "nothing written" in proc.stderr
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no report
+  proc = _cli(f"--ladder={ladder}", f"--root={root}")  # report only
+  assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"7 of 8 rungs finished; report {root}/report/report.md" in proc.stdout
   assert "2.10x" in proc.stdout and "missing leviathan_d: no workdir" in proc.stdout
   assert (root / "report" / "report.md").exists()

@@ -93,6 +93,7 @@ def test_run_adds_the_model_and_calls_lm_evals_cli(monkeypatch):
   import lm_eval.__main__ as cli
   seen = []
   monkeypatch.setattr(cli, "cli_evaluate", lambda: seen.append(list(os.sys.argv)))
+  monkeypatch.setattr(lm_eval_adapter, "data_problem", lambda tasks, include_path: None)
   monkeypatch.setattr(os.sys, "argv", ["x"])
   lm_eval_adapter.run(["--model_args", "checkpoint=runs/a", "--tasks", "piqa"])
   lm_eval_adapter.run(["ls", "tasks"])
@@ -154,3 +155,144 @@ metric_list:
   res = out["results"]["lev_mini"]
   assert res["acc,none"] == pytest.approx(sum(acc) / 3)
   assert res["acc_norm,none"] == pytest.approx(sum(acc_norm) / 3)
+
+
+# --- lev_jax/lm_eval_tasks: the six benchmarks over their released files, offline -----
+
+ARC_ROW = {"id": "a", "question": {"stem": "Which?", "choices": [
+    {"text": "one", "label": "A"}, {"text": "two", "label": "B"},
+    {"text": "three", "label": "C"}]}, "answerKey": "B"}
+# A numeric-label item answered by letter (ARC-Challenge has such rows): gold "3".
+ARC_DIGITS = {"id": "b", "question": {"stem": "Why?", "choices": [
+    {"text": "x", "label": "1"}, {"text": "y", "label": "2"}, {"text": "z", "label": "3"},
+    {"text": "w", "label": "4"}]}, "answerKey": "C"}
+RELEASED = {  # file under LEV_LM_EVAL_DATA: rows, as the benchmarks release them
+    "lambada_test.jsonl": [{"text": "the cat sat on the mat"},
+                           {"text": "she saw her friend"}, {"text": "a b"}],
+    "hellaswag_val.jsonl": [{"ind": 1, "activity_label": "Roof", "ctx_a": "A man sits.",
+                             "ctx_b": "he", "label": 3, "split": "val",
+                             "endings": ["a [title] b.", "c.", "d.", "e."]}],
+    "piqa/valid.jsonl": [{"goal": "g1", "sol1": "s1", "sol2": "s2"},
+                         {"goal": "g2", "sol1": "t1", "sol2": "t2"}],
+    "ARC-Easy/ARC-Easy-Test.jsonl": [ARC_ROW],
+    "ARC-Challenge/ARC-Challenge-Test.jsonl": [ARC_ROW, ARC_DIGITS],
+    "winogrande_1.1/dev.jsonl": [{"qID": "q", "sentence": "Sarah helped Maria so _ won.",
+                                  "option1": "Sarah", "option2": "Maria", "answer": "2"}],
+}
+# task: (docs, requests, gold of each doc)
+EXPECTED = {"lambada_openai_local": (3, 3, None), "hellaswag_local": (1, 4, [3]),
+            "piqa_local": (2, 4, [1, 0]), "arc_easy_local": (1, 3, [1]),
+            "arc_challenge_local": (2, 7, [1, 2]), "winogrande_local": (1, 2, [1])}
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+  """HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set (in the environment and in the values
+  datasets and huggingface_hub read at import), an empty datasets cache."""
+  import datasets.config
+  import huggingface_hub.constants
+  for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+    monkeypatch.setenv(var, "1")
+  monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+  monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+  monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture
+def released(tmp_path, monkeypatch):
+  """LEV_LM_EVAL_DATA: a folder of tiny files in the released formats."""
+  root = tmp_path / "benchmarks"
+  for name, rows in RELEASED.items():
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
+    (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (root / "piqa" / "valid-labels.lst").write_text("1\n0\n")
+  monkeypatch.setenv("LEV_LM_EVAL_DATA", str(root))
+  return root
+
+
+def test_shipped_tasks_read_the_released_files_offline(offline, released):
+  from lm_eval.tasks import TaskManager
+  from lev_jax.lm_eval_tasks import TAG, TASKS_DIR
+  tm = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+  assert set(tm.all_tasks) >= set(EXPECTED) | {TAG}
+  tasks = tm.load([TAG])["tasks"]
+  assert set(tasks) == set(EXPECTED)
+  for name, task in tasks.items():
+    docs, requests, gold = EXPECTED[name]
+    task.build_all_requests(limit=None, rank=0, world_size=1)
+    eval_docs = list(task.eval_docs)
+    assert (len(eval_docs), len(task.instances)) == (docs, requests), name
+    # lm-eval's winogrande gives the answer's index as doc_to_text (partial evaluation)
+    answer = task.doc_to_text if name == "winogrande_local" else task.doc_to_target
+    if gold is not None:
+      assert [answer(d) for d in eval_docs] == gold, name
+  lambada = tasks["lambada_openai_local"]
+  lambada.build_all_requests(limit=None, rank=0, world_size=1)
+  assert lambada.instances[0].args == ("the cat sat on the", " mat")
+  hellaswag = tasks["hellaswag_local"]  # lm-eval's preprocessing: " [title]" -> ". "
+  assert hellaswag.doc_to_choice(list(hellaswag.eval_docs)[0])[0] == "a. b."
+
+
+def test_shipped_tasks_are_package_data():
+  import tomllib
+  from pathlib import Path
+  from lev_jax.lm_eval_tasks import LOCAL_TWIN, TASKS_DIR
+  pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+  assert "*.yaml" in pyproject["tool"]["setuptools"]["package-data"]["lev_jax.lm_eval_tasks"]
+  assert {p.stem for p in TASKS_DIR.glob("*.yaml")} == set(LOCAL_TWIN.values())
+
+
+def _run_fails_at_once(argv, capsys, monkeypatch):
+  """stderr of lm_eval_adapter.run(argv), which must stop (status 2) before lm-eval."""
+  import time
+  import lm_eval.__main__ as cli
+  monkeypatch.setattr(cli, "cli_evaluate", lambda: pytest.fail("lm-eval was started"))
+  start = time.monotonic()
+  with pytest.raises(SystemExit) as exit_info:
+    lm_eval_adapter.run(argv)
+  elapsed = time.monotonic() - start
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert len(err.strip().splitlines()) == 1, err
+  assert elapsed < 5, f"{elapsed:.1f} s"
+  return err
+
+
+def test_hub_task_offline_is_one_fast_line_pointing_to_the_local_tasks(offline, capsys,
+                                                                       monkeypatch):
+  from lev_jax.lm_eval_tasks import TASKS_DIR
+  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks",
+                            "hellaswag,arc_easy"], capsys, monkeypatch)
+  assert err.startswith("lev-lm-eval: error: task hellaswag reads Rowan/hellaswag from the "
+                        "Hugging Face Hub, which is offline"), err
+  assert f"--tasks hellaswag_local,arc_easy_local --include_path {TASKS_DIR}" in err
+  assert "LEV_LM_EVAL_DATA" in err
+
+
+def test_unreachable_hub_is_found_by_a_short_probe(capsys, monkeypatch, tmp_path):
+  import datasets.config
+  monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+  monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
+  probes, probe = [], lm_eval_adapter._hub_reachable
+  monkeypatch.setattr(lm_eval_adapter, "_hub_reachable", lambda url: probes.append(url))
+  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks", "piqa"], capsys,
+                           monkeypatch)
+  assert len(probes) == 1 and "which is unreachable" in err and "--tasks piqa_local" in err
+  (tmp_path / "baber___piqa").mkdir()  # in the datasets cache: lm-eval may go ahead
+  assert lm_eval_adapter.data_problem(["piqa"], None) is None
+  # a refused connection answers at once; the probe never waits longer than its timeout
+  assert probe("http://127.0.0.1:9", timeout_s=0.5) is False
+
+
+def test_local_task_without_its_files_is_one_line_naming_the_file(offline, capsys,
+                                                                   monkeypatch, released):
+  from lev_jax.lm_eval_tasks import TASKS_DIR
+  (released / "piqa" / "valid-labels.lst").unlink()
+  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks", "lev_local",
+                            "--include_path", str(TASKS_DIR)], capsys, monkeypatch)
+  assert f"{released / 'piqa' / 'valid-labels.lst'}: no such file" in err
+  monkeypatch.delenv("LEV_LM_EVAL_DATA")
+  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks", "piqa_local",
+                            "--include_path", str(TASKS_DIR)], capsys, monkeypatch)
+  assert "LEV_LM_EVAL_DATA is not set" in err

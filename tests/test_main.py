@@ -145,7 +145,7 @@ def test_help_shows_the_commands_own_docstring(module, prog, capsys):
     cli.flags_parser(prog, module)([prog, "--help"])
   assert exit_info.value.code == 0
   out = capsys.readouterr().out
-  assert out.startswith(f"`{prog}`") and "--config.<section>.<field>=value" in out
+  assert out.startswith(f"`{prog}`")  # the flags it lists: tests/test_cli.py
 
 
 SECTIONS = "data, eval, lev, mesh, model, optim, train"

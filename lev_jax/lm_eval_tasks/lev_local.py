@@ -1,0 +1,104 @@
+"""Data for the lm-eval tasks of this folder: the benchmarks' released files, read locally.
+
+`load` is each task's `custom_dataset` (`!function lev_jax.lm_eval_tasks.lev_local.load`
+in the YAMLs): lm-eval (0.4) calls it with the task's `dataset_kwargs` (and metadata)
+instead of fetching a Hugging Face Hub dataset.
+
+Paths in the YAMLs are relative to the folder named by $LEV_LM_EVAL_DATA (an absolute
+path written into a YAML is used as it is). The released formats are those
+lev_jax.downstream reads (README, "Zero-shot tasks"); the `process_docs` functions
+turn a release's rows into the fields lm-eval's own task of the same name reads from
+the Hub, so the prompts, choices and metrics are lm-eval's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import datasets
+
+from lev_jax.downstream import DownstreamError, _jsonl
+
+DATA_ENV = "LEV_LM_EVAL_DATA"
+
+
+class _NoMetadataHint(logging.Filter):
+  """Drops lm-eval's warning, given for every task with a `custom_dataset`, that custom
+  kwargs go in --metadata: these tasks take none (lm_eval/api/task.py, `download`)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.split(":", 1)[0].endswith("_local") and
+                "Custom kwargs can be passed to `--metadata`" in message)
+
+
+logging.getLogger("lm_eval.api.task").addFilter(_NoMetadataHint())
+
+
+def data_path(name: str) -> Path:
+  """`name` under $LEV_LM_EVAL_DATA (or `name` itself when absolute).
+
+  Raises:
+    DownstreamError: a relative name with $LEV_LM_EVAL_DATA unset, or no such file.
+  """
+  root = os.environ.get(DATA_ENV, "")
+  if not os.path.isabs(name) and not root:
+    raise DownstreamError(f"{DATA_ENV} is not set; expected the folder holding {name} "
+                          "(the benchmarks' released files; README, lm-eval tasks)")
+  path = Path(root, os.path.expanduser(name))
+  if not path.is_file():
+    raise DownstreamError(f"{path}: no such file (from {DATA_ENV}={root}); expected the "
+                          f"released {Path(name).name}")
+  return path
+
+
+def load(data_file: str, split: str, labels_file: str | None = None,
+         **metadata) -> datasets.DatasetDict:
+  """{split: the rows of the JSON-lines `data_file`} (lm-eval's `custom_dataset`).
+
+  Args:
+    data_file: a JSON-lines file, one object per line (`data_path`).
+    split: the split name the task reads (its test_split or validation_split).
+    labels_file: a file of one integer per line (PIQA's valid-labels.lst), added to
+      the rows as `label`, in order.
+    metadata: lm-eval's task metadata (version, ...): ignored.
+  Raises:
+    DownstreamError: a missing file, a malformed line (file:line), or a label count
+      that differs from the row count.
+  """
+  del metadata
+  path = data_path(data_file)
+  rows = [obj for _, obj in _jsonl(path)]
+  if labels_file is not None:
+    labels_path = data_path(labels_file)
+    labels = [line.strip() for line in labels_path.read_text().splitlines() if line.strip()]
+    if len(labels) != len(rows):
+      raise DownstreamError(f"{labels_path}: {len(labels)} labels for {len(rows)} rows of "
+                            f"{path}; expected one label per row, in order")
+    for n, (row, label) in enumerate(zip(rows, labels), 1):
+      if not label.isdigit():
+        raise DownstreamError(f"{labels_path}:{n}: label {label!r}: expected an integer")
+      row["label"] = int(label)
+  if not rows:
+    raise DownstreamError(f"{path}: no rows; expected one JSON object per line")
+  return datasets.DatasetDict({split: datasets.Dataset.from_list(rows)})
+
+
+def arc_docs(dataset: datasets.Dataset) -> datasets.Dataset:
+  """ARC-V1-Feb2018 rows ({"question": {"stem", "choices": [{"text", "label"}]},
+  "answerKey"}) -> allenai/ai2_arc's fields (question, choices {text, label},
+  answerKey). A digit key against letter labels (or the reverse) is mapped 1 <-> A, as
+  lev_jax.downstream.read_arc does."""
+  def convert(doc):
+    choices = doc["question"]["choices"]
+    labels = [str(c["label"]) for c in choices]
+    key = str(doc["answerKey"]).strip()
+    if key not in labels:
+      alt = ({str(i): chr(64 + i) for i in range(1, 10)} |
+             {chr(64 + i): str(i) for i in range(1, 10)}).get(key)
+      key = alt if alt in labels else key
+    return {"question": doc["question"]["stem"], "answerKey": key,
+            "choices": {"text": [c["text"] for c in choices], "label": labels}}
+  return dataset.map(convert, remove_columns=dataset.column_names)
