@@ -35,7 +35,7 @@ import json
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from etils import epath
 from ml_collections import config_flags
 
@@ -404,7 +404,7 @@ def main(argv):
 
 def run():
   cli.define_or_exit(PROG, _define_flags)
-  app.run(main, flags_parser=cli.flags_parser(PROG, __name__))
+  cli.run(PROG, main, __name__)
 
 
 if __name__ == "__main__":

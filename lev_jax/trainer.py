@@ -43,27 +43,58 @@ from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
 
 
-class _Preemption:
-  """Turns SIGTERM (TPU/SLURM preemption notice) into a final checkpoint and clean exit."""
+class _StopSignals:
+  """SIGTERM (a TPU/SLURM preemption notice) and SIGINT (Ctrl-C) -> a final checkpoint
+  of the step reached and a clean exit; a second SIGINT aborts at once.
+
+  `install` replaces the handlers (main thread only; elsewhere it does nothing) and
+  `uninstall` puts the previous ones back. The first signal only sets `requested`; the
+  loop checks it after each step. A second SIGINT writes one line and ends the process
+  with os._exit(130), as kill -9 would end it: the checkpoints already complete are
+  untouched and a partial one stays an Orbax temporary, never restored and removed when
+  the next run opens the folder (lev_jax.checkpoint). Python runs the handlers between
+  bytecodes, so inside a long compiled call (an XLA compile) they wait for its end.
+  """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
-    self.requested = False
+    self.requested = None  # the first signal's name ("SIGTERM" / "SIGINT"), else None
+    self._previous = {}
+
+  def install(self):
     try:
-      signal.signal(signal.SIGTERM, self._handle)
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
     except ValueError:  # not the main thread
       pass
 
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
+  def uninstall(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
 
-  def agreed(self) -> bool:
-    """True when any process got SIGTERM; every process must stop at the same step, so
-    with several processes the flag is combined across hosts (one tiny allgather)."""
+  def _handle(self, signum, frame):
+    del frame
+    if signum == signal.SIGINT and self.requested is not None:
+      os.write(2, b"\nCtrl-C again: aborted at once, no checkpoint of this step; the "
+               b"latest complete checkpoint is kept (a partial one is removed when the "
+               b"run is restarted)\n")
+      os._exit(130)  # 128 + SIGINT
+    if signum == signal.SIGINT:
+      os.write(2, b"\nCtrl-C: saving a checkpoint of the current step, then stopping "
+               b"(Ctrl-C again aborts at once)\n")
+    self.requested = self.requested or signal.Signals(signum).name
+
+  def agreed(self) -> str | None:
+    """The signal's name when any process got one, else None; every process must stop
+    at the same step, so with several processes the flag is combined across hosts (one
+    tiny allgather; SIGTERM wins when both arrived)."""
     if jax.process_count() == 1:
       return self.requested
-    flags = multihost_utils.process_allgather(np.int32(self.requested))
-    return bool(np.max(flags))
+    code = {None: 0, "SIGINT": 1, "SIGTERM": 2}
+    got = int(np.max(multihost_utils.process_allgather(np.int32(code[self.requested]))))
+    return {v: k for k, v in code.items()}[got]
 
 
 def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> dict:
@@ -123,7 +154,7 @@ def _check_gcs_support(config: ml_collections.ConfigDict, workdir) -> None:
 class Stopped:
   """`train_and_evaluate`'s result for a run that stopped before train.steps after
   saving a checkpoint at `step`; reason: "SIGTERM" (preempted: lev-train exits 143 so
-  a scheduler requeues it) or "stop_at_step"."""
+  a scheduler requeues it), "SIGINT" (Ctrl-C: exits 130) or "stop_at_step"."""
   step: int
   reason: str
 
@@ -267,6 +298,7 @@ def _run(config, workdir, bundle, part, train_iter, feed, stop_at_step, restore_
   workdir.mkdir(parents=True, exist_ok=True)
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints,
                       portable_data=global_stream)
+  stop = _StopSignals()  # installed by _loop; kept until the last save is complete
   try:
     if ckpt.latest_step() is not None:  # restored straight into its shardings
       latest, state = ckpt.restore_latest(abstract_state(part, config), train_iter, config,
@@ -288,12 +320,16 @@ def _run(config, workdir, bundle, part, train_iter, feed, stop_at_step, restore_
         logging.info("the run already finished at step %d; its evaluation is %s", step,
                      eval_path)
         return finished
-    return _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, state)
+    return _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, state,
+                 stop)
   finally:
-    ckpt.close()  # waits for a pending save, also when training failed
+    try:
+      ckpt.close()  # waits for a pending save, also when training failed
+    finally:
+      stop.uninstall()
 
 
-def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, state):
+def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, state, stop):
   t = config.train
   step = int(state["step"])
   train_step = make_train_step(part, config)
@@ -303,7 +339,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
   tokens_per_step = t.global_batch_size * t.seq_len
   flops_per_step = train_flops_per_step(config)["total"]
   n_devices, device_kind = jax.device_count(), jax.devices()[0].device_kind
-  preemption = _Preemption()
+  stop.install()  # before: Ctrl-C is KeyboardInterrupt (nothing to save yet)
   bar = tqdm(total=t.steps, initial=step, desc=config.name, unit="step",
              disable=jax.process_index() != 0)
   window_start, window_steps, compiled = time.perf_counter(), 0, False
@@ -360,15 +396,15 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
         health.check()
         _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
         window_start, window_steps = time.perf_counter(), 0
-      preempted = preemption.agreed()
-      stopping = preempted or step == stop_at_step
+      signalled = stop.agreed()
+      stopping = signalled or step == stop_at_step
       if step % t.checkpoint_every == 0 or step == t.steps or stopping:
         health.check()  # never a checkpoint after a non-finite step
         ckpt.save(step, state, train_iter, config)
         if bundle.report.get("source") == "jsonl_stream":  # counts grow as it is read
           _write_data_report(workdir, bundle, step)
       if stopping:
-        stopped = Stopped(step, "SIGTERM" if preempted else "stop_at_step")
+        stopped = Stopped(step, signalled or "stop_at_step")
         logging.warning("stopping at step %d (%s) after saving a checkpoint", step,
                         stopped.reason)
         break
