@@ -393,13 +393,13 @@ def main(argv):
                               allow_different_data=fl.allow_different_data)
   except (ValueError, FileNotFoundError) as e:  # every error of ours is a ValueError
     cli.fail(PROG, cli.first_line(e))
-  path = epath.Path(fl.output or os.path.join(out["checkpoint"], "lev_eval.json"))
+  # As the user gave it (relative stays relative), as _check_output_writable checked it.
+  path = epath.Path(fl.output or os.path.join(fl.checkpoint, "lev_eval.json"))
   tmp = path.parent / (path.name + ".tmp")
   tmp.write_text(json.dumps(out, indent=1))
   tmp.replace(path)
   _print_summary(out)
   print(f"{PROG}: wrote {path}", file=sys.stderr)
-  logging.info("wrote %s", path)
 
 
 def run():
