@@ -47,8 +47,8 @@ class _StopSignals:
   """SIGTERM (a TPU/SLURM preemption notice) and SIGINT (Ctrl-C) -> a final checkpoint
   of the step reached and a clean exit; a second SIGINT aborts at once.
 
-  `install` replaces the handlers (main thread only; elsewhere it does nothing) and
-  `uninstall` puts the previous ones back. The first signal only sets `requested`; the
+  `install` replaces the handlers (main thread only; elsewhere it does nothing; an
+  ignored SIGINT stays ignored) and `uninstall` puts the previous ones back. The first signal only sets `requested`; the
   loop checks it after each step. A second SIGINT writes one line and ends the process
   with os._exit(130), as kill -9 would end it: the checkpoints already complete are
   untouched and a partial one stays an Orbax temporary, never restored and removed when
@@ -65,6 +65,8 @@ class _StopSignals:
   def install(self):
     try:
       for sig in self.SIGNALS:
+        if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+          continue  # started ignoring Ctrl-C (`cmd &` in a script, nohup): as Python does
         self._previous[sig] = signal.signal(sig, self._handle)
     except ValueError:  # not the main thread
       pass

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ctrl_c_not_ignored
+
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = str(REPO / "experiments" / "smoke.py")
 TINY = ["--config.model.vocab_size=512", "--config.model.d_model=32",
@@ -159,8 +161,9 @@ def test_ctrl_c_in_a_command_is_one_line_and_exit_130(module, prog):
           "command.main = interrupted\n"
           f"sys.argv = [{prog!r}]\n"
           "command.run()\n")
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        timeout=120, cwd=REPO)
+  with ctrl_c_not_ignored():
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
   assert proc.returncode == 130, proc.stderr[-3000:]
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith(f"{prog}: interrupted (Ctrl-C)"), lines
@@ -273,8 +276,10 @@ def test_ctrl_c_saves_the_current_step_and_the_rerun_matches_a_straight_run(tmp_
           "--config.train.checkpoint_every=100000", "--config.train.eval_every=100000",
           "--config.train.log_every=1", f"--config.data.cache_dir={data_cache}"]
   workdir = tmp_path / "run"
-  proc = subprocess.Popen([sys.executable, "-m", "lev_jax.main", *args, f"--workdir={workdir}"],
-                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  with ctrl_c_not_ignored():
+    proc = subprocess.Popen([sys.executable, "-m", "lev_jax.main", *args,
+                             f"--workdir={workdir}"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
   rows = workdir / "metrics.jsonl"
   deadline = time.time() + 180
   while time.time() < deadline and not (rows.exists() and rows.read_text().count("\n") >= 2):

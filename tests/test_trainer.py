@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import metrics, run_config, saved_state, tiny_config
+from conftest import ctrl_c_not_ignored, metrics, run_config, saved_state, tiny_config
 from lev_jax.checkpoint import CheckpointMismatchError
 from lev_jax.config import ConfigError
 from lev_jax.trainer import Stopped, train_and_evaluate
@@ -307,8 +307,9 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line():
           "os.kill(os.getpid(), signal.SIGINT)\n"
           "time.sleep(30)\n"
           "print('not aborted', flush=True)\n")
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        timeout=120)
+  with ctrl_c_not_ignored():
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
   assert proc.returncode == 130, proc.stderr[-3000:]
   assert proc.stdout == "SIGINT\n"
   assert proc.stderr.strip().splitlines() == [
@@ -318,8 +319,13 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line():
       "checkpoint is kept (a partial one is removed when the run is restarted)"]
   from lev_jax.trainer import _StopSignals
   stop = _StopSignals()  # in this process: installed, then the previous handlers back
-  before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-  stop.install()
-  assert signal.getsignal(signal.SIGINT) == stop._handle
-  stop.uninstall()
-  assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+  with ctrl_c_not_ignored():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    stop.install()
+    assert signal.getsignal(signal.SIGINT) == stop._handle
+    stop.uninstall()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # started as `lev-train &` by a script
+    stop.install()
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # stays ignored
+    stop.uninstall()
