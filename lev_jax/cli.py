@@ -1,7 +1,9 @@
-"""What `lev-train` and `lev-params` share: flag parsing with one-line errors, quiet logs.
+"""What the `lev-*` commands share: flag parsing with one-line errors, Ctrl-C as one
+line, quiet logs.
 
 Errors a user can fix (a bad flag, config file, variant or value) end the program with
-`<prog>: error: <one line>` on stderr and exit status 2, never a traceback.
+`<prog>: error: <one line>` on stderr and exit status 2, never a traceback. Ctrl-C
+ends it with `<prog>: interrupted (Ctrl-C) ...` and exit status 130 (`run`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,38 @@ import sys
 import textwrap
 
 import ml_collections
-from absl import flags, logging
+from absl import app, flags, logging
 from ml_collections import config_flags
+
+# 128 + SIGINT: the shell's status for a command ended by Ctrl-C.
+INTERRUPTED_EXIT = 130
 
 
 def fail(prog: str, message: str):
   print(f"{prog}: error: {message}", file=sys.stderr)
   sys.exit(2)
+
+
+def run(prog: str, main, module: str,
+        interrupted: str = "interrupted (Ctrl-C); stopped") -> None:
+  """`app.run(main)` with `flags_parser(prog, module)`, ending a Ctrl-C in one line.
+
+  A KeyboardInterrupt that reaches here (Python's default SIGINT handler raises it)
+  prints `<prog>: <interrupted>` on stderr and exits with INTERRUPTED_EXIT (130), never
+  a traceback; `finally` blocks and `with` exits (locks, temporary files) ran on the
+  way out. Commands that save work on Ctrl-C (lev-train) handle SIGINT themselves.
+
+  Args:
+    prog: the command's name, e.g. "lev-eval".
+    main: absl's main(argv).
+    module: the command's module (for --help), e.g. "lev_jax.eval_cli".
+    interrupted: the rest of the line, e.g. what was kept.
+  """
+  try:
+    app.run(main, flags_parser=flags_parser(prog, module))
+  except KeyboardInterrupt:
+    print(f"{prog}: {interrupted}", file=sys.stderr)
+    sys.exit(INTERRUPTED_EXIT)
 
 
 def first_line(error: BaseException) -> str:

@@ -195,10 +195,12 @@ def read_piqa(path, labels=None) -> list[Item]:
   passes config.eval.downstream.piqa_labels as `labels`).
 
   Raises:
-    DownstreamError: no labels file (naming the lev-eval flag that gives one), a bad
-      label or item, or labels and items that differ in number.
+    DownstreamError: no data file (named first), no labels file (naming the lev-eval
+      flag that gives one), a bad label or item, or labels and items that differ in
+      number.
   """
   p = Path(path)
+  rows = list(_jsonl(p))  # a missing data file is named as such, not as missing labels
   default = p.with_name(p.name.split(".")[0] + "-labels.lst")
   labels = Path(labels) if labels else default
   if not labels.is_file():
@@ -212,7 +214,6 @@ def read_piqa(path, labels=None) -> list[Item]:
     if line.strip() not in ("0", "1"):
       raise DownstreamError(f"{labels}:{n}: label {line.strip()!r}: expected 0 or 1")
     gold.append((int(line), n))
-  rows = list(_jsonl(p))
   if len(rows) != len(gold):
     raise DownstreamError(f"{labels}: {len(gold)} labels for {len(rows)} items in {p}; "
                           "expected one label per item, in order")

@@ -35,7 +35,7 @@ import json
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from etils import epath
 from ml_collections import config_flags
 
@@ -292,7 +292,7 @@ def heldout_test_files(config) -> tuple:
   if d.test_files:
     return tuple(d.test_files)
   if d.source == "embedded" and d.get("test_fraction", 0.0) > 0:
-    from lev_jax.data.corpus import write_embedded_corpus
+    from lev_jax.data.embedded import write_embedded_corpus
     paths = write_embedded_corpus(os.path.expanduser(d.cache_dir), d.validation_fraction,
                                   d.test_fraction)
     return (os.fspath(paths["test"]),)
@@ -396,18 +396,18 @@ def main(argv):
                               allow_different_data=fl.allow_different_data)
   except (ValueError, FileNotFoundError) as e:  # every error of ours is a ValueError
     cli.fail(PROG, cli.first_line(e))
-  path = epath.Path(fl.output or os.path.join(out["checkpoint"], "lev_eval.json"))
+  # As the user gave it (relative stays relative), as _check_output_writable checked it.
+  path = epath.Path(fl.output or os.path.join(fl.checkpoint, "lev_eval.json"))
   tmp = path.parent / (path.name + ".tmp")
   tmp.write_text(json.dumps(out, indent=1))
   tmp.replace(path)
   _print_summary(out)
   print(f"{PROG}: wrote {path}", file=sys.stderr)
-  logging.info("wrote %s", path)
 
 
 def run():
   cli.define_or_exit(PROG, _define_flags)
-  app.run(main, flags_parser=cli.flags_parser(PROG, __name__))
+  cli.run(PROG, main, __name__)
 
 
 if __name__ == "__main__":

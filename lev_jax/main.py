@@ -6,6 +6,8 @@
 Flags follow ml_collections.config_flags: any field can be overridden with
 --config.<section>.<field>=value. Without --workdir the run goes to ./runs/<config.name>.
 Re-running the same command on the same workdir resumes from its latest checkpoint.
+SIGTERM (preemption) and Ctrl-C save a checkpoint of the step reached and exit 143 and
+130; a second Ctrl-C aborts at once, keeping the checkpoints already complete.
 
 One run per workdir: the run holds WORKDIR/.lock (lev_jax.workdir; process 0 of a
 multi-host run), and a second lev-train on it stops at once naming the holder. A lock
@@ -18,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from lev_jax import cli, distributed, experiments_dir
@@ -30,8 +32,10 @@ from lev_jax.evaluate import coverage
 from lev_jax.sharding import ShardingError
 
 # 128 + SIGTERM: the shell's status for a process ended by SIGTERM; schedulers read it
-# as "did not finish" and can requeue the job, which then resumes.
+# as "did not finish" and can requeue the job, which then resumes. Ctrl-C (SIGINT) after
+# its checkpoint: 128 + SIGINT, cli.INTERRUPTED_EXIT.
 PREEMPTED_EXIT = 143
+STOPPED_EXIT = {"SIGTERM": PREEMPTED_EXIT, "SIGINT": cli.INTERRUPTED_EXIT}
 DEFAULT_CONFIG = str(experiments_dir() / "smoke.py") + ":leviathan"
 
 
@@ -84,10 +88,10 @@ def main(argv):
     print(f"lev-train: {config.name} stopped at step {result.step} as asked; "
           "re-run without --stop_at_step to continue", file=sys.stderr)
     return
-  if isinstance(result, trainer.Stopped):  # preempted after saving: not finished, not 0
+  if isinstance(result, trainer.Stopped):  # signalled after saving: not finished, not 0
     print(f"lev-train: {config.name} stopped at step {result.step} ({result.reason}) after "
           "a checkpoint; re-run to resume", file=sys.stderr)
-    sys.exit(PREEMPTED_EXIT)
+    sys.exit(STOPPED_EXIT[result.reason])
   if distributed.is_primary():
     print(f"lev-train: {config.name} step {result['step']}: validation loss "
           f"{result['loss']:.4f}, perplexity {result['perplexity']:.2f} -> {workdir}/eval.json")
@@ -97,7 +101,10 @@ def main(argv):
 
 def run():
   cli.define_or_exit("lev-train", _define_flags)
-  app.run(main, flags_parser=cli.flags_parser("lev-train", __name__))
+  # Ctrl-C before the first step (data, restore) ends here; from the first step on, the
+  # trainer turns it into a checkpoint (a second Ctrl-C aborts at once).
+  cli.run("lev-train", main, __name__, interrupted="interrupted (Ctrl-C) before the first "
+          "step; the workdir's checkpoints are unchanged: re-run to continue")
 
 
 if __name__ == "__main__":

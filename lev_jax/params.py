@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import jax
 import ml_collections
-from absl import app
 from flax import nnx
 from ml_collections import config_flags
 
@@ -90,7 +89,7 @@ def main(argv):
 def run():
   cli.define_or_exit("lev-params", lambda: config_flags.DEFINE_config_file(
       "config", str(experiments_dir() / "smoke.py") + ":leviathan", "Experiment file[:variant]."))
-  app.run(main, flags_parser=cli.flags_parser("lev-params", __name__))
+  cli.run("lev-params", main, __name__)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from lev_jax import cli
@@ -96,7 +96,7 @@ def main(argv):
 
 def run():
   cli.define_or_exit("lev-prepare-data", _define_flags)
-  app.run(main, flags_parser=cli.flags_parser(PROG, __name__))
+  cli.run(PROG, main, __name__)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from lev_jax import cli
 from lev_jax.config import DTYPES
@@ -203,7 +203,7 @@ def main(argv, fv: flags.FlagValues | None = None):
 
 def run():
   define_flags()
-  app.run(main, flags_parser=cli.flags_parser(PROG, __name__))
+  cli.run(PROG, main, __name__)
 
 
 if __name__ == "__main__":

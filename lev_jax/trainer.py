@@ -44,27 +44,60 @@ from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
 
 
-class _Preemption:
-  """Turns SIGTERM (TPU/SLURM preemption notice) into a final checkpoint and clean exit."""
+class _StopSignals:
+  """SIGTERM (a TPU/SLURM preemption notice) and SIGINT (Ctrl-C) -> a final checkpoint
+  of the step reached and a clean exit; a second SIGINT aborts at once.
+
+  `install` replaces the handlers (main thread only; elsewhere it does nothing; an
+  ignored SIGINT stays ignored) and `uninstall` puts the previous ones back. The first signal only sets `requested`; the
+  loop checks it after each step. A second SIGINT writes one line and ends the process
+  with os._exit(130), as kill -9 would end it: the checkpoints already complete are
+  untouched and a partial one stays an Orbax temporary, never restored and removed when
+  the next run opens the folder (lev_jax.checkpoint). Python runs the handlers between
+  bytecodes, so inside a long compiled call (an XLA compile) they wait for its end.
+  """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
-    self.requested = False
+    self.requested = None  # the first signal's name ("SIGTERM" / "SIGINT"), else None
+    self._previous = {}
+
+  def install(self):
     try:
-      signal.signal(signal.SIGTERM, self._handle)
+      for sig in self.SIGNALS:
+        if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+          continue  # started ignoring Ctrl-C (`cmd &` in a script, nohup): as Python does
+        self._previous[sig] = signal.signal(sig, self._handle)
     except ValueError:  # not the main thread
       pass
 
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
+  def uninstall(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
 
-  def agreed(self) -> bool:
-    """True when any process got SIGTERM; every process must stop at the same step, so
-    with several processes the flag is combined across hosts (one tiny allgather)."""
+  def _handle(self, signum, frame):
+    del frame
+    if signum == signal.SIGINT and self.requested is not None:
+      os.write(2, b"\nCtrl-C again: aborted at once, no checkpoint of this step; the "
+               b"latest complete checkpoint is kept (a partial one is removed when the "
+               b"run is restarted)\n")
+      os._exit(130)  # 128 + SIGINT
+    if signum == signal.SIGINT:
+      os.write(2, b"\nCtrl-C: saving a checkpoint of the current step, then stopping "
+               b"(Ctrl-C again aborts at once)\n")
+    self.requested = self.requested or signal.Signals(signum).name
+
+  def agreed(self) -> str | None:
+    """The signal's name when any process got one, else None; every process must stop
+    at the same step, so with several processes the flag is combined across hosts (one
+    tiny allgather; SIGTERM wins when both arrived)."""
     if jax.process_count() == 1:
       return self.requested
-    flags = multihost_utils.process_allgather(np.int32(self.requested))
-    return bool(np.max(flags))
+    code = {None: 0, "SIGINT": 1, "SIGTERM": 2}
+    got = int(np.max(multihost_utils.process_allgather(np.int32(code[self.requested]))))
+    return {v: k for k, v in code.items()}[got]
 
 
 def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> dict:
@@ -124,7 +157,7 @@ def _check_gcs_support(config: ml_collections.ConfigDict, workdir) -> None:
 class Stopped:
   """`train_and_evaluate`'s result for a run that stopped before train.steps after
   saving a checkpoint at `step`; reason: "SIGTERM" (preempted: lev-train exits 143 so
-  a scheduler requeues it) or "stop_at_step"."""
+  a scheduler requeues it), "SIGINT" (Ctrl-C: exits 130) or "stop_at_step"."""
   step: int
   reason: str
 
@@ -134,27 +167,45 @@ class DivergenceError(RuntimeError):
   written after the first such step."""
 
 
+# What a run writes into its workdir: name -> a folder (True) or a file (False).
+_OUTPUTS = {"checkpoints": True, "tokenizer": True, "tensorboard": True,
+            "metrics.jsonl": False, "eval.json": False, "data_report.json": False,
+            "token_counts.npy": False}
+
+
 def _check_workdir(workdir: epath.Path) -> None:
   """Refuses a workdir that cannot hold a run, before anything is read or written.
 
   Raises:
-    ConfigError: the workdir, its checkpoints folder or metrics.jsonl has the wrong
-      kind (file vs folder), or the workdir is not writable.
+    ConfigError: the workdir, one of its outputs (_OUTPUTS) or an entry of tokenizer/
+      (files only) has the wrong kind (file vs folder), or the workdir, an output
+      folder or metrics.jsonl (appended to) is not writable.
   """
   if workdir.exists() and not workdir.is_dir():
     raise ConfigError(f"--workdir={workdir}: is a file; expected a folder")
-  for name, want_dir in (("checkpoints", True), ("metrics.jsonl", False),
-                         ("tokenizer", True), ("eval.json", False)):
+  present = []
+  for name, want_dir in _OUTPUTS.items():
     p = workdir / name
     if p.exists() and p.is_dir() != want_dir:
       raise ConfigError(f"{p}: is a {'file' if want_dir else 'folder'}; expected a "
                         f"{'folder' if want_dir else 'file'} (move it aside)")
+    if p.exists():
+      present.append(p)
+  if (workdir / "tokenizer").is_dir():
+    for p in (workdir / "tokenizer").iterdir():
+      if p.is_dir():  # save_tokenizer replaces the files it holds
+        raise ConfigError(f"{p}: is a folder; expected a file of the tokenizer (move it "
+                          "aside)")
   if "://" in str(workdir):
     return
   probe = workdir if workdir.exists() else next(
       (p for p in workdir.parents if p.exists()), None)
   if probe is not None and not os.access(probe, os.W_OK | os.X_OK):
     raise ConfigError(f"--workdir={workdir}: {probe} is not writable")
+  for p in present:
+    if ((p.is_dir() and not os.access(p, os.W_OK | os.X_OK)) or
+        (p.name == "metrics.jsonl" and not os.access(p, os.W_OK))):
+      raise ConfigError(f"{p}: is not writable")
 
 
 def _finished_eval(path: epath.Path, step: int) -> dict | None:
@@ -183,9 +234,9 @@ class _Health:
       "skip_step" and more than train.max_skipped_steps steps were.
   """
 
-  def __init__(self, config, ckpt, state):
+  def __init__(self, config, outputs, state):
     self.policy, self.limit = config.train.nan_policy, config.train.max_skipped_steps
-    self.ckpt, self.pending = ckpt, []
+    self.outputs, self.pending = outputs, []
     self.skipped = int(state["step"]) - int(schedule_count(state["opt_state"]))
 
   def add(self, step: int, metrics: dict):
@@ -219,7 +270,7 @@ class _Health:
                         self.skipped, self.limit)
         continue
       self.pending = []
-      latest = self.ckpt.latest_step()
+      latest = self.outputs.checkpointer().latest_step()
       saved = ("no checkpoint has been written" if latest is None else
                f"no checkpoint was written after it; the latest is step {latest}")
       if self.policy == "stop":
@@ -238,7 +289,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   """Trains config.train.steps optimizer steps (resuming if possible); returns final eval.
 
   Every check (config, workdir kinds and permissions, data, tokenizer, validation size,
-  mesh, checkpoint shapes and checksums) runs before the first write into the workdir.
+  mesh, checkpoint shapes and checksums, then this run's first step: its batch, its
+  compile under the mesh, its memory) runs before the first write into the workdir; a
+  new workdir is created only then (`_Outputs`).
 
   Args:
     config: a validated-on-entry experiment config.
@@ -285,49 +338,103 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     _close(train_iter)
 
 
+class _Outputs:
+  """What a run writes into its workdir, each opened only once every check has passed.
+
+  A resume opens the Checkpointer at once (a read; Orbax removes the temporaries a kill
+  left); a new run creates the workdir and its checkpoints folder only in `start`. The
+  first step of this process is the last check (its batch, its compile under the mesh,
+  its memory); `start` follows it and writes data_report.json, tokenizer/ and
+  token_counts.npy and drops metrics.jsonl rows past the resumed step; `writer` opens
+  metrics.jsonl and tensorboard/ after that.
+  """
+
+  def __init__(self, config, workdir: epath.Path, bundle, portable_data: bool):
+    self.config, self.workdir, self.bundle = config, workdir, bundle
+    self.portable_data = portable_data
+    self.ckpt = None
+    self._writer = None
+    self.started = False
+
+  def checkpointer(self) -> Checkpointer:
+    if self.ckpt is None:
+      self.workdir.mkdir(parents=True, exist_ok=True)
+      self.ckpt = Checkpointer(self.workdir / "checkpoints",
+                               keep=self.config.train.keep_checkpoints,
+                               portable_data=self.portable_data)
+    return self.ckpt
+
+  def start(self, resumed_step: int, step: int) -> None:
+    """Every check passed: the workdir is written from here on (once)."""
+    if self.started:
+      return
+    self.checkpointer()
+    _write_data_report(self.workdir, self.bundle, step)  # documents, tokens, skipped lines
+    if jax.process_index() == 0:  # the tokenizer, the token counts
+      save_tokenizer(self.bundle.tokenizer, self.workdir / "tokenizer",
+                     self.config.model.vocab_multiple)
+      write_bytes_atomic(self.workdir / "token_counts.npy",
+                         npy_bytes(self.bundle.token_counts_V))
+      truncate_metrics(self.workdir, resumed_step)  # re-done steps must not appear twice
+    self.started = True
+
+  def writer(self) -> MetricWriter:
+    if self._writer is None:
+      self._writer = MetricWriter(self.workdir)
+    return self._writer
+
+  def close(self):
+    """Waits for a pending save (also when training failed), closes the writers."""
+    try:
+      if self.ckpt is not None:
+        self.ckpt.close()
+    finally:
+      if self._writer is not None:
+        self._writer.close()
+
+
 def _run(config, workdir, bundle, part, train_iter, feed, stop_at_step, restore_fallback,
          global_stream):
   t = config.train
-  workdir.mkdir(parents=True, exist_ok=True)
-  ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints,
-                      portable_data=global_stream)
+  outputs = _Outputs(config, workdir, bundle, portable_data=global_stream)
+  stop = _StopSignals()  # installed by _loop; kept until the last save is complete
   try:
-    if ckpt.latest_step() is not None:  # restored straight into its shardings
+    ckpt = outputs.checkpointer() if (workdir / "checkpoints").is_dir() else None
+    if ckpt is not None and ckpt.latest_step() is not None:  # restored into its shardings
       latest, state = ckpt.restore_latest(abstract_state(part, config), train_iter, config,
                                           fallback=restore_fallback)
       logging.info("resumed from step %d", latest)
     else:
       state = init_state(part, config)
     step = int(state["step"])
-    # Every check passed: from here on the workdir is written.
-    _write_data_report(workdir, bundle, step)  # documents, tokens, skipped lines by reason
-    if jax.process_index() == 0:  # the tokenizer, the token counts
-      save_tokenizer(bundle.tokenizer, workdir / "tokenizer", config.model.vocab_multiple)
-      write_bytes_atomic(workdir / "token_counts.npy", npy_bytes(bundle.token_counts_V))
-      truncate_metrics(workdir, step)  # re-done steps must not appear twice
     eval_path = workdir / "eval.json"
     if step == t.steps:
       finished = _finished_eval(eval_path, step)
       if finished is not None:
+        outputs.start(step, step)  # as a finished run of old wrote them
         logging.info("the run already finished at step %d; its evaluation is %s", step,
                      eval_path)
         return finished
-    return _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, state)
+    return _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs,
+                 state, stop)
   finally:
-    ckpt.close()  # waits for a pending save, also when training failed
+    try:
+      outputs.close()
+    finally:
+      stop.uninstall()
 
 
-def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, state):
+def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs, state,
+          stop):
   t = config.train
-  step = int(state["step"])
+  step = resumed = int(state["step"])
   train_step = make_train_step(part, config)
   eval_step = make_eval_step(part)
-  writer = MetricWriter(workdir)
-  health = _Health(config, ckpt, state)
+  health = _Health(config, outputs, state)
   tokens_per_step = t.global_batch_size * t.seq_len
   flops_per_step = train_flops_per_step(config)["total"]
   n_devices, device_kind = jax.device_count(), jax.devices()[0].device_kind
-  preemption = _Preemption()
+  stop.install()  # before: Ctrl-C is KeyboardInterrupt (nothing to save yet)
   bar = tqdm(total=t.steps, initial=step, desc=config.name, unit="step",
              disable=jax.process_index() != 0)
   window_start, window_steps, compiled = time.perf_counter(), 0, False
@@ -359,7 +466,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
     if not compiled:
       scalars["perf/includes_compile"] = 1.0
     compiled = True
-    writer.write(s, scalars)
+    outputs.writer().write(s, scalars)
     bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{tokens_per_step / step_time:,.0f}")
     window_start, window_steps = now, 0
     if diverged is not None:
@@ -371,6 +478,9 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
       batch = feed(next(train_iter))
       state, metrics = train_step(state, batch)
       step += 1
+      if not outputs.started:  # this run's first step was the last check: write from here
+        jax.block_until_ready(metrics)  # an execution error (memory) too, not only compile
+        outputs.start(resumed, step)
       window_steps += 1
       health.add(step, metrics)
       bar.update(1)
@@ -384,20 +494,21 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
           flush(pending)
           pending = None
         health.check()
-        _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
+        _eval_and_log(eval_step, state["params"], bundle, config, step, outputs.writer(),
+                      workdir)
         window_start, window_steps = time.perf_counter(), 0
-      preempted = preemption.agreed()
-      stopping = preempted or step == stop_at_step
+      signalled = stop.agreed()
+      stopping = signalled or step == stop_at_step
       if step % t.checkpoint_every == 0 or step == t.steps or stopping:
         if pending is not None:  # its row first (a save syncs anyway)
           flush(pending)
           pending = None
         health.check()  # never a checkpoint after a non-finite step
-        ckpt.save(step, state, train_iter, config)
+        outputs.checkpointer().save(step, state, train_iter, config)
         if bundle.report.get("source") == "jsonl_stream":  # counts grow as it is read
           _write_data_report(workdir, bundle, step)
       if stopping:
-        stopped = Stopped(step, "SIGTERM" if preempted else "stop_at_step")
+        stopped = Stopped(step, signalled or "stop_at_step")
         logging.warning("stopping at step %d (%s) after saving a checkpoint", step,
                         stopped.reason)
         break
@@ -406,10 +517,11 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, ckpt, s
     health.check()
     if stopped is not None:
       return stopped
-    return _eval_and_log(eval_step, state["params"], bundle, config, step, writer, workdir)
+    outputs.start(resumed, step)  # no step ran (restored at train.steps or past it)
+    return _eval_and_log(eval_step, state["params"], bundle, config, step, outputs.writer(),
+                         workdir)
   finally:
     bar.close()
-    writer.close()
 
 
 def _close(iterator) -> None:

@@ -13,7 +13,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
                       "--xla_llvm_disable_expensive_passes=true "
                       "--xla_cpu_use_fusion_emitters=false")
 
+import contextlib
 import shutil
+import signal
 import tempfile
 
 # One persistent XLA compilation cache for the whole session, inherited by the
@@ -60,6 +62,18 @@ def tiny_config(embedding="lev", **lev):
   c.train.steps = 10
   c.optim.warmup_steps = 2
   return c
+
+
+@contextlib.contextmanager
+def ctrl_c_not_ignored():
+  """Processes started inside get Ctrl-C (SIGINT) as from a terminal. A pytest started
+  with `&` by a script ignores SIGINT and its children inherit that; Python, and
+  lev-train after it, then leave Ctrl-C ignored."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

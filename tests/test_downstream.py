@@ -206,6 +206,19 @@ def test_missing_files_and_piqa_label_errors(tmp_path):
     read_task("piqa", f)
 
 
+def test_a_missing_piqa_data_file_is_named_before_its_labels(tmp_path):
+  """Issue 14.3: the data file is missing, not (only) its labels: say so, with or
+  without a labels file."""
+  missing = tmp_path / "valid.jsonl"
+  with pytest.raises(DownstreamError) as e:
+    read_task("piqa", missing)
+  assert str(e.value) == f"{missing}: no such file"
+  (tmp_path / "valid-labels.lst").write_text("0\n")
+  with pytest.raises(DownstreamError) as e:
+    read_task("piqa", missing, labels=tmp_path / "valid-labels.lst")
+  assert str(e.value) == f"{missing}: no such file"
+
+
 def test_a_malformed_json_message_reads_as_english(tmp_path):
   """Issue 13.9a: json's message ends in "at"; no "starting at at column"."""
   f = tmp_path / "h.jsonl"

@@ -55,14 +55,17 @@ def test_overrides_apply_to_data_and_eval_but_never_to_the_shape(workdirs):
 def test_cli_writes_results_and_compares_with_a_baseline(workdirs, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   cmd = [sys.executable, "-m", "lev_jax.eval_cli", "--config.eval.batches=1"]
-  base = subprocess.run(cmd + [f"--checkpoint={workdirs / 'tied'}"], env=env,
+  base = subprocess.run(cmd + ["--checkpoint=tied"], env=env, cwd=workdirs,
                         capture_output=True, text=True)
   assert base.returncode == 0, base.stderr[-2000:]
+  wrote = lambda proc: [l for l in proc.stderr.splitlines() if "wrote" in l]
+  assert wrote(base) == ["lev-eval: wrote tied/lev_eval.json"]  # once, as the user gave it
   run = subprocess.run(cmd + [f"--checkpoint={workdirs / 'lev'}",
                               f"--baseline={workdirs / 'tied'}",
                               f"--output={tmp_path / 'r.json'}"],
                        env=env, capture_output=True, text=True)
   assert run.returncode == 0, run.stderr[-2000:]
+  assert wrote(run) == [f"lev-eval: wrote {tmp_path / 'r.json'}"]
   out = json.loads((tmp_path / "r.json").read_text())
   tied = json.loads((workdirs / "tied" / "lev_eval.json").read_text())
   assert out["step"] == 3 and out["embedding"] == "lev"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ctrl_c_not_ignored
+
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = str(REPO / "experiments" / "smoke.py")
 TINY = ["--config.model.vocab_size=512", "--config.model.d_model=32",
@@ -148,6 +150,29 @@ def test_help_shows_the_commands_own_docstring(module, prog, capsys):
   assert out.startswith(f"`{prog}`")  # the flags it lists: tests/test_cli.py
 
 
+@pytest.mark.parametrize("module,prog", [("lev_jax.main", "lev-train"),
+                                         ("lev_jax.eval_cli", "lev-eval"),
+                                         ("lev_jax.export", "lev-export"),
+                                         ("lev_jax.sample", "lev-sample"),
+                                         ("lev_jax.prepare_data", "lev-prepare-data")])
+def test_ctrl_c_in_a_command_is_one_line_and_exit_130(module, prog):
+  """Ctrl-C while a command runs (Python's KeyboardInterrupt; lev-train's trainer
+  handles it itself from the first step on): one line, exit 130, no traceback."""
+  code = (f"import os, signal, sys, time\nimport {module} as command\n"
+          "def interrupted(argv):\n"
+          "  os.kill(os.getpid(), signal.SIGINT)\n"
+          "  time.sleep(30)\n"
+          "command.main = interrupted\n"
+          f"sys.argv = [{prog!r}]\n"
+          "command.run()\n")
+  with ctrl_c_not_ignored():
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+  assert proc.returncode == 130, proc.stderr[-3000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"{prog}: interrupted (Ctrl-C)"), lines
+
+
 SECTIONS = "data, eval, lev, mesh, model, optim, train"
 
 
@@ -237,3 +262,52 @@ def test_second_run_on_a_workdir_is_refused_and_a_killed_runs_lock_taken_over(tm
           f"{socket.gethostname()}, started {started}): it is no longer running"
           in third.stderr), third.stderr[-3000:]
   assert not lock.exists()
+
+
+def _checkpoint_steps(workdir):
+  ckpts = workdir / "checkpoints"
+  return sorted(int(p.name) for p in ckpts.glob("*") if p.name.isdigit()) if ckpts.exists() else []
+
+
+def test_ctrl_c_saves_the_current_step_and_the_rerun_matches_a_straight_run(tmp_path,
+                                                                            data_cache):
+  """Ctrl-C (SIGINT) as SIGTERM: a checkpoint of the step reached, one line, exit 130, no
+  traceback; re-running to a later step gives the loss and params of a straight run."""
+  from conftest import metrics, saved_state
+  import numpy as np
+  import jax
+  args = [f"--config={SMOKE}:tied", *TINY, "--config.train.steps=100000",
+          "--config.train.checkpoint_every=100000", "--config.train.eval_every=100000",
+          "--config.train.log_every=1", f"--config.data.cache_dir={data_cache}"]
+  workdir = tmp_path / "run"
+  with ctrl_c_not_ignored():
+    proc = subprocess.Popen([sys.executable, "-m", "lev_jax.main", *args,
+                             f"--workdir={workdir}"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+  rows = workdir / "metrics.jsonl"
+  deadline = time.time() + 180
+  while time.time() < deadline and not (rows.exists() and rows.read_text().count("\n") >= 2):
+    time.sleep(0.05)
+  os.kill(proc.pid, signal.SIGINT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 130, stderr[-3000:]
+  assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+  after = stderr[stderr.index("Ctrl-C: saving a checkpoint"):].splitlines()
+  assert len([l for l in after if l.strip() and not l.startswith(("smoke_tied:", "W"))]) == 2, (
+      stderr)
+  steps = _checkpoint_steps(workdir)
+  assert len(steps) == 1 and steps[0] >= 2, steps
+  assert not list((workdir / "checkpoints").glob("*.orbax-checkpoint-tmp*"))
+  assert stderr.strip().splitlines()[-1] == (
+      f"lev-train: smoke_tied stopped at step {steps[0]} (SIGINT) after a checkpoint; "
+      "re-run to resume")
+  end = [f"--stop_at_step={steps[0] + 3}"]
+  rerun = lev("train", *args, f"--workdir={workdir}", *end)
+  assert rerun.returncode == 0 and f"resumed from step {steps[0]}" in rerun.stderr, (
+      rerun.stderr[-3000:])
+  straight = lev("train", *args, f"--workdir={tmp_path / 'straight'}", *end)
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  loss = lambda w: [r["train/loss"] for r in metrics(w) if r["step"] == steps[0] + 3]
+  assert loss(workdir) == loss(tmp_path / "straight")
+  a, b = (saved_state(w, steps[0] + 3)["params"] for w in (workdir, tmp_path / "straight"))
+  jax.tree.map(np.testing.assert_array_equal, a, b)

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import metrics, run_config, saved_state, tiny_config
+from conftest import ctrl_c_not_ignored, metrics, run_config, saved_state, tiny_config
 from lev_jax.checkpoint import CheckpointMismatchError
 from lev_jax.config import ConfigError
 from lev_jax.trainer import Stopped, train_and_evaluate
@@ -288,3 +288,44 @@ def test_eval_json_records_what_was_evaluated(finished_tied_run):
   assert data["files"][0].endswith("validation.jsonl")
   assert coverage(data).startswith(
       f"evaluated {n:,} of {data['tokens_in_split']:,} validation tokens")
+
+
+def test_a_second_ctrl_c_aborts_at_once_in_one_line():
+  """The first SIGINT asks for a checkpoint (one line); the second ends the process at
+  once, exit 130, one more line, no traceback (a partial save stays an Orbax temporary:
+  test_checkpoint.test_orbax_temporaries_left_by_a_kill_are_removed)."""
+  import signal
+  import subprocess
+  import sys
+  code = ("import os, signal, time\n"
+          "from lev_jax.trainer import _StopSignals\n"
+          "stop = _StopSignals()\n"
+          "stop.install()\n"
+          "os.kill(os.getpid(), signal.SIGINT)\n"
+          "time.sleep(0.2)\n"
+          "print(stop.agreed(), flush=True)\n"
+          "os.kill(os.getpid(), signal.SIGINT)\n"
+          "time.sleep(30)\n"
+          "print('not aborted', flush=True)\n")
+  with ctrl_c_not_ignored():
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+  assert proc.returncode == 130, proc.stderr[-3000:]
+  assert proc.stdout == "SIGINT\n"
+  assert proc.stderr.strip().splitlines() == [
+      "Ctrl-C: saving a checkpoint of the current step, then stopping (Ctrl-C again "
+      "aborts at once)", "",
+      "Ctrl-C again: aborted at once, no checkpoint of this step; the latest complete "
+      "checkpoint is kept (a partial one is removed when the run is restarted)"]
+  from lev_jax.trainer import _StopSignals
+  stop = _StopSignals()  # in this process: installed, then the previous handlers back
+  with ctrl_c_not_ignored():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    stop.install()
+    assert signal.getsignal(signal.SIGINT) == stop._handle
+    stop.uninstall()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # started as `lev-train &` by a script
+    stop.install()
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # stays ignored
+    stop.uninstall()

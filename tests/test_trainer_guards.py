@@ -12,6 +12,7 @@ import pytest
 from lev_jax.config import ConfigError
 from lev_jax.data import DataError
 from lev_jax.checkpoint import CheckpointMismatchError
+from lev_jax.sharding import ShardingError
 from lev_jax.trainer import DivergenceError, train_and_evaluate
 from conftest import copy_run, metrics, run_config, saved_state
 
@@ -126,18 +127,25 @@ def test_a_garbage_eval_json_is_evaluated_again(run):
     (lambda w: w.write_text("x"), "is a file; expected a folder"),
     (lambda w: (w.mkdir(), (w / "checkpoints").write_text("x")), "checkpoints: is a file"),
     (lambda w: (w.mkdir(), (w / "metrics.jsonl").mkdir()), "metrics.jsonl: is a folder"),
+    (lambda w: (w.mkdir(), (w / "tensorboard").write_text("x")), "tensorboard: is a file"),
+    (lambda w: (w.mkdir(), (w / "data_report.json").mkdir()), "data_report.json: is a folder"),
+    (lambda w: (w.mkdir(), (w / "token_counts.npy").mkdir()), "token_counts.npy: is a folder"),
+    (lambda w: (w.mkdir(), (w / "tokenizer" / "tokenizer.json").mkdir(parents=True)),
+     "tokenizer.json: is a folder; expected a file of the tokenizer"),
     (lambda w: w.mkdir(), "is not writable"),
+    (lambda w: (w / "tokenizer").mkdir(parents=True), "tokenizer: is not writable"),
 ])
 def test_a_workdir_of_the_wrong_kind_is_one_error_before_any_work(make, match, data_cache,
                                                                  tmp_path, monkeypatch):
-  if match == "is not writable":  # as a read-only mount would answer (CI runs as root)
-    monkeypatch.setattr(os, "access", lambda path, mode: False)
+  if "is not writable" in match:  # as a read-only mount would answer (CI runs as root)
+    denied = "tokenizer" if match.startswith("tokenizer") else ""  # "": every path
+    monkeypatch.setattr(os, "access", lambda path, mode: not str(path).endswith(denied))
   workdir = tmp_path / "run"
   make(workdir)
-  before = sorted(p.name for p in workdir.iterdir()) if workdir.is_dir() else None
+  before = sorted(map(str, workdir.rglob("*"))) if workdir.is_dir() else None
   with pytest.raises(ConfigError, match=match):
     train_and_evaluate(run_config("tied", data_cache, steps=2), workdir)
-  assert (sorted(p.name for p in workdir.iterdir()) if workdir.is_dir() else None) == before
+  assert (sorted(map(str, workdir.rglob("*"))) if workdir.is_dir() else None) == before
 
 
 def test_a_validation_split_under_one_batch_fails_before_training(data_cache, tmp_path):
@@ -155,3 +163,51 @@ def test_a_validation_split_under_one_batch_fails_before_training(data_cache, tm
   with pytest.raises(DataError, match="validation"):
     train_and_evaluate(c, tmp_path / "run")
   assert not (tmp_path / "run").exists()
+
+
+def _fail_first_step(monkeypatch):
+  """The first step fails as an out-of-memory compile or execution would."""
+  def make(part, config):
+    def step(state, batch):
+      raise RuntimeError("RESOURCE_EXHAUSTED: out of memory (simulated)")
+    return step
+  monkeypatch.setattr("lev_jax.trainer.make_train_step", make)
+
+
+def _fail_init(monkeypatch):
+  def init(part, config):
+    raise RuntimeError("RESOURCE_EXHAUSTED: out of memory (simulated)")
+  monkeypatch.setattr("lev_jax.trainer.init_state", init)
+
+
+def _snapshot(workdir):
+  return {p: (p.read_bytes() if p.is_file() else None) for p in workdir.rglob("*")}
+
+
+@pytest.mark.parametrize("check,workdir_kind", [
+    ("mesh", "new"), ("validation", "new"), ("init", "new"), ("first_step", "new"),
+    ("mesh", "finished"), ("first_step", "finished")])
+def test_a_failing_check_writes_nothing(check, workdir_kind, finished_tied_run, tmp_path,
+                                        monkeypatch):
+  """Issue 14.4: nothing is written until every check has passed, this run's first step
+  (its batch, compile and memory) the last: a new workdir is not created, a finished
+  run's is byte for byte as it was."""
+  if workdir_kind == "new":
+    c, workdir = finished_tied_run[0].copy_and_resolve_references(), tmp_path / "run"
+    before = None
+  else:
+    c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+    before = _snapshot(workdir)
+  c.train.steps = 6
+  error = {"mesh": ShardingError, "validation": DataError}.get(check, RuntimeError)
+  if check == "mesh":
+    c.mesh.tensor = 3  # on 1 device
+  elif check == "validation":
+    c.eval.batch_size = 4096  # more rows than the validation split holds
+  elif check == "init":
+    _fail_init(monkeypatch)
+  else:
+    _fail_first_step(monkeypatch)
+  with pytest.raises(error):
+    train_and_evaluate(c, workdir)
+  assert (_snapshot(workdir) if workdir.exists() else None) == before

@@ -3,7 +3,7 @@
 Paths are `etils.epath` paths (local or ``gs://``). An atomic write goes to a
 temporary name beside the target (``.{name}.tmp-{pid}``), then is renamed into place
 (`os.replace` for local files), so a reader never sees a partial file and a killed
-writer leaves only a ``.tmp`` file behind.
+writer leaves only a ``.tmp`` file behind (a failed write removes its own).
 """
 
 from __future__ import annotations
@@ -16,11 +16,23 @@ import numpy as np
 
 
 def write_bytes_atomic(path, data: bytes) -> None:
-  """Writes `data` to ``path`` (str or path-like) through a temporary name."""
+  """Writes `data` to ``path`` (str or path-like) through a temporary name.
+
+  Raises:
+    OSError: the write or the rename failed (e.g. disk full, ``path`` is a folder);
+      the temporary is removed and ``path`` is as it was.
+  """
   path = epath.Path(path)
   tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-  tmp.write_bytes(data)
-  tmp.replace(path)
+  try:
+    tmp.write_bytes(data)
+    tmp.replace(path)
+  except BaseException:
+    try:
+      tmp.unlink(missing_ok=True)
+    except OSError:
+      pass  # the original error says more
+    raise
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
