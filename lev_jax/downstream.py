@@ -189,6 +189,26 @@ def _label(obj: dict, key: str, n_choices: int, path, n: int) -> int:
   return gold
 
 
+def read_piqa_labels(labels: Path, n_items: int, data: Path) -> list[int]:
+  """PIQA's labels file: one 0 or 1 per line (blank lines skipped), one per data item.
+
+  Raises:
+    DownstreamError: a missing file, a label that is not 0 or 1 (file:line), or a count
+      that differs from n_items (the items of `data`).
+  """
+  gold = []
+  for n, line in enumerate(_open_lines(labels), 1):
+    if not line.strip():
+      continue
+    if line.strip() not in ("0", "1"):
+      raise DownstreamError(f"{labels}:{n}: label {line.strip()!r}: expected 0 or 1")
+    gold.append(int(line))
+  if len(gold) != n_items:
+    raise DownstreamError(f"{labels}: {len(gold)} labels for {n_items} items in {data}; "
+                          "expected one label per item, in order")
+  return gold
+
+
 def read_piqa(path, labels=None) -> list[Item]:
   """PIQA goal/sol1/sol2 *.jsonl with its labels file (one 0 or 1 per line; default
   <stem>-labels.lst beside the data, e.g. valid.jsonl -> valid-labels.lst; lev-eval
@@ -207,22 +227,23 @@ def read_piqa(path, labels=None) -> list[Item]:
     raise DownstreamError(f"{labels}: no such labels file for {p}; expected one label "
                           f"(0 or 1) per line, beside the data as {default.name} or given "
                           "with --config.eval.downstream.piqa_labels=PATH")
-  gold = []
-  for n, line in enumerate(_open_lines(labels), 1):
-    if not line.strip():
-      continue
-    if line.strip() not in ("0", "1"):
-      raise DownstreamError(f"{labels}:{n}: label {line.strip()!r}: expected 0 or 1")
-    gold.append((int(line), n))
-  if len(rows) != len(gold):
-    raise DownstreamError(f"{labels}: {len(gold)} labels for {len(rows)} items in {p}; "
-                          "expected one label per item, in order")
+  gold = read_piqa_labels(labels, len(rows), p)
   items = []
-  for (n, obj), (g, _) in zip(rows, gold):
+  for (n, obj), g in zip(rows, gold):
     context = f"Question: {_field(obj, 'goal', p, n)}\nAnswer:"
     sols = (_field(obj, "sol1", p, n), _field(obj, "sol2", p, n))
     items.append(_item(context, sols, g, n))
   return _nonempty(items, p, "PIQA JSON lines")
+
+
+def arc_answer_label(key: str, labels: Sequence[str]) -> str | None:
+  """The choice label an ARC answerKey names: the key itself, else its digit <-> letter
+  twin (1 <-> A, ..., 9 <-> I: ARC mixes the two), else None."""
+  if key in labels:
+    return key
+  alt = ({str(i): chr(64 + i) for i in range(1, 10)} |
+         {chr(64 + i): str(i) for i in range(1, 10)}).get(key)
+  return alt if alt in labels else None
 
 
 def read_arc(path) -> list[Item]:
@@ -240,15 +261,11 @@ def read_arc(path) -> list[Item]:
     texts = [_field(c, "text", path, n) for c in choices]
     labels = [str(_field(c, "label", path, n, (str, int))) for c in choices]
     key = str(_field(obj, "answerKey", path, n, (str, int))).strip()
-    alt = {**{str(i): chr(64 + i) for i in range(1, 10)},
-           **{chr(64 + i): str(i) for i in range(1, 10)}}.get(key)
-    if key in labels:
-      gold = labels.index(key)
-    elif alt in labels:
-      gold = labels.index(alt)
-    else:
+    label = arc_answer_label(key, labels)
+    if label is None:
       raise DownstreamError(f"{path}:{n}: answerKey = {key!r}: expected one of the choice "
                             f"labels {labels}")
+    gold = labels.index(label)
     context = f"Question: {stem}\nAnswer:"
     items.append(_item(context, texts, gold, n))
   return _nonempty(items, path, "ARC JSON lines")

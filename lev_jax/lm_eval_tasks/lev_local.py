@@ -19,7 +19,8 @@ from pathlib import Path
 
 import datasets
 
-from lev_jax.downstream import DownstreamError, _jsonl
+from lev_jax.downstream import (DownstreamError, _jsonl, arc_answer_label,
+                                read_piqa_labels)
 
 DATA_ENV = "LEV_LM_EVAL_DATA"
 
@@ -61,8 +62,8 @@ def load(data_file: str, split: str, labels_file: str | None = None,
   Args:
     data_file: a JSON-lines file, one object per line (`data_path`).
     split: the split name the task reads (its test_split or validation_split).
-    labels_file: a file of one integer per line (PIQA's valid-labels.lst), added to
-      the rows as `label`, in order.
+    labels_file: PIQA's valid-labels.lst (one 0 or 1 per line;
+      lev_jax.downstream.read_piqa_labels), added to the rows as `label`, in order.
     metadata: lm-eval's task metadata (version, ...): ignored.
   Raises:
     DownstreamError: a missing file, a malformed line (file:line), or a label count
@@ -72,15 +73,8 @@ def load(data_file: str, split: str, labels_file: str | None = None,
   path = data_path(data_file)
   rows = [obj for _, obj in _jsonl(path)]
   if labels_file is not None:
-    labels_path = data_path(labels_file)
-    labels = [line.strip() for line in labels_path.read_text().splitlines() if line.strip()]
-    if len(labels) != len(rows):
-      raise DownstreamError(f"{labels_path}: {len(labels)} labels for {len(rows)} rows of "
-                            f"{path}; expected one label per row, in order")
-    for n, (row, label) in enumerate(zip(rows, labels), 1):
-      if not label.isdigit():
-        raise DownstreamError(f"{labels_path}:{n}: label {label!r}: expected an integer")
-      row["label"] = int(label)
+    for row, label in zip(rows, read_piqa_labels(data_path(labels_file), len(rows), path)):
+      row["label"] = label
   if not rows:
     raise DownstreamError(f"{path}: no rows; expected one JSON object per line")
   return datasets.DatasetDict({split: datasets.Dataset.from_list(rows)})
@@ -95,10 +89,7 @@ def arc_docs(dataset: datasets.Dataset) -> datasets.Dataset:
     choices = doc["question"]["choices"]
     labels = [str(c["label"]) for c in choices]
     key = str(doc["answerKey"]).strip()
-    if key not in labels:
-      alt = ({str(i): chr(64 + i) for i in range(1, 10)} |
-             {chr(64 + i): str(i) for i in range(1, 10)}).get(key)
-      key = alt if alt in labels else key
+    key = arc_answer_label(key, labels) or key
     return {"question": doc["question"]["stem"], "answerKey": key,
             "choices": {"text": [c["text"] for c in choices], "label": labels}}
   return dataset.map(convert, remove_columns=dataset.column_names)
