@@ -126,7 +126,7 @@ def base_config() -> ml_collections.ConfigDict:
   d.validation_fraction = 0.05  # embedded source: share of documents held out
   # Embedded source: share of documents held out as a "test" split (lev-eval
   # --split=test), taken from the training documents by the same text hash
-  # (corpus.split_of); 0 = no test split and the train / validation split of old.
+  # (data.splits.split_of); 0 = no test split and the train / validation split of old.
   d.test_fraction = 0.0
   d.cache_dir = "~/.cache/lev_jax"
   d.shuffle_buffer = 1024      # sequences

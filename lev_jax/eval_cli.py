@@ -95,28 +95,11 @@ def apply_overrides(config, overrides: dict):
 
 def _eval_batches(config, tokenizer, validation_override: bool, split: str):
   """(batches, training token counts or None, `evaluate.data_record`) of the
-  configured validation split, or straight from given files (named `split`)."""
-  from lev_jax import data as data_lib
-  from lev_jax.data.corpus import read_documents
-  from lev_jax.data.pipeline import count_tokens, make_eval_batches
-  from lev_jax.evaluate import data_record
-  d = config.data
-  if not validation_override:
-    if d.tokenizer == "sentencepiece" and hasattr(tokenizer, "model_path"):
-      d.sentencepiece_file = str(tokenizer.model_path)  # the checkpoint's: never retrain
-    bundle = data_lib.load(config)
-    if bundle.tokenizer.fingerprint != tokenizer.fingerprint:
-      raise ConfigError("config.data builds a different tokenizer than the checkpoint's "
-                        f"({bundle.tokenizer!r} vs {tokenizer!r})")
-    return bundle.eval_batches(), bundle.token_counts_V, bundle.eval_data()
-  files = list(d.validation_files)
-  texts, _ = read_documents(files, strict=d.strict, pile_set_names=tuple(d.pile_set_names))
-  batches = make_eval_batches(texts, tokenizer, seq_len=config.train.seq_len,
-                              batch_size=config.eval.batch_size, n_batches=config.eval.batches,
-                              vocab_size=config.model.vocab_size,
-                              segment_masking=d.segment_masking)
-  return batches, None, data_record(batches, split=split, files=files,
-                                    tokens_in_split=count_tokens(texts, tokenizer))
+  configured validation split, or straight from given files (named `split`); see
+  `data.evaluation_batches` (config is not changed)."""
+  from lev_jax.data import evaluation_batches
+  files = list(config.data.validation_files) if validation_override else None
+  return evaluation_batches(config, tokenizer, files=files, split=split)
 
 
 def perplexity(im, config, validation_override: bool = False, eval_step=None, *,

@@ -31,7 +31,7 @@ from ml_collections import config_flags
 from lev_jax import cli
 from lev_jax import workdir as workdir_lock
 from lev_jax.config import ConfigError, validate
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 
 PROG = "lev-prepare-data"
 

@@ -11,8 +11,9 @@ from etils.epath import testing as epath_testing
 import pytest
 import zstandard
 
-from lev_jax.data import corpus
-from lev_jax.data.corpus import DataError, read_documents
+from lev_jax.data import corpus, reports, splits
+from lev_jax.data.corpus import read_documents
+from lev_jax.data.errors import DataError
 
 
 def _record(text, subset="Pile-CC"):
@@ -40,7 +41,7 @@ def test_reads_jsonl_and_zst_in_order(shards):
   assert texts == ["alpha one", "alpha two", "beta ünï 🙂", "beta two"]
   assert report["files"] == 2 and report["documents"] == 4
   assert report["characters"] == sum(len(t) for t in texts)
-  assert report["skipped"] == dict.fromkeys(corpus.SKIP_REASONS, 0)
+  assert report["skipped"] == dict.fromkeys(reports.SKIP_REASONS, 0)
 
 
 def test_glob_folder_and_single_path(shards):
@@ -186,14 +187,14 @@ def test_no_file_at_all_is_always_an_error(tmp_path):
 
 def test_expand_files_counts_and_dedups(tmp_path, shards):
   folder, a, b = shards
-  report = corpus.new_report()
+  report = reports.new_report()
   files = corpus.expand_files([b, str(folder / "*.jsonl*"), folder, "~/nope-lev-jax.jsonl"],
                               report=report)
   assert files == [b, a]  # pattern order, then sorted; each file once
   assert report["files"] == 2 and report["skipped"]["missing_file"] == 1
   # A file removed after listing is counted as missing when read.
   a.unlink()
-  report = corpus.new_report()
+  report = reports.new_report()
   assert list(corpus.iter_file(a, report=report)) == []
   assert report["skipped"]["missing_file"] == 1
   with pytest.raises(DataError, match="a.jsonl: no such file"):
@@ -201,30 +202,30 @@ def test_expand_files_counts_and_dedups(tmp_path, shards):
 
 
 def test_reports_merge_field_wise():
-  a, b = corpus.new_report(), corpus.new_report()
+  a, b = reports.new_report(), reports.new_report()
   assert a == {"files": 0, "documents": 0, "characters": 0,
-               "skipped": dict.fromkeys(corpus.SKIP_REASONS, 0)}
+               "skipped": dict.fromkeys(reports.SKIP_REASONS, 0)}
   a["files"], a["documents"], a["skipped"]["bad_json"] = 1, 2, 3
   b["characters"], b["skipped"]["bad_json"], b["skipped"]["empty"] = 4, 5, 6
-  total = corpus.merge_reports(a, b)
+  total = reports.merge_reports(a, b)
   assert total["files"] == 1 and total["documents"] == 2 and total["characters"] == 4
   assert total["skipped"]["bad_json"] == 8 and total["skipped"]["empty"] == 6
   assert a["skipped"]["bad_json"] == 3  # inputs unchanged
-  assert corpus.merge_reports() == corpus.new_report()
+  assert reports.merge_reports() == reports.new_report()
   with pytest.raises(DataError, match=r"reports\[1\] = .*expected a read report"):
-    corpus.merge_reports(a, {"files": 1})
+    reports.merge_reports(a, {"files": 1})
 
 
 def test_iter_file_start_line_and_shards(tmp_path):
   lines = ["{not json", _record("two"), "", _record("four", "Wiki"), _record("five")]
   for name in ("f.jsonl", "f.jsonl.zst"):
     path = _write(tmp_path / name, lines)
-    report = corpus.new_report()
+    report = reports.new_report()
     assert list(corpus.iter_file(path, report=report)) == [
         (2, "two", "Pile-CC"), (4, "four", "Wiki"), (5, "five", "Pile-CC")]
     assert report["documents"] == 3 and report["skipped"]["bad_json"] == 1
     # Lines up to start_line are not parsed: the bad line 1 is neither counted nor raised.
-    report = corpus.new_report()
+    report = reports.new_report()
     got = list(corpus.iter_file(path, strict=True, report=report, start_line=2))
     assert got == [(4, "four", "Wiki"), (5, "five", "Pile-CC")]
     assert report["documents"] == 2 and report["skipped"]["bad_json"] == 0
@@ -277,8 +278,8 @@ def test_gs_url_reads_through_epath(tmp_path, monkeypatch):
 
 def test_split_documents_depends_on_text_only():
   texts = [f"document number {i}" for i in range(400)]
-  train, validation = corpus.split_documents(texts, 0.25)
-  train_r, validation_r = corpus.split_documents(texts[::-1], 0.25)
+  train, validation = splits.split_documents(texts, 0.25)
+  train_r, validation_r = splits.split_documents(texts[::-1], 0.25)
   assert sorted(validation) == sorted(validation_r) and 60 < len(validation) < 140
   assert len(train) + len(validation) == 400
   # sha256-based, so the same in every process (Python's str hash is salted per process).

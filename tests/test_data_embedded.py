@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lev_jax.data import corpus, embedded, embedded_build
-from lev_jax.data.corpus import DataError, read_documents
+from lev_jax.data import embedded, embedded_build, splits
+from lev_jax.data.corpus import read_documents
+from lev_jax.data.errors import DataError
 
 # The README as one line of single spaces (its prose wraps anywhere).
 README = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
@@ -77,7 +78,7 @@ def test_the_split_is_disjoint_and_cached_once(tmp_path, docs):
   assert sorted(train + validation) == sorted(texts)
   assert not set(train) & set(validation)
   assert 0.03 < len(validation) / len(texts) < 0.2
-  assert all(corpus.is_validation(t, 0.1) for t in validation)
+  assert all(splits.is_validation(t, 0.1) for t in validation)
   mtime = os.stat(paths["train"]).st_mtime_ns
   assert embedded.write_embedded_corpus(tmp_path, 0.1) == paths
   assert os.stat(paths["train"]).st_mtime_ns == mtime  # written once
@@ -93,7 +94,7 @@ def test_a_test_split_comes_from_training_documents_and_leaves_validation_alone(
   texts = [f"document number {i}" for i in range(400)]
   lines = {"train": [], "validation": []}
   for t in texts:
-    split = "validation" if corpus.is_validation(t, 0.1) else "train"
+    split = "validation" if splits.is_validation(t, 0.1) else "train"
     lines[split].append(json.dumps({"text": t, "meta": {"pile_set_name": "x"}}) + "\n")
   for split, rows in lines.items():
     (folder / f"{split}.jsonl").write_text("".join(rows))
@@ -106,11 +107,11 @@ def test_a_test_split_comes_from_training_documents_and_leaves_validation_alone(
   test, _ = read_documents(three_way["test"])
   assert sorted(train + test) == sorted(old_train) and not set(train) & set(test)
   assert 20 < len(test) < 60 and train == [t for t in old_train if t not in set(test)]
-  assert {corpus.split_of(t, 0.1, 0.1) for t in test} == {"test"}
-  assert {corpus.split_of(t, 0.1, 0.1) for t in train} == {"train"}
+  assert {splits.split_of(t, 0.1, 0.1) for t in test} == {"test"}
+  assert {splits.split_of(t, 0.1, 0.1) for t in train} == {"train"}
   assert embedded.write_embedded_corpus(tmp_path, 0.1, test_fraction=0.1) == three_way
   # Validation is decided first, by the same hash, whatever test_fraction is.
-  assert [corpus.split_of(t, 0.25, 0.25) == "validation" for t in texts] == [
-      corpus.is_validation(t, 0.25) for t in texts]
+  assert [splits.split_of(t, 0.25, 0.25) == "validation" for t in texts] == [
+      splits.is_validation(t, 0.25) for t in texts]
   with pytest.raises(DataError, match="test_fraction"):
     embedded.write_embedded_corpus(tmp_path, 0.5, test_fraction=0.5)

@@ -7,6 +7,7 @@ import pytest
 import zstandard
 
 from lev_jax import data
+from lev_jax.data import sources
 from lev_jax.config import base_config
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
@@ -56,7 +57,7 @@ def test_jsonl_with_hold_out(tmp_path, monkeypatch):
   assert bundle.eval_batches() is evals
 
   # Second load: tokenizer and token counts come from the cache.
-  monkeypatch.setattr(data, "token_counts", lambda *a: pytest.fail("counts recomputed"))
+  monkeypatch.setattr(sources, "token_counts", lambda *a: pytest.fail("counts recomputed"))
   again = data.load(c)
   assert again.report["tokenizer_path"] == bundle.report["tokenizer_path"]
   np.testing.assert_array_equal(again.token_counts_V, bundle.token_counts_V)
@@ -132,3 +133,27 @@ def test_jsonl_stream_report_counts_what_the_streams_read(tmp_path, caplog):
   assert train_report["tokens"] == tokens and report["train_tokens"] == tokens + 5
   assert train_report["note"].startswith("complete: a whole epoch of the training files")
   assert bundle.report["train"] is None  # load's report is left as it was
+
+
+def test_evaluation_batches_use_the_given_tokenizer_and_leave_the_config_unchanged(tmp_path):
+  from lev_jax.config import ConfigError
+  from lev_jax.evaluate import batches_sha256
+  train = _write(tmp_path / "train.jsonl", _docs(200))
+  val = _write(tmp_path / "val.jsonl", _docs(40, 500))
+  c = _config(tmp_path, source="jsonl", train_files=(train,), validation_files=(val,))
+  bundle = data.load(c)  # trains the SentencePiece tokenizer a checkpoint would hold
+  before = c.to_dict()
+  batches, counts_V, record = data.evaluation_batches(c, bundle.tokenizer)
+  assert c.to_dict() == before and c.data.sentencepiece_file == ""
+  assert batches_sha256(batches) == batches_sha256(bundle.eval_batches())
+  np.testing.assert_array_equal(counts_V, bundle.token_counts_V)
+  assert record == bundle.eval_data() and record["split"] == "validation"
+
+  batches, counts_V, record = data.evaluation_batches(c, bundle.tokenizer, files=[val],
+                                                      split="test")
+  assert c.to_dict() == before and counts_V is None
+  assert record["split"] == "test" and record["files"] == [val]
+  assert record["sha256"] == bundle.eval_data()["sha256"] and len(batches) == 3
+
+  with pytest.raises(ConfigError, match="different tokenizer than the checkpoint's"):
+    data.evaluation_batches(c, data.ByteTokenizer())

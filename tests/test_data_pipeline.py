@@ -10,7 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from lev_jax.data import pipeline
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 from lev_jax.data.tokenizer import train_sentencepiece
 
 VOCAB = 280

@@ -16,7 +16,7 @@ import zstandard
 from lev_jax import prepare_data, workdir
 from lev_jax.config import base_config
 from lev_jax.data import prepared, tfds_builder
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 from lev_jax.data.prepare import prepare
 
 REPO = Path(__file__).resolve().parent.parent

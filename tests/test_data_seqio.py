@@ -13,10 +13,10 @@ import seqio
 import tensorflow as tf
 import zstandard
 
-from lev_jax.data import corpus, embedded
+from lev_jax.data import embedded, splits
 from lev_jax.data import tokenizer as tok_lib
 from lev_jax.data import vocabularies
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 
 L = 64
 LONG = "alpha long " + "a long document " * 12  # 203 bytes: trimmed to L - 1 ids + eos
@@ -202,7 +202,7 @@ def test_embedded_task_reads_the_written_corpus(tmp_path, monkeypatch):
       sequence_length={"targets": L}, split=split, shuffle=False))]
          for split in ("train", "validation")}
   assert sorted(got["train"] + got["validation"]) == sorted(d["text"] for d in docs)
-  assert got["validation"] and all(corpus.is_validation(t, 0.25) for t in got["validation"])
+  assert got["validation"] and all(splits.is_validation(t, 0.25) for t in got["validation"])
 
 
 def test_mixture_samples_its_subsets_by_rate(files):

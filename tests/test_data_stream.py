@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 from lev_jax.data.stream import JsonlStreamDataset
 
 

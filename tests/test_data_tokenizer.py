@@ -10,7 +10,7 @@ import sentencepiece as spm
 
 from lev_jax.config import base_config
 from lev_jax.data import tokenizer as tok_lib
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 
 DOCS = [
     f"Document {i}: the quick brown fox jumps over the lazy dog.\n"

@@ -174,7 +174,7 @@ def test_split_test_of_the_embedded_source_is_its_held_out_shard(tmp_path):
   from lev_jax.data.embedded import cache_name
   folder = tmp_path / f"{cache_name()}-val0.05"
   folder.mkdir()
-  from lev_jax.data.corpus import is_validation
+  from lev_jax.data.splits import is_validation
   texts = [f"document {i}" for i in range(200)]
   lines = [json.dumps({"text": t}) + "\n" for t in texts if not is_validation(t, 0.05)]
   (folder / "train.jsonl").write_text("".join(lines))

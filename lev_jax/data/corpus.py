@@ -1,4 +1,5 @@
-"""Documents: Pile-format JSONL readers, read reports, and hash splits.
+"""Documents: the Pile-format JSONL files that paths, globs and folders name, and their
+records, read in memory or as a stream.
 
 A Pile-format line is one JSON object ``{"text": str, "meta": {"pile_set_name": str}}``
 (The Pile, Gao et al. 2020, https://pile.eleuther.ai/). Files are ``*.jsonl`` or
@@ -6,147 +7,47 @@ A Pile-format line is one JSON object ``{"text": str, "meta": {"pile_set_name": 
 https://python-zstandard.readthedocs.io/). Paths go through `etils.epath`, so local paths
 and ``gs://`` URLs are read the same way.
 
-Bad inputs (`SKIP_REASONS`: a missing path, an empty glob, a truncated ``.zst``, a line
-that is not UTF-8 or not JSON or has no string ``"text"``, an empty document, another
-subset) are skipped and counted in a read report (`new_report`), or raise `DataError`
-naming the file and line with ``strict``. `expand_files` lists the files, `iter_file`
-streams one file's documents, `read_documents` reads them all into memory.
+Bad inputs (`reports.SKIP_REASONS`: a missing path, an empty glob, a truncated ``.zst``,
+a line that is not UTF-8 or not JSON or has no string ``"text"``, an empty document,
+another subset) are skipped and counted in a read report (`reports.new_report`), or
+raise `DataError` naming the file and line with ``strict``. `expand_files` lists the
+files, `iter_file` streams one file's documents, `read_documents` reads them all into
+memory; `pattern_texts` and `pile_subsets` check their arguments (`stream` shares them).
 
-Also the per-document hash splits (`is_validation`, `split_of`) that every source and the
-embedded corpus (`lev_jax.data.embedded`) use.
+The hash splits are in `lev_jax.data.splits`, the read reports in `lev_jax.data.reports`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from absl import logging
 from etils import epath
-import numpy as np
 import zstandard
 
-from lev_jax.data.files import write_bytes_atomic
+from lev_jax.data.errors import DataError, check_index
+from lev_jax.data.reports import new_report
 
-# Why an input was skipped (counted in a read report's "skipped"): a path that does not
-# exist; a glob or folder with no files; a .zst cut short or corrupt (its lines before the
-# damage are kept); then per line: not UTF-8, not JSON, no string "text", empty or
-# whitespace-only text, a meta.pile_set_name not asked for.
-SKIP_REASONS = ("missing_file", "empty_glob", "truncated_file", "bad_utf8", "bad_json",
-                "no_text", "empty", "filtered_subset")
 SUFFIXES = (".jsonl", ".jsonl.zst")
 
 _ZST_CHUNK_BYTES = 1 << 20
 
 
-class DataError(ValueError):
-  """A bad data input; the message names the file (and line) and what was expected."""
+def pattern_texts(patterns) -> list[str]:
+  """The patterns as strings (``~`` expanded); a lone path becomes a list of one.
 
-
-# ----------------------------------------------------------------------------- splits
-
-
-def _hash_fraction(text: str) -> float:
-  """The first 8 bytes of sha256(text) as a fraction of 2**64, in [0, 1)."""
-  digest = hashlib.sha256(text.encode("utf-8")).digest()
-  return int.from_bytes(digest[:8], "big") / 2.0**64
-
-
-def is_validation(text: str, validation_fraction: float) -> bool:
-  """Deterministic hold-out: the first 8 bytes of sha256(text) as a fraction of 2**64."""
-  digest = hashlib.sha256(text.encode("utf-8")).digest()
-  return int.from_bytes(digest[:8], "big") < validation_fraction * 2.0**64
-
-
-def split_of(text: str, validation_fraction: float, test_fraction: float = 0.0) -> str:
-  """"validation", "test" or "train" for one document, by a hash of its text only.
-
-  The hash fraction h (`_hash_fraction`) places it: h < validation_fraction ->
-  validation (exactly `is_validation`, whatever test_fraction is); then
-  h < validation_fraction + test_fraction -> test; else train. So a test split takes
-  its documents from the training split only, and test_fraction = 0 gives the two-way
-  split unchanged.
-  """
-  if is_validation(text, validation_fraction):
-    return "validation"
-  if test_fraction > 0 and _hash_fraction(text) < validation_fraction + test_fraction:
-    return "test"
-  return "train"
-
-
-def split_documents(texts: Sequence[str], validation_fraction: float
-                    ) -> tuple[list[str], list[str]]:
-  """(train, validation) texts, each document placed by `is_validation` (order kept)."""
-  train, validation = [], []
-  for text in texts:
-    (validation if is_validation(text, validation_fraction) else train).append(text)
-  return train, validation
-
-
-def write_lines_atomic(path: epath.Path, lines: Iterable[str]) -> None:
-  """Writes the lines (each ending in a newline) as UTF-8, atomically (files.write_bytes_atomic)."""
-  write_bytes_atomic(path, "".join(lines).encode("utf-8"))
-
-
-def check_fractions(validation_fraction: float, test_fraction: float) -> None:
-  """Raises DataError (naming the field) unless 0 < validation_fraction < 1 and
-  0 <= test_fraction < 1 - validation_fraction."""
-  if not 0 < validation_fraction < 1:
-    raise DataError(f"validation_fraction = {validation_fraction!r}: expected a number "
-                    "in (0, 1)")
-  if not 0 <= test_fraction < 1 - validation_fraction:
-    raise DataError(f"test_fraction = {test_fraction!r}: expected a number in [0, "
-                    f"1 - validation_fraction = {1 - validation_fraction:g})")
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def new_report() -> dict:
-  """An empty read report.
+  Args:
+    patterns: a path, glob or folder (str or path-like), or a sequence of them.
 
   Returns:
-    ``{"files": 0, "documents": 0, "characters": 0, "skipped": {reason: 0 for each of
-    SKIP_REASONS}}``: files listed by `expand_files`, documents kept, their length in
-    characters (Unicode code points, ``len(text)``), and what was skipped per reason:
-    paths (``missing_file``, ``empty_glob``), files (``truncated_file``) or lines (the
-    others).
-  """
-  return {"files": 0, "documents": 0, "characters": 0,
-          "skipped": dict.fromkeys(SKIP_REASONS, 0)}
-
-
-def describe_skipped(report: dict) -> str:
-  """The non-zero skip counts of a report as ``"bad_json 2, filtered_subset 50"``
-  (``"nothing skipped"`` when all are zero), for messages."""
-  parts = [f"{reason} {n:,}" for reason, n in report["skipped"].items() if n]
-  return ", ".join(parts) or "nothing skipped"
-
-
-def merge_reports(*reports: dict) -> dict:
-  """The field-wise sum of read reports, as a new dict (the inputs are left unchanged).
+    One str per pattern, in the given order.
 
   Raises:
-    DataError: an argument that is not a report made by `new_report`.
+    DataError: not a path or a sequence of them, or an empty or non-path item.
   """
-  total = new_report()
-  for i, report in enumerate(reports):
-    try:
-      for key in ("files", "documents", "characters"):
-        total[key] += int(report[key])
-      for reason, count in report["skipped"].items():
-        total["skipped"][reason] = total["skipped"].get(reason, 0) + int(count)
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-      raise DataError(f"reports[{i}] = {report!r}: expected a read report from "
-                      f"new_report() ({type(e).__name__}: {e})") from e
-  return total
-
-
-def _pattern_texts(patterns) -> list[str]:
-  """The patterns as strings (``~`` expanded); a lone path becomes a list of one."""
   if isinstance(patterns, (str, os.PathLike)):
     patterns = [patterns]
   try:
@@ -227,7 +128,7 @@ def expand_files(patterns, *, strict: bool = False, report: dict | None = None,
       names the patterns and how many were missing or empty); with ``strict``, the
       first missing path or empty glob / folder.
   """
-  texts = _pattern_texts(patterns)
+  texts = pattern_texts(patterns)
   report = new_report() if report is None else report
   before = dict(report["skipped"])
   files, seen = [], set()
@@ -325,17 +226,12 @@ def _parse(raw: bytes) -> tuple[str | None, str | None, str | None, str]:
   return text, subset, None, ""
 
 
-def _check_index(name: str, value, low: int, high: int | None = None) -> int:
-  """value as an int in [low, high) (high None: no bound), else DataError naming it."""
-  ok = (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-        and value >= low and (high is None or value < high))
-  if not ok:
-    bound = f"[{low}, {high})" if high is not None else f">= {low}"
-    raise DataError(f"{name} = {value!r}: expected an int {bound}")
-  return int(value)
+def pile_subsets(pile_set_names) -> frozenset:
+  """The ``meta.pile_set_name`` values to keep, as a frozenset (empty: keep all).
 
-
-def _subsets(pile_set_names) -> frozenset:
+  Raises:
+    DataError: a lone string, or not an iterable of names.
+  """
   if isinstance(pile_set_names, (str, bytes)):
     raise DataError(f"pile_set_names = {pile_set_names!r}: expected a sequence of subset "
                     "names such as ('Pile-CC',), not a string")
@@ -390,10 +286,10 @@ def iter_file(path, *, strict: bool = False, pile_set_names: Sequence[str] = (),
       a missing file.
   """
   path = epath.Path(path)
-  keep = _subsets(pile_set_names)
-  start_line = _check_index("start_line", start_line, 0)
-  shard_count = _check_index("shard_count", shard_count, 1)
-  shard_index = _check_index("shard_index", shard_index, 0, shard_count)
+  keep = pile_subsets(pile_set_names)
+  start_line = check_index("start_line", start_line, 0)
+  shard_count = check_index("shard_count", shard_count, 1)
+  shard_index = check_index("shard_index", shard_index, 0, shard_count)
   report = new_report() if report is None else report
   skipped = report["skipped"]
   bad = {"bad_utf8": 0, "bad_json": 0, "no_text": 0}
@@ -463,7 +359,7 @@ def read_documents(patterns, *, strict: bool = False, pile_set_names: Sequence[s
     DataError: no file at all, a file not named ``*.jsonl[.zst]``, bad arguments, or
       (strict) the first bad input, naming the file (and ``file:line``).
   """
-  keep = _subsets(pile_set_names)
+  keep = pile_subsets(pile_set_names)
   report = new_report()
   texts = [text for path in expand_files(patterns, strict=strict, report=report)
            for _, text, _ in iter_file(path, strict=strict, pile_set_names=keep,

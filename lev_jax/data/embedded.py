@@ -24,8 +24,9 @@ from absl import logging
 from etils import epath
 import zstandard
 
-from lev_jax.data.corpus import (DataError, check_fractions, is_validation, split_of,
-                                 write_lines_atomic)
+from lev_jax.data.errors import DataError
+from lev_jax.data.files import write_lines_atomic
+from lev_jax.data.splits import check_fractions, is_validation, split_of
 
 EMBEDDED_FILE = Path(__file__).with_name("embedded_corpus.jsonl.zst")
 EMBEDDED_VERSION = 1  # bump with every regeneration (it names the cache folders)

@@ -1,4 +1,5 @@
-"""Small file helpers the data modules share: atomic writes and ``.npy`` bytes.
+"""Small file helpers the data modules share: atomic writes (bytes, text lines) and
+``.npy`` bytes.
 
 Paths are `etils.epath` paths (local or ``gs://``). An atomic write goes to a
 temporary name beside the target (``.{name}.tmp-{pid}``), then is renamed into place
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterable
 
 from etils import epath
 import numpy as np
@@ -33,6 +35,12 @@ def write_bytes_atomic(path, data: bytes) -> None:
     except OSError:
       pass  # the original error says more
     raise
+
+
+def write_lines_atomic(path, lines: Iterable[str]) -> None:
+  """Writes the lines (each ending in a newline) as UTF-8 to ``path`` (str or
+  path-like), atomically (`write_bytes_atomic`; raises its OSError)."""
+  write_bytes_atomic(path, "".join(lines).encode("utf-8"))
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

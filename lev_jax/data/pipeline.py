@@ -28,7 +28,7 @@ from absl import logging
 import grain
 import numpy as np
 
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 
 _U32 = 2**32
 # Documents are in memory; tokenizing is fast C++; two reader threads keep batches ready.

@@ -35,7 +35,8 @@ from lev_jax.data import corpus, embedded
 from lev_jax.data.files import npy_bytes, read_npy, write_bytes_atomic
 from lev_jax.data import prepared
 from lev_jax.data import tokenizer as tokenizer_lib
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
+from lev_jax.data.reports import describe_skipped, new_report
 
 _FIELDS = {"train": "train_files", "validation": "validation_files", "test": "test_files"}
 
@@ -93,7 +94,7 @@ def _write_shard(shard: Shard) -> dict:
   # ArrayRecordWriter writes local files: remote shards are written locally, then copied.
   tmp_dir = None if local else epath.Path(tempfile.mkdtemp(prefix="lev-prepare-"))
   tmp = (epath.Path(shard.work) / f"{out.name}.tmp") if local else tmp_dir / out.name
-  report = corpus.new_report()
+  report = new_report()
   counter = (prepared.TokenCounter(tokenizer.vocab_size, tokenizer.eos_id)
              if shard.split == "train" else None)
   tokens = records = 0
@@ -347,7 +348,7 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
   out = epath.Path(os.path.expanduser(os.fspath(out_text)))
   vocab_multiple = int(config.model.get("vocab_multiple", 128))
 
-  path_reports = {split: corpus.new_report() for split in _FIELDS}
+  path_reports = {split: new_report() for split in _FIELDS}
   files = input_files(config, path_reports)
   spec, tokenizer = _tokenizer_spec(config)
   sources = {split: prepared.describe_files(f) for split, f in files.items()}
@@ -447,7 +448,7 @@ def _finish(out: epath.Path, fmt: str, rid: str, identity: dict, tok_info: dict,
     subsets = tuple(identity["pile_set_names"])
     raise DataError(
         f"the training split has no documents: {len(files['train'])} file(s) gave none "
-        f"({corpus.describe_skipped(splits['train'])}); check config.data.train_files"
+        f"({describe_skipped(splits['train'])}); check config.data.train_files"
         + (f" and config.data.pile_set_names = {subsets} (the subsets kept)"
            if subsets else ""))
   counts_V = np.zeros(tok_info["vocab_size"], np.int64)

@@ -14,7 +14,7 @@ same layout, a TensorFlow Datasets folder
     token_counts.npy   int64 [vocab_size]: occurrences of each id in the train split,
                        eos counted once per document
     report.json        per split: files, documents, characters, tokens, records,
-                       skipped by reason (`corpus.SKIP_REASONS`); and the total
+                       skipped by reason (`reports.SKIP_REASONS`); and the total
     prepare/           lev-prepare-data only: run.json (the run's identity), and per
                        shard {shard}.json (its stats and run id; written last, it marks
                        the shard finished) and {shard}.counts.npy (train shards)
@@ -51,8 +51,9 @@ import tensorflow_datasets as tfds
 
 from lev_jax.data import corpus
 from lev_jax.data import tokenizer as tokenizer_lib
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 from lev_jax.data.files import read_npy
+from lev_jax.data.reports import merge_reports
 
 DATASET_NAME = "lev_text"
 FILE_FORMAT = "array_record"
@@ -244,15 +245,15 @@ class TokenCounter:
 
 
 def split_report(read_report: dict, tokens: int, records: int) -> dict:
-  """A split's (or shard's) report: a `corpus.new_report` dict plus tokens and records."""
-  return {**corpus.merge_reports(read_report), "tokens": int(tokens),
+  """A split's (or shard's) report: a `reports.new_report` dict plus tokens and records."""
+  return {**merge_reports(read_report), "tokens": int(tokens),
           "records": int(records)}
 
 
 def aggregate_reports(reports: Sequence[dict]) -> dict:
   """Field-wise sum of `split_report` dicts (files, documents, characters, tokens,
   records, skipped by reason)."""
-  total = corpus.merge_reports(*reports)
+  total = merge_reports(*reports)
   total["tokens"] = sum(int(r.get("tokens", 0)) for r in reports)
   total["records"] = sum(int(r.get("records", 0)) for r in reports)
   return total

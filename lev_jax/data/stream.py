@@ -18,7 +18,8 @@ lines already consumed without parsing them. ``JsonlStreamDataset.counts()`` giv
 counts (the data report of a streamed run, `lev_jax.data.DataBundle.current_report`).
 
 Library: Grain, https://google-grain.readthedocs.io/ (``grain.IterDataset``,
-``grain.DatasetIterator``); reading and skip counting: `lev_jax.data.corpus`.
+``grain.DatasetIterator``); reading: `lev_jax.data.corpus`; skip counting:
+`lev_jax.data.reports`.
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ from collections.abc import Callable, Iterator, Sequence
 import grain
 import numpy as np
 
-from lev_jax.data.corpus import (DataError, _check_index, _pattern_texts, _subsets,
-                                 describe_skipped, expand_files, iter_file, merge_reports,
-                                 new_report)
+from lev_jax.data.corpus import expand_files, iter_file, pattern_texts, pile_subsets
+from lev_jax.data.errors import DataError, check_index
+from lev_jax.data.reports import describe_skipped, merge_reports, new_report
 
 _STATE_KEYS = ("epoch", "file", "line")
 _COUNTS_KEY = "counts"  # optional in set_state: states saved before it was counted
 
 
 def _new_counts() -> dict:
-  """A read report (`corpus.new_report`) plus ``"tokens"``: encoded ids, no eos."""
+  """A read report (`reports.new_report`) plus ``"tokens"``: encoded ids, no eos."""
   return {**new_report(), "tokens": 0}
 
 
@@ -110,18 +111,18 @@ class JsonlStreamDataset(grain.IterDataset):
         ``*.jsonl[.zst]``, or (strict) a missing path or empty glob.
     """
     super().__init__()
-    self.seed = _check_index("seed", seed, 0)
-    self.shard_count = _check_index("shard_count", shard_count, 1)
-    self.shard_index = _check_index("shard_index", shard_index, 0, self.shard_count)
+    self.seed = check_index("seed", seed, 0)
+    self.shard_count = check_index("shard_count", shard_count, 1)
+    self.shard_index = check_index("shard_index", shard_index, 0, self.shard_count)
     self.num_epochs = (None if num_epochs is None
-                       else _check_index("num_epochs", num_epochs, 1))
+                       else check_index("num_epochs", num_epochs, 1))
     self.strict = bool(strict)
-    self.pile_set_names = _subsets(pile_set_names)
+    self.pile_set_names = pile_subsets(pile_set_names)
     if encode is not None and not callable(encode):
       raise DataError(f"encode = {encode!r}: expected a callable str -> token ids (a "
                       "tokenizer's encode) or None")
     self.encode, self.warn = encode, bool(warn)
-    texts = _pattern_texts(patterns)  # a list: a one-shot iterable is read once here
+    texts = pattern_texts(patterns)  # a list: a one-shot iterable is read once here
     self.patterns = ", ".join(texts)
     self._report = new_report()
     self.files = tuple(expand_files(texts, strict=self.strict, report=self._report,
@@ -173,7 +174,7 @@ class JsonlStreamIterator(grain.DatasetIterator):
   document of a file re-reads that file.
 
   Attributes:
-    report: (read-only) a `corpus.new_report` dict, the dataset's expansion report plus
+    report: (read-only) a `reports.new_report` dict, the dataset's expansion report plus
       everything this iterator read (cumulative over epochs and `set_state` calls;
       lines re-read to resume are not counted).
   """
@@ -204,7 +205,7 @@ class JsonlStreamIterator(grain.DatasetIterator):
       counts, as every epoch reads the same lines). Otherwise report is the current
       epoch's counts so far (files_read of files finished), or None when this
       iterator resumed mid-epoch from a state without counts (counting restarts at the
-      next epoch). report: a `corpus.new_report` dict plus ``"tokens"`` (ids without
+      next epoch). report: a `reports.new_report` dict plus ``"tokens"`` (ids without
       eos; None without ``encode``); its ``files`` is files listed (complete) or files
       finished (partial), and its skips include the dataset's missing paths and empty
       globs. epoch: whole epochs passed (the position).
@@ -276,10 +277,10 @@ class JsonlStreamIterator(grain.DatasetIterator):
                       f"{_STATE_KEYS} (and {_COUNTS_KEY!r}) from "
                       "JsonlStreamIterator.get_state()")
     num_epochs = self._ds.num_epochs
-    epoch = _check_index("state['epoch']", state["epoch"], 0,
+    epoch = check_index("state['epoch']", state["epoch"], 0,
                          None if num_epochs is None else num_epochs + 1)
-    file = _check_index("state['file']", state["file"], 0, len(self._ds.files))
-    line = _check_index("state['line']", state["line"], 0)
+    file = check_index("state['file']", state["file"], 0, len(self._ds.files))
+    line = check_index("state['line']", state["line"], 0)
     if _COUNTS_KEY in state:
       counter = _Counter.from_state(state[_COUNTS_KEY])
     else:  # saved before counts were kept: known only from the start of an epoch

@@ -20,12 +20,13 @@ import tensorflow_datasets as tfds
 
 from lev_jax.data import corpus
 from lev_jax.data import tokenizer as tokenizer_lib
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.prepared import (COUNTS_FILE, DATASET_VERSION, FORMAT_VERSION, REPORT_FILE,
                                    TOKENIZER_DIR, TokenCounter, dataset_report,
                                    describe_files, features, file_examples, run_id,
                                    run_identity, split_report, training_sample)
+from lev_jax.data.reports import new_report
 
 
 
@@ -150,7 +151,7 @@ class LevText(tfds.core.GeneratorBasedBuilder):
     self._files = files
     self._tokenizer = self._make_tokenizer(files)
     tokenizer_lib.save_tokenizer(self._tokenizer, self.data_path / TOKENIZER_DIR)
-    self._reports = {split: corpus.new_report() for split in files}
+    self._reports = {split: new_report() for split in files}
     self._tokens = dict.fromkeys(files, 0)
     self._counter = TokenCounter(self._tokenizer.vocab_size, self._tokenizer.eos_id)
     logging.info("LevText(%s): %s", c.name,

@@ -32,7 +32,7 @@ from etils import epath
 import sentencepiece as spm
 
 from lev_jax import config as config_lib
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 from lev_jax.data.files import write_bytes_atomic
 
 PAD_ID, UNK_ID, EOS_ID = 0, 1, 2

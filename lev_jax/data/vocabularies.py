@@ -32,7 +32,7 @@ import seqio
 import tensorflow as tf
 
 from lev_jax.data import corpus, embedded
-from lev_jax.data.corpus import DataError
+from lev_jax.data.errors import DataError
 from lev_jax.data.files import write_bytes_atomic
 from lev_jax.data.tokenizer import ByteTokenizer, SentencePieceTokenizer, TiktokenTokenizer
 
