@@ -45,7 +45,7 @@ import ladder  # noqa: E402
 
 from lev_jax import config as config_lib  # noqa: E402
 from lev_jax import flops  # noqa: E402
-from lev_jax.data import corpus, load  # noqa: E402
+from lev_jax.data import corpus, embedded, load  # noqa: E402
 from lev_jax.data.prepare import prepare  # noqa: E402
 from lev_jax.data.tokenizer import TiktokenTokenizer  # noqa: E402
 
@@ -58,7 +58,7 @@ def _pile_like_documents() -> list[str]:
   """The embedded corpus cut at paragraph breaks into documents of ~4 KB, The Pile's
   mean (825 GB / 210 M documents; Gao et al. 2020, Table 1)."""
   docs = []
-  for doc in corpus.embedded_documents():
+  for doc in embedded.embedded_documents():
     part = []
     for para in doc["text"].split("\n\n"):
       part.append(para)
