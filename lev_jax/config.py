@@ -22,7 +22,15 @@ DECAY_MASKS = ("matrices", "all", "none")
 CLIP_MODES = ("global", "per_group", "exclude_lev")  # lev_jax/optimizer.py make_clipping
 NAN_POLICIES = ("stop", "skip_step")  # train.nan_policy: lev_jax/trainer.py
 LEV_OUT_PROJ_INITS = ("paper", "match_table")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# config.model.remat -> the jax.checkpoint_policies function that decides what the
+# backward pass keeps instead of recomputing (None: no rematerialisation). Named here so
+# that validation needs no jax; lev_jax/model.py looks the functions up by these names.
+REMAT_POLICIES = {
+    "none": None,
+    "full": "nothing_saveable",
+    "dots": "dots_saveable",
+    "dots_no_batch": "dots_with_no_batch_dims_saveable",
+}
 DATA_SOURCES = ("embedded", "jsonl", "jsonl_stream", "prepared")
 TOKENIZERS = ("sentencepiece", "o200k_base", "bytes")
 PREPARE_FORMATS = ("tokens", "text")
@@ -55,7 +63,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.init_std = 0.02
   m.dtype = "float32"          # compute dtype
   m.param_dtype = "float32"
-  m.remat = "none"             # one of REMAT_POLICIES: none, full, dots, dots_no_batch
+  m.remat = "none"             # a key of REMAT_POLICIES: none, full, dots, dots_no_batch
   m.scan_layers = False        # lax.scan over stacked layers (compile time flat in depth)
 
   # LEV, ../shared/LEV.md; defaults are the paper's (per the reimplementation).
@@ -198,7 +206,8 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
-  """vocab_size rounded up to a multiple of `multiple` (128 by default)."""
+  """vocab_size rounded up to a multiple of `multiple` (128 by default): the rows of the
+  tables and head and the logits' last axis, computed here only."""
   return int(math.ceil(vocab_size / multiple) * multiple)
 
 
@@ -209,6 +218,24 @@ def lev_base(vocab_size: int, n_coords: int) -> int:
     b += 1
   while b > 2 and (b - 1) ** n_coords >= vocab_size:
     b -= 1
+  return b
+
+
+def lev_digit_base(base: int, n_coords: int, padded_vocab: int) -> int:
+  """b, the base of LEV's digits (LEV.md step 1): `base` (config.lev.base), or when it is
+  0 the smallest b with b ** n_coords >= padded_vocab (`lev_base`). The one check, used
+  by `validate`, `lev.LEV` and `lev.lev_param_count`.
+
+  Raises:
+    ConfigError: base ** n_coords < padded_vocab: the n_coords base-b digits cannot
+      address every token id (the message names both numbers).
+  """
+  b = base or lev_base(padded_vocab, n_coords)
+  if b ** n_coords < padded_vocab:
+    raise ConfigError(
+        f"config.lev.base ** config.lev.n_coords = {b}**{n_coords} = {b ** n_coords} < "
+        f"padded vocab_size = {padded_vocab}: the base-b digits cannot address every "
+        "token id")
   return b
 
 
@@ -297,14 +324,10 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       _fail("lev.unique_size", lv.unique_size, "an integer >= 0 (0 = automatic)")
     if lv.n_knots < 3:
       _fail("lev.n_knots", lv.n_knots, "at least 3 (quadratic B-splines)")
-    vocab = padded_vocab_size(m.vocab_size, m.vocab_multiple)
     if lv.base < 0 or lv.base == 1:
       _fail("lev.base", lv.base, "0 (automatic) or an integer >= 2")
-    if lv.base and lv.base ** lv.n_coords < vocab:
-      raise ConfigError(
-          f"config.lev.base ** config.lev.n_coords = {lv.base}**{lv.n_coords} = "
-          f"{lv.base ** lv.n_coords} < padded vocab_size = {vocab}: the base-b digits "
-          "cannot address every token id")
+    if lv.base:  # 0 (automatic) always addresses every id
+      lev_digit_base(lv.base, lv.n_coords, padded_vocab_size(m.vocab_size, m.vocab_multiple))
   _one_of(c, "optim", "decay_mask", DECAY_MASKS)
   _positive(c, "optim", ["lr", "eps", "clip_norm"])
   for beta in ("b1", "b2"):  # Adam's moment decay rates: 1 would never forget

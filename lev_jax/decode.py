@@ -32,6 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lev_jax.embeddings import mask_padded_logits
+
 
 def filter_logits(logits_BxV: jax.Array, top_k=0, top_p=1.0) -> jax.Array:
   """Top-k, then top-p (nucleus) filtering: removed entries become -inf.
@@ -63,8 +65,7 @@ def filter_logits(logits_BxV: jax.Array, top_k=0, top_p=1.0) -> jax.Array:
 
 def _choose(logits_BxV, key, temperature, top_k, top_p, *, vocab_size, greedy):
   """int32 [B]: the next token of every row (see the module docstring)."""
-  logits_BxV = jnp.where(jnp.arange(logits_BxV.shape[-1]) < vocab_size, logits_BxV,
-                         -jnp.inf)
+  logits_BxV = mask_padded_logits(logits_BxV, vocab_size, -jnp.inf)
   if greedy:
     return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
   logits_BxV = filter_logits(logits_BxV / temperature, top_k, top_p)

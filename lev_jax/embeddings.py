@@ -17,11 +17,27 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from lev_jax.config import ConfigError, padded_vocab_size
+from lev_jax.config import EMBEDDINGS, ConfigError, padded_vocab_size
 from lev_jax.lev import LEV, dense_plan, evaluation_plan
 from lev_jax.sharding import constrain, take_rows
 
 PAD_LOGIT = -1e9
+
+
+def mask_padded_logits(logits_xV: jax.Array, vocab_size: int,
+                       fill: float = PAD_LOGIT) -> jax.Array:
+  """The logits with every padded id (last-axis index >= vocab_size) set to `fill`.
+
+  Args:
+    logits_xV: float [..., V], V = the padded vocab.
+    vocab_size: the real vocab (config.model.vocab_size).
+    fill: PAD_LOGIT (-1e9, the model's logits: finite, never predicted) or -inf (the
+      decoder's token choice: never sampled at any temperature).
+  Returns:
+    Same shape and dtype; ids < vocab_size unchanged.
+  """
+  valid_V = jnp.arange(logits_xV.shape[-1]) < vocab_size
+  return jnp.where(valid_V, logits_xV, fill)
 
 
 def _logits(spec: str, x_BxLxD: jax.Array, w: jax.Array, vocab_size: int) -> jax.Array:
@@ -33,8 +49,7 @@ def _logits(spec: str, x_BxLxD: jax.Array, w: jax.Array, vocab_size: int) -> jax
   """
   logits_BxLxV = jnp.einsum(spec, x_BxLxD, w.astype(x_BxLxD.dtype),
                             preferred_element_type=jnp.float32)
-  valid_V = jnp.arange(logits_BxLxV.shape[-1]) < vocab_size
-  return jnp.where(valid_V, logits_BxLxV, PAD_LOGIT)
+  return mask_padded_logits(logits_BxLxV, vocab_size)
 
 
 class _Head(nnx.Module):
@@ -163,4 +178,5 @@ def make_embedding(model_cfg: ml_collections.ConfigDict, lev_cfg: ml_collections
     return UntiedEmbedding(v, vp, model_cfg.d_model, **kw)
   if kind == "lev":
     return LEVEmbedding(v, vp, model_cfg.d_model, lev_cfg, **kw)
-  raise ConfigError(f"config.model.embedding = {kind!r}: expected one of 'tied', 'untied', 'lev'")
+  raise ConfigError(f"config.model.embedding = {kind!r}: expected one of "
+                    + ", ".join(repr(e) for e in EMBEDDINGS))

@@ -152,23 +152,28 @@ def _micro_batches(config) -> int:
   return n_micro
 
 
+def _lev_plan(config: ml_collections.ConfigDict) -> tuple[str, int, int, int]:
+  """(strategy, rows, padded vocab, micro-batch tokens): `lev.evaluation_plan` for the
+  shapes of one micro-batch, the decision `embeddings.LEVEmbedding.embed` makes."""
+  vocab = padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)
+  micro_tokens = tokens_per_step(config) // _micro_batches(config)
+  strategy, rows = evaluation_plan(config.lev.mode, vocab, micro_tokens,
+                                   config.lev.get("unique_size", 0))
+  return strategy, rows, vocab, micro_tokens
+
+
 def lev_rows_per_micro_batch(config: ml_collections.ConfigDict) -> int:
   """LEV rows evaluated per micro-batch, as `lev.evaluation_plan` decides for the
   embedding: V ('table'), micro-batch tokens ('tokens'), the static distinct-id bound
   ('unique', counted as if no micro-batch overflowed it), the fewest of them ('auto').
   """
-  vocab = padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)
-  micro_tokens = tokens_per_step(config) // _micro_batches(config)
-  return evaluation_plan(config.lev.mode, vocab, micro_tokens,
-                         config.lev.get("unique_size", 0))[1]
+  return _lev_plan(config)[1]
 
 
 def lev_plan_line(config: ml_collections.ConfigDict) -> str:
   """One log line: LEV's core and the rows it is evaluated on per micro-batch."""
-  vocab = padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)
-  micro_tokens = tokens_per_step(config) // _micro_batches(config)
+  strategy, rows, vocab, micro_tokens = _lev_plan(config)
   lv = config.lev
-  strategy, rows = evaluation_plan(lv.mode, vocab, micro_tokens, lv.get("unique_size", 0))
   line = (f"LEV: {lv.impl} core, lev.mode={lv.mode} -> {strategy}: {rows:,} rows per "
           f"micro-batch of {micro_tokens:,} tokens (padded vocab {vocab:,})")
   if strategy == "unique":

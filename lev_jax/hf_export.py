@@ -315,9 +315,12 @@ def save_hf(model, config: ml_collections.ConfigDict, out_dir, *, dtype: str = "
   import safetensors.numpy  # noqa: F401  (missing: fail before any work)
   check_exportable(config)
   kind = _embedding_kind(model)
-  if tokenizer is not None and int(tokenizer.vocab_size) != int(config.model.vocab_size):
-    raise HFExportError(f"the tokenizer has vocab_size {tokenizer.vocab_size} but "
-                        f"config.model.vocab_size = {config.model.vocab_size}")
+  if tokenizer is not None:
+    from lev_jax.data.tokenizer import DataError, check_vocab_agreement
+    try:
+      check_vocab_agreement(config.model.vocab_size, tokenizer.name, tokenizer.vocab_size)
+    except DataError as e:
+      raise HFExportError(str(e)) from e
   state = hf_state_dict(model, config, dtype)
   out = Path(os.path.expanduser(os.fspath(out_dir)))
   out.mkdir(parents=True, exist_ok=True)

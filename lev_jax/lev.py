@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from lev_jax.config import ConfigError, lev_base
+from lev_jax.config import LEV_MODES, ConfigError, lev_digit_base
 from lev_jax.sharding import constrain
 
 
@@ -35,8 +35,11 @@ def lev_param_count(vocab_size: int, d_model: int, lev: ml_collections.ConfigDic
 
   k*b*d_seed + h*(d_seed**2 + 2*d_seed + d_seed*kappa*R + R*D), plus h learnable
   basis scales for the KHRONOS basis. `vocab_size` is the padded vocab.
+
+  Raises:
+    ConfigError: lev.base ** lev.n_coords < vocab_size (`config.lev_digit_base`).
   """
-  b = lev.base or lev_base(vocab_size, lev.n_coords)
+  b = lev_digit_base(lev.base, lev.n_coords, vocab_size)
   s, h = lev.d_seed, lev.n_heads
   count = lev.n_coords * b * s + h * (s * s + 2 * s + s * lev.n_knots * lev.rank
                                       + lev.rank * d_model)
@@ -342,8 +345,8 @@ def evaluation_plan(mode: str, padded_vocab: int, n_ids: int,
     return "unique", bound
   if mode == "auto":
     return ("unique", bound) if unique_size and bound < dense[1] else dense
-  raise ConfigError(f"config.lev.mode = {mode!r}: expected one of 'auto', 'table', "
-                    "'tokens', 'unique'")
+  raise ConfigError(f"config.lev.mode = {mode!r}: expected one of "
+                    + ", ".join(repr(m) for m in LEV_MODES))
 
 
 def lev_embed(params: dict, ids: jax.Array, cfg: ml_collections.ConfigDict,
@@ -394,8 +397,10 @@ class LEV(nnx.Module):
   start at the scale of a tied table's rows (entries N(0, init_std)). E is linear in
   W_out, so the rescaled sample RMS is init_std; no random draw is added.
 
+  `vocab_size` is the padded vocab (the rows of `table()`).
+
   Raises:
-    ConfigError: if base**n_coords < vocab_size.
+    ConfigError: if base**n_coords < vocab_size (`config.lev_digit_base`).
   """
 
   def __init__(self, vocab_size: int, d_model: int, cfg: ml_collections.ConfigDict, *,
@@ -403,11 +408,7 @@ class LEV(nnx.Module):
     cfg = ml_collections.FrozenConfigDict(cfg)
     self.cfg = cfg
     self.vocab_size = vocab_size
-    self.base = cfg.base or lev_base(vocab_size, cfg.n_coords)
-    if self.base ** cfg.n_coords < vocab_size:
-      raise ConfigError(
-          f"config.lev.base ** config.lev.n_coords = {self.base}**{cfg.n_coords} = "
-          f"{self.base ** cfg.n_coords} < vocab_size = {vocab_size}")
+    self.base = lev_digit_base(cfg.base, cfg.n_coords, vocab_size)
     k, b, s, h = cfg.n_coords, self.base, cfg.d_seed, cfg.n_heads
     j, r = cfg.n_knots, cfg.rank
     normal = lambda std, shape: std * jax.random.normal(rngs.params(), shape, param_dtype)

@@ -21,16 +21,20 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from lev_jax.config import REMAT_POLICIES
 from lev_jax.embeddings import make_embedding
 from lev_jax.sharding import constrain
 
-# config.model.remat -> what the backward pass may keep instead of recomputing
-# (jax.checkpoint_policies; "none" = no rematerialisation).
-REMAT_POLICIES = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+
+def remat_policy(name: str):
+  """The jax.checkpoint_policies function of config.model.remat = `name` (a key of
+  `config.REMAT_POLICIES`), or None for "none" (no rematerialisation).
+
+  Raises:
+    KeyError: an unknown name (`config.validate` refuses it first).
+  """
+  policy = REMAT_POLICIES[name]
+  return None if policy is None else getattr(jax.checkpoint_policies, policy)
 
 
 def _param(rngs, shape, std, axes, dtype):
@@ -61,6 +65,9 @@ def rope(x_BxLxHxK: jax.Array, positions_BxL: jax.Array, theta: float) -> jax.Ar
   return out.astype(x_BxLxHxK.dtype)
 
 
+_HEADS = ("batch", "length", "act_heads", "head_dim")  # logical axes of q, k, v
+
+
 class Attention(nnx.Module):
   """Causal multi-head attention with grouped-query heads (n_kv_heads <= n_heads)."""
 
@@ -74,17 +81,24 @@ class Attention(nnx.Module):
     out_std = std / (2 * cfg.n_layers) ** 0.5
     self.wo = _param(rngs, (h, k, d), out_std, ("heads", "head_dim", "embed"), param_dtype)
 
+  def _qkv(self, x_BxLxD: jax.Array, positions_BxL: jax.Array
+           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The projections of L tokens: (q_BxLxHxK with RoPE, k_BxLxGxK with RoPE,
+    v_BxLxGxK), in the compute dtype; positions int [B, L]. Shared by the full forward
+    pass and the cached `decode`, so both compute the same queries, keys and values."""
+    c = lambda w: w[...].astype(self.dtype)
+    q_BxLxHxK = rope(jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wq)), positions_BxL, self.theta)
+    k_BxLxGxK = rope(jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wk)), positions_BxL, self.theta)
+    v_BxLxGxK = jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wv))
+    return q_BxLxHxK, k_BxLxGxK, v_BxLxGxK
+
   def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array,
                segment_ids_BxL: jax.Array | None = None) -> jax.Array:
     """x [B, L, D] -> [B, L, D]. positions [B, L] int (RoPE); segment_ids [B, L] int or
     None: a query attends only to earlier keys of its own segment (packed documents)."""
     c = lambda w: w[...].astype(self.dtype)
-    heads = ("batch", "length", "act_heads", "head_dim")
-    q_BxLxHxK = rope(jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wq)), positions_BxL, self.theta)
-    k_BxLxGxK = rope(jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wk)), positions_BxL, self.theta)
-    v_BxLxGxK = jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wv))
-    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = (constrain(t, heads)
-                                       for t in (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK))
+    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = (constrain(t, _HEADS)
+                                       for t in self._qkv(x_BxLxD, positions_BxL))
     mask_Bx1xLxL = None
     if segment_ids_BxL is not None:
       mask_Bx1xLxL = (segment_ids_BxL[:, None, :, None] == segment_ids_BxL[:, None, None, :])
@@ -109,16 +123,13 @@ class Attention(nnx.Module):
       slots <= its own; a query with no valid slot (a padding slot) gets finite garbage.
     """
     c = lambda w: w[...].astype(self.dtype)
-    heads = ("batch", "length", "act_heads", "head_dim")
-    q_BxTxHxK = rope(jnp.einsum("btd,dhk->bthk", x_BxTxD, c(self.wq)), positions_BxT, self.theta)
-    k_BxTxGxK = rope(jnp.einsum("btd,dhk->bthk", x_BxTxD, c(self.wk)), positions_BxT, self.theta)
-    v_BxTxGxK = jnp.einsum("btd,dhk->bthk", x_BxTxD, c(self.wv))
+    q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = self._qkv(x_BxTxD, positions_BxT)
     start = (0, cache_index, 0, 0)
     k_BxSxGxK = jax.lax.dynamic_update_slice(
         cache["k"], k_BxTxGxK.astype(cache["k"].dtype), start)
     v_BxSxGxK = jax.lax.dynamic_update_slice(
         cache["v"], v_BxTxGxK.astype(cache["v"].dtype), start)
-    q_BxTxHxK, k_BxSxGxK, v_BxSxGxK = (constrain(t, heads)
+    q_BxTxHxK, k_BxSxGxK, v_BxSxGxK = (constrain(t, _HEADS)
                                        for t in (q_BxTxHxK, k_BxSxGxK, v_BxSxGxK))
     t, s = x_BxTxD.shape[1], k_BxSxGxK.shape[1]
     causal_TxS = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]
@@ -215,8 +226,9 @@ class Decoder(nnx.Module):
       positions_BxL = jnp.broadcast_to(jnp.arange(ids_BxL.shape[1]), ids_BxL.shape)
     x_BxLxD = constrain(self.embedding.embed(ids_BxL), ("batch", "length", "act_embed"))
     apply = lambda b, x, p, s: b(x, p, s)
-    if self.remat != "none":
-      apply = nnx.remat(apply, policy=REMAT_POLICIES[self.remat])
+    policy = remat_policy(self.remat)
+    if policy is not None:
+      apply = nnx.remat(apply, policy=policy)
     if self.scan_layers:
       scanned = nnx.scan(apply, in_axes=(0, nnx.Carry, None, None), out_axes=nnx.Carry)
       x_BxLxD = scanned(self.blocks, x_BxLxD, positions_BxL, segment_ids_BxL)

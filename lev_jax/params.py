@@ -52,9 +52,9 @@ def report(config: ml_collections.ConfigDict) -> str:
   """The text `lev-params` prints."""
   validate(config)
   c = count_params(config)
+  vp = padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)
   lines = [f"{config.name}: embedding={config.model.embedding} "
-           f"vocab={config.model.vocab_size} (padded "
-           f"{padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)}) "
+           f"vocab={config.model.vocab_size} (padded {vp}) "
            f"d_model={config.model.d_model} n_layers={config.model.n_layers}"]
   for p in (*PARTS, "total"):
     lines.append(f"  {p:<10} {c[p]:>15,}")
@@ -68,7 +68,6 @@ def report(config: ml_collections.ConfigDict) -> str:
                  f"{basis:,} is {dev:+.2%} of the label)")
   if config.model.embedding == "lev":
     tied = count_params(tied_twin(config))["total"]
-    vp = padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)
     formula = lev_param_count(vp, config.model.d_model, config.lev)
     lines.append(f"  tied twin  {tied:>15,}")
     lines.append(f"  leviathan - tied = {c['total'] - tied:,} "

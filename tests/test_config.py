@@ -4,7 +4,8 @@ import ml_collections
 import pytest
 
 from conftest import tiny_config
-from lev_jax.config import ConfigError, base_config, lev_base, padded_vocab_size, validate
+from lev_jax.config import (ConfigError, base_config, lev_base, lev_digit_base,
+                            padded_vocab_size, validate)
 
 
 def test_base_config_is_valid():
@@ -67,6 +68,15 @@ def test_vocab_padding_and_base():
   assert padded_vocab_size(2048, 128) == 2048
   assert padded_vocab_size(300, 128) == 384
   assert lev_base(200_064, 3) == 59 and lev_base(125, 3) == 5 and lev_base(126, 3) == 6
+
+
+def test_lev_digit_base_is_the_automatic_or_the_configured_base_and_checks_it():
+  assert lev_digit_base(0, 3, 200_064) == 59 and lev_digit_base(0, 3, 125) == 5
+  assert lev_digit_base(8, 3, 384) == 8
+  with pytest.raises(ConfigError, match=r"^config.lev.base \*\* config.lev.n_coords = "
+                     r"7\*\*3 = 343 < padded vocab_size = 384: the base-b digits cannot "
+                     r"address every token id$"):
+    lev_digit_base(7, 3, 384)
 
 
 def test_a_stream_cannot_be_split_among_worker_processes():

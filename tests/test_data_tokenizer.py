@@ -179,6 +179,16 @@ def test_load_rejects_tampered_or_mismatched_records(trained, tmp_path):
     tok_lib.load_tokenizer(tmp_path / "empty")
 
 
+def test_vocab_agreement_is_one_check_with_one_message():
+  tok_lib.check_vocab_agreement(259, "bytes", 259)
+  with pytest.raises(DataError, match=r"^config.model.vocab_size = 300 but the bytes tokenizer "
+                     r"has 259 ids: model and data must agree$"):
+    tok_lib.check_vocab_agreement(300, "bytes", 259)
+  with pytest.raises(DataError, match=r"^config.model.vocab_size = 300 but the bytes tokenizer "
+                     r"of /data/x has 259 ids: model and data must agree \(do this\)$"):
+    tok_lib.check_vocab_agreement(300, "bytes", 259, source="/data/x", hint=" (do this)")
+
+
 def test_make_tokenizer_builds_the_configured_one(trained, tmp_path):
   tok, cache = trained
   d = base_config().data

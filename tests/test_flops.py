@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from lev_jax import flops
-from lev_jax.config import ConfigError, base_config
+from lev_jax.config import REMAT_POLICIES, ConfigError, base_config
 from lev_jax.embeddings import make_embedding
 from lev_jax.lev import LEV
 
@@ -166,6 +166,7 @@ def test_remat_is_counted_apart():
   assert flops.remat_flops_per_step(tiny("tied"))["total"] == 0
   with pytest.raises(ConfigError, match="model.remat"):
     flops.remat_flops_per_step(with_remat(c, "everything"))
+  assert list(flops._REMAT_RECOMPUTES) == list(REMAT_POLICIES)  # every policy counted
 
 
 @pytest.mark.parametrize("kind,peak", [

@@ -7,9 +7,9 @@ import pytest
 from flax import nnx
 
 from conftest import tiny_config
-from lev_jax.config import ConfigError
-from lev_jax.embeddings import TiedEmbedding
-from lev_jax.model import Decoder
+from lev_jax.config import REMAT_POLICIES, ConfigError
+from lev_jax.embeddings import PAD_LOGIT, TiedEmbedding, mask_padded_logits
+from lev_jax.model import Decoder, remat_policy
 
 
 def _logits(config, ids, seed=0):
@@ -82,6 +82,21 @@ def test_padded_vocab_is_never_predicted(embedding):
   probs = jax.nn.softmax(logits, axis=-1)
   assert float(probs[..., 300:].max()) == 0.0
   assert int(logits.argmax(-1).max()) < 300
+
+
+def test_mask_padded_logits_fills_only_the_padded_ids():
+  logits = jnp.arange(12, dtype=jnp.float32).reshape(2, 6)
+  masked = np.asarray(mask_padded_logits(logits, 4))
+  np.testing.assert_array_equal(masked[:, :4], np.asarray(logits)[:, :4])
+  assert (masked[:, 4:] == PAD_LOGIT).all() and PAD_LOGIT == -1e9
+  assert np.isneginf(np.asarray(mask_padded_logits(logits, 4, -jnp.inf))[:, 4:]).all()
+
+
+def test_every_remat_name_has_a_policy():
+  assert remat_policy("none") is None
+  for name in REMAT_POLICIES:
+    assert name == "none" or callable(remat_policy(name))
+  assert remat_policy("full") is jax.checkpoint_policies.nothing_saveable
 
 
 def test_lev_table_mode_equals_token_mode():

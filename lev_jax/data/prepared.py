@@ -318,14 +318,13 @@ class PreparedDataset:
 
   def check_vocab(self, vocab_size: int) -> None:
     """Raises DataError unless `vocab_size` (config.model.vocab_size) equals the
-    tokenizer's vocab_size; the message names both numbers and the folder."""
+    tokenizer's vocab_size (`tokenizer.check_vocab_agreement`); the message names both
+    numbers and the folder."""
     tok = self.metadata["tokenizer"]
-    if int(vocab_size) != int(tok["vocab_size"]):
-      raise DataError(
-          f"config.model.vocab_size = {vocab_size} but {self.path} was prepared with the "
-          f"{tok['name']} tokenizer of {tok['vocab_size']} ids: model and data must agree "
-          f"(set config.model.vocab_size = {tok['vocab_size']} or prepare the data again "
-          "with a matching tokenizer)")
+    tokenizer_lib.check_vocab_agreement(
+        vocab_size, tok["name"], tok["vocab_size"], source=str(self.path),
+        hint=f" (set config.model.vocab_size = {tok['vocab_size']} or prepare the data "
+        "again with a matching tokenizer)")
 
   def source(self, split: str):
     """A random-access source of `split`'s records (TFDS ``as_data_source``).

@@ -505,6 +505,28 @@ def load_tokenizer(folder) -> Tokenizer:
   return tokenizer
 
 
+def check_vocab_agreement(vocab_size: int, tokenizer_name: str, tokenizer_vocab_size: int,
+                          *, source: str = "", hint: str = "") -> None:
+  """The one check that a model and a tokenizer have the same number of ids.
+
+  Args:
+    vocab_size: ``config.model.vocab_size``.
+    tokenizer_name: the tokenizer's ``name`` (one of config.TOKENIZERS).
+    tokenizer_vocab_size: its ``vocab_size`` (or the one recorded for it).
+    source: where that tokenizer comes from (e.g. a prepared-data folder), or "".
+    hint: appended to the message (what to do), or "".
+
+  Raises:
+    DataError: they differ: ``config.model.vocab_size = {vocab_size} but the {name}
+      tokenizer[ of {source}] has {n} ids: model and data must agree{hint}``.
+  """
+  if int(vocab_size) != int(tokenizer_vocab_size):
+    of = f" of {source}" if source else ""
+    raise DataError(f"config.model.vocab_size = {vocab_size} but the {tokenizer_name} "
+                    f"tokenizer{of} has {tokenizer_vocab_size} ids: model and data must "
+                    f"agree{hint}")
+
+
 def make_tokenizer(data_config, vocab_size: int, train_texts: Sequence[str] | None = None,
                    cache_dir=None) -> Tokenizer:
   """Builds the tokenizer ``config.data.tokenizer`` names.
@@ -525,7 +547,8 @@ def make_tokenizer(data_config, vocab_size: int, train_texts: Sequence[str] | No
 
   Raises:
     DataError: an unknown tokenizer name; no training texts when one must be trained;
-      the tokenizer's errors; or ``tokenizer.vocab_size != vocab_size``.
+      the tokenizer's errors; or ``tokenizer.vocab_size != vocab_size``
+      (`check_vocab_agreement`).
   """
   name = data_config.tokenizer
   if name == "bytes":
@@ -553,7 +576,5 @@ def make_tokenizer(data_config, vocab_size: int, train_texts: Sequence[str] | No
   else:
     raise DataError(f"config.data.tokenizer = {name!r}: expected one of "
                     f"{sorted(_FILES)}")
-  if tokenizer.vocab_size != vocab_size:
-    raise DataError(f"config.model.vocab_size = {vocab_size} but the {tokenizer.name} "
-                    f"tokenizer has {tokenizer.vocab_size} ids: model and data must agree")
+  check_vocab_agreement(vocab_size, tokenizer.name, tokenizer.vocab_size)
   return tokenizer
