@@ -12,7 +12,10 @@ Modules, one concern each:
   train       train state, jitted train and eval steps
   evaluate    validation perplexity, per token-frequency bucket
   scaling     power-law fits, effective parameters, tokens to reach a target loss
-  checkpoint  Orbax manager (state, data iterator, config)
+  checkpoint  every Orbax read and write: train checkpoints (state, data iterator,
+              config), the params-only restore, an export's parameters
+  workdir     the run folder's map: every file and folder name lev_jax writes
+  lock        one writer per output folder (fcntl lock)
   metrics     metrics.jsonl and TensorBoard writers
   trainer     the training loop;  main: `lev-train`;  params: `lev-params`
   prepare_data  `lev-prepare-data` (the command; the work is in data.prepare)

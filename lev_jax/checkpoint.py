@@ -1,4 +1,9 @@
-"""One Orbax CheckpointManager for the train state, the data iterator and the config.
+"""Every Orbax read and write of lev_jax: the train checkpoints and the exported params.
+
+`Checkpointer` (training) is one CheckpointManager for the train state, the data
+iterator and the config; `CheckpointReader` reads the same folder for inference
+(parameters only, never writing); `write_params` / `read_params` are an export's
+parameters-only folder.
 
 Each checkpoint step holds three items:
   state   params, optimizer state, step, rng (StandardSave: OCDBT/zarr arrays)
@@ -17,6 +22,9 @@ size of every file of the step; MANIFEST). A restore recomputes them first: a fl
 bit is CheckpointCorruptError naming the file, never a silent restore. A step without
 a manifest (a kill between Orbax's rename and the manifest, or an older run) restores
 with a warning.
+
+Only this module knows Orbax's on-disk layout: `latest_config_file` names the file a
+step's config item is stored in, for readers without Orbax (lev_jax.ladder).
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
+
+from lev_jax.workdir import write_json_atomic
 
 # Config sections whose values decide parameter shapes; a restore with any of them
 # changed is refused with the list of differences.
@@ -99,9 +109,7 @@ def write_manifest(step_dir) -> None:
   files = _step_files(step_dir)
   manifest = {"sha256": {rel: _sha256(p) for rel, p in sorted(files.items())},
               "bytes": {rel: p.stat().length for rel, p in sorted(files.items())}}
-  tmp = step_dir / (MANIFEST + ".tmp")
-  tmp.write_text(json.dumps(manifest, indent=1))
-  tmp.replace(step_dir / MANIFEST)
+  write_json_atomic(step_dir / MANIFEST, manifest)
 
 
 def verify_manifest(step_dir) -> bool:
@@ -132,7 +140,17 @@ def verify_manifest(step_dir) -> bool:
   return True
 
 
-def _differences(saved: dict, config: ml_collections.ConfigDict, table: dict) -> list[str]:
+def config_differences(saved: dict, config: ml_collections.ConfigDict,
+                       table: dict = SHAPE_FIELDS) -> list[str]:
+  """The fields of `table` (SHAPE_FIELDS or DATA_FIELDS) whose stored value differs.
+
+  Args:
+    saved: a stored config (`saved_config`, JSON: tuples stored as lists).
+    config: this run's config; its `lev` fields count only for model.embedding "lev".
+    table: {section: field names}.
+  Returns:
+    One line per difference: "section.field: checkpoint OLD, this run NEW"; [] if none.
+  """
   diffs = []
   for section, fields in table.items():
     if section == "lev" and config.model.embedding != "lev":
@@ -322,7 +340,7 @@ class Checkpointer:
       logging.warning("%s has no checksum manifest (%s); restoring it unverified",
                       where, MANIFEST)
     saved = self.saved_config(step)
-    diffs = _differences(saved, config, SHAPE_FIELDS)
+    diffs = config_differences(saved, config, SHAPE_FIELDS)
     if diffs:
       raise CheckpointMismatchError(
           f"{where} does not match this config's model shape:\n  " + "\n  ".join(diffs)
@@ -337,7 +355,7 @@ class Checkpointer:
           f"{where} cannot be read: it is incomplete or corrupt ({error_line(e)}). Nothing was "
           f"changed; move that folder aside to resume from an earlier step {others}"
       ) from e
-    data_diffs = _differences(saved, config, DATA_FIELDS)
+    data_diffs = config_differences(saved, config, DATA_FIELDS)
     if data_diffs:
       logging.warning("%s: resuming with different data settings; the restored data "
                       "position refers to the old stream:\n  %s", where, "\n  ".join(data_diffs))
@@ -381,3 +399,94 @@ class Checkpointer:
       self.wait()
     finally:
       self.manager.close()
+
+
+class CheckpointReader:
+  """Read-only access to a `Checkpointer` folder for inference: its steps, a step's
+  config and its parameters alone. It never saves, deletes or cleans up (the folder
+  may be a run's, being exported or evaluated).
+
+  The state item is read with Orbax's PyTreeCheckpointHandler, the handler the
+  training's StandardCheckpointHandler delegates to (same files): only it restores a
+  part of the tree, so the optimizer state is never read. Use as a context manager.
+
+  Methods raise Orbax / tensorstore errors of any type for a missing or damaged item;
+  callers name the step (`error_line` shortens them).
+  """
+
+  def __init__(self, directory):
+    self.directory = epath.Path(directory)
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(create=False),
+        item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                       "config": ocp.JsonCheckpointHandler()})
+
+  def __enter__(self) -> CheckpointReader:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def all_steps(self) -> list[int]:
+    """The complete steps, ascending."""
+    return sorted(self.manager.all_steps())
+
+  def saved_config(self, step: int) -> dict:
+    """The config stored with `step` (JSON: tuples as lists)."""
+    return self.manager.restore(step, args=ocp.args.Composite(
+        config=ocp.args.JsonRestore()))["config"]
+
+  def params(self, step: int, abstract_params, device=None):
+    """The parameters of `step` (state["params"]) on one device.
+
+    Args:
+      abstract_params: the parameter tree (nnx.State of ShapeDtypeStruct-likes with
+        .shape and .dtype) they are restored into.
+      device: where they go (default: the first device).
+    Returns:
+      `abstract_params`' tree of jax.Array, in their stored dtype.
+    """
+    sharding = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                          abstract_params)
+    restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=sharding),
+                                abstract_params)
+    return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item={"params": target}, restore_args={"params": restore_args},
+        partial_restore=True)))["state"]["params"]
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+def write_params(directory, params) -> None:
+  """Saves a parameter tree alone into `directory` (must not exist), synchronously.
+
+  Raises:
+    Orbax / tensorstore errors (any type), OSError: the folder cannot be written.
+  """
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(epath.Path(directory), params)
+  checkpointer.wait_until_finished()
+
+
+def read_params(directory, abstract_params):
+  """The parameter tree `write_params` saved, restored into `abstract_params`' shapes.
+
+  Raises:
+    Orbax / tensorstore errors (any type): missing, incomplete or corrupt folder.
+  """
+  return ocp.StandardCheckpointer().restore(epath.Path(directory), abstract_params)
+
+
+def latest_config_file(directory) -> epath.Path | None:
+  """The file holding the config item of the highest step folder of a `Checkpointer`
+  folder (Orbax's JsonCheckpointHandler: <step>/config/metadata, plain JSON), for
+  readers that do not load Orbax; it may be missing. None when `directory` has no step
+  folder (Orbax's temporaries, <step>.orbax-checkpoint-tmp-*, are not step folders).
+  """
+  directory = epath.Path(directory)
+  if not directory.is_dir():
+    return None
+  steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+  return directory / str(steps[-1]) / "config" / "metadata" if steps else None

@@ -396,3 +396,47 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       or edges != sorted(set(edges)) or edges[0] <= 0):
     _fail("eval.freq_bucket_edges", tuple(edges), "increasing positive counts")
   return c
+
+
+def _merge(base: ml_collections.ConfigDict, saved: dict, source, prefix: str = "") -> None:
+  for key, value in saved.items():
+    if key in base and isinstance(base[key], ml_collections.ConfigDict) and isinstance(
+        value, dict):
+      _merge(base[key], value, source, f"{prefix}{key}.")
+      continue
+    if key in base and isinstance(base[key], tuple) and isinstance(value, list):
+      value = tuple(value)
+    elif key in base and isinstance(base[key], float) and isinstance(value, int):
+      value = float(value)
+    try:
+      with base.unlocked():
+        base[key] = value
+    except TypeError as e:
+      raise ConfigError(
+          f"{source}: stored config.{prefix}{key} = {value!r} does not fit this lev_jax "
+          f"(expected {type(base[key]).__name__}); the checkpoint is from an older "
+          "version") from e
+
+
+def from_dict(stored: dict, source) -> ml_collections.ConfigDict:
+  """A config stored as JSON (a checkpoint's or an export's), over `base_config()`.
+
+  Fields added since it was stored get their defaults; stored lists become the tuples
+  the config declares, stored ints the declared floats; unknown fields are kept.
+
+  Args:
+    stored: the config's `to_dict()` as read back from JSON.
+    source: where it was read (a path), named in the errors.
+  Returns:
+    The validated ConfigDict.
+  Raises:
+    ConfigError: "SOURCE: stored config.FIELD = VALUE does not fit ..." (a value of
+      another type than the field's), or "SOURCE: the stored config is not valid: ..."
+      (`validate`).
+  """
+  config = base_config()
+  _merge(config, stored, source)
+  try:
+    return validate(config)
+  except ConfigError as e:
+    raise ConfigError(f"{source}: the stored config is not valid: {e}") from e

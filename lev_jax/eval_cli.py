@@ -42,6 +42,7 @@ from ml_collections import config_flags
 from lev_jax import cli
 from lev_jax.checkpoint import SHAPE_FIELDS
 from lev_jax.config import DTYPES, ConfigError, base_config, validate
+from lev_jax.workdir import LEV_EVAL_JSON, TOKEN_COUNTS, write_json_atomic
 
 PROG = "lev-eval"
 
@@ -55,12 +56,12 @@ def _define_flags():
                     "validation: data.validation_files (or the embedded split); "
                     "test: data.test_files (or the embedded source's test split, "
                     "data.test_fraction > 0).")
-  flags.DEFINE_string("baseline", None, "Another run's lev_eval.json (or its folder): "
+  flags.DEFINE_string("baseline", None, f"Another run's {LEV_EVAL_JSON} (or its folder): "
                       "adds the per-bucket relative perplexity change against it.")
   flags.DEFINE_bool("allow_different_data", False, "Compare with a --baseline evaluated "
                     "on other data (other files, split, token count or tokenizer), or "
-                    "whose lev_eval.json does not record its data.")
-  flags.DEFINE_string("output", None, "Result file (default CHECKPOINT/lev_eval.json).")
+                    f"whose {LEV_EVAL_JSON} does not record its data.")
+  flags.DEFINE_string("output", None, f"Result file (default CHECKPOINT/{LEV_EVAL_JSON}).")
   flags.DEFINE_bool("perplexity", True, "Evaluate validation perplexity and buckets.")
   config_flags.DEFINE_config_dict(
       "config", base_config(), "Overrides of the checkpoint's config, as "
@@ -124,7 +125,7 @@ def perplexity(im, config, validation_override: bool = False, eval_step=None, *,
     check_data(record)
   counts = im.token_counts_V if im.token_counts_V is not None else counts
   if counts is None:
-    raise ConfigError(f"{im.source}: no token_counts.npy beside the checkpoint; "
+    raise ConfigError(f"{im.source}: no {TOKEN_COUNTS} beside the checkpoint; "
                       "frequency buckets need the training split's counts")
   schemes = {"log": list(config.eval.freq_bucket_edges)}
   if config.eval.equal_mass_buckets:
@@ -149,11 +150,11 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
   """
   path = epath.Path(baseline_path)
   if path.is_dir():
-    path = path / "lev_eval.json"
+    path = path / LEV_EVAL_JSON
   try:
     base = json.loads(path.read_text())
   except (OSError, json.JSONDecodeError) as e:
-    raise ConfigError(f"--baseline={baseline_path}: cannot read a lev_eval.json ({e}); "
+    raise ConfigError(f"--baseline={baseline_path}: cannot read a {LEV_EVAL_JSON} ({e}); "
                       "run lev-eval on the baseline first") from e
   if not isinstance(base, dict) or "validation" not in base:
     raise ConfigError(f"--baseline={path}: it holds no validation result to compare with")
@@ -354,7 +355,7 @@ def _check_output_writable(output: str | None, checkpoint: str) -> None:
   if "://" not in checkpoint and os.path.exists(checkpoint) and not os.path.isdir(checkpoint):
     cli.fail(PROG, f"--checkpoint={checkpoint}: is a file, not a folder (expected a "
              "lev-train workdir or a lev-export folder)")
-  path = epath.Path(output or os.path.join(checkpoint, "lev_eval.json"))
+  path = epath.Path(output or os.path.join(checkpoint, LEV_EVAL_JSON))
   folder = path.parent
   if "://" in str(folder) or not folder.exists():
     return  # a missing checkpoint folder is reported by the load, naming it
@@ -380,10 +381,8 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:  # every error of ours is a ValueError
     cli.fail(PROG, cli.first_line(e))
   # As the user gave it (relative stays relative), as _check_output_writable checked it.
-  path = epath.Path(fl.output or os.path.join(fl.checkpoint, "lev_eval.json"))
-  tmp = path.parent / (path.name + ".tmp")
-  tmp.write_text(json.dumps(out, indent=1))
-  tmp.replace(path)
+  path = epath.Path(fl.output or os.path.join(fl.checkpoint, LEV_EVAL_JSON))
+  write_json_atomic(path, out)
   _print_summary(out)
   print(f"{PROG}: wrote {path}", file=sys.stderr)
 

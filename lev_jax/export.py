@@ -15,7 +15,7 @@ LEV is always materialised there, as HF LLaMA has a plain input table).
 The source checkpoint is only read. A non-empty OUTPUT is refused unless --overwrite
 (the old folder is replaced only once the new export is complete); OUTPUT may not be
 the checkpoint, inside it, or hold it. One export per OUTPUT: it holds PARENT/.NAME.lock
-beside OUTPUT (lev_jax.workdir; OUTPUT itself is replaced by a rename), and a second
+beside OUTPUT (lev_jax.lock; OUTPUT itself is replaced by a rename), and a second
 export to the same OUTPUT stops at once naming the holder; --force_unlock removes a
 lock left by a run on another host that is gone.
 """
@@ -28,6 +28,8 @@ from absl import flags
 
 from lev_jax import cli
 from lev_jax.config import DTYPES
+from lev_jax.workdir import (EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF, TOKEN_COUNTS,
+                             TOKENIZER)
 
 PROG = "lev-export"
 MB = 1 << 20
@@ -44,11 +46,11 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                     "Parameter dtype of the export (default: as stored).", flag_values=fv)
   flags.DEFINE_bool("materialize_lev", False, "Replace LEV by its V x D table (a "
                     "Leviathan model only).", flag_values=fv)
-  flags.DEFINE_bool("hf", False, "Also write OUTPUT/hf, a Hugging Face LlamaForCausalLM "
+  flags.DEFINE_bool("hf", False, f"Also write OUTPUT/{HF}, a Hugging Face LlamaForCausalLM "
                     "folder (LEV materialised there).", flag_values=fv)
   flags.DEFINE_bool("overwrite", False, "Replace a non-empty OUTPUT.", flag_values=fv)
   flags.DEFINE_bool("force_unlock", False, "Remove OUTPUT's lock when it was left by a run "
-                    "on another host that is gone (see lev_jax/workdir.py).", flag_values=fv)
+                    "on another host that is gone (see lev_jax/lock.py).", flag_values=fv)
 
 
 def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
@@ -113,7 +115,7 @@ def export(checkpoint: str, output: str, *, step: int | None = None,
   info = dict(info, dir=os.fspath(output))
   hf_info = None
   if hf:
-    hf_info = hf_export.save_hf(im.model, im.config, os.path.join(output, "hf"),
+    hf_info = hf_export.save_hf(im.model, im.config, os.path.join(output, HF),
                                 dtype=info["dtype"], tokenizer=im.tokenizer)
   info["folder_bytes"] = _folder_bytes(output)
   return {"export": info, "hf": hf_info}
@@ -125,10 +127,10 @@ def report(result: dict) -> str:
   kind = e["embedding"] + (" -> materialised table" if e["materialized_lev"] else "")
   lines = [f"{PROG}: step {e['step']} of {e['source']} ({kind}) -> {e['dir']}",
            f"  params  {e['params']:,} {e['dtype']} ({e['bytes'] / MB:.2f} MB); "
-           f"folder {e['folder_bytes'] / MB:.2f} MB: params/, config.json, tokenizer/, "
-           "export.json" + (", token_counts.npy"
-                            if os.path.exists(os.path.join(e["dir"], "token_counts.npy"))
-                            else "")]
+           f"folder {e['folder_bytes'] / MB:.2f} MB: {EXPORT_PARAMS}/, {EXPORT_CONFIG}, "
+           f"{TOKENIZER}/, {EXPORT_JSON}"
+           + (f", {TOKEN_COUNTS}" if os.path.exists(os.path.join(e["dir"], TOKEN_COUNTS))
+              else "")]
   if h:
     note = "; LEV materialised into embed_tokens" if h["embedding"] == "lev" else ""
     lines.append(f"  hf      {h['dir']}: {h['n_params']:,} {h['dtype']} params "
@@ -148,7 +150,7 @@ def main(argv, fv: flags.FlagValues | None = None):
                      ("output", "the export folder to write")):
     if not fv[name].value:
       cli.fail(PROG, f"--{name} is required ({what})")
-  from lev_jax import workdir as workdir_lock
+  from lev_jax import lock as workdir_lock
   try:
     check_output(fv.checkpoint, fv.output, fv.overwrite)  # before the lock is created
     # Beside OUTPUT, not inside: inference.save renames a new folder into its place.

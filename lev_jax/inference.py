@@ -18,8 +18,9 @@ logits equal the LEV model's). The export is written into a temporary folder and
 renamed into place when complete: a failed export never leaves a half-written folder
 under the requested name, and the source checkpoint is only read.
 
-Source: orbax-checkpoint docs, "StandardCheckpointer" and "CheckpointManager"
-(partial restore of one item); Flax NNX docs, "nnx.split / nnx.merge".
+The folder names are lev_jax.workdir's; every Orbax read and write is
+lev_jax.checkpoint's (`CheckpointReader`, `write_params`, `read_params`). Source: Flax
+NNX docs, "nnx.split / nnx.merge".
 """
 
 from __future__ import annotations
@@ -35,20 +36,21 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from lev_jax.checkpoint import (SHAPE_FIELDS, CheckpointCorruptError, _differences, error_line,
-                                verify_manifest)
-from lev_jax.config import DTYPES, ConfigError, base_config, validate
+from lev_jax import checkpoint
+from lev_jax.checkpoint import (SHAPE_FIELDS, CheckpointCorruptError, config_differences,
+                                error_line, verify_manifest)
+from lev_jax.config import DTYPES, ConfigError, from_dict
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer import load_tokenizer, save_tokenizer
 from lev_jax.embeddings import input_table
 from lev_jax.model import Decoder
+from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, TOKEN_COUNTS,
+                             TOKENIZER, write_json_atomic)
 
 EXPORT_FORMAT = "lev_jax.inference/1"
-EXPORT_JSON = "export.json"
 
 
 class InferenceError(ValueError):
@@ -104,41 +106,18 @@ def _abstract(config: ml_collections.ConfigDict):
   return nnx.split(model, nnx.Param)
 
 
-def _merge(base: ml_collections.ConfigDict, saved: dict, where, prefix: str = "") -> None:
-  for key, value in saved.items():
-    if key in base and isinstance(base[key], ml_collections.ConfigDict) and isinstance(
-        value, dict):
-      _merge(base[key], value, where, f"{prefix}{key}.")
-      continue
-    if key in base and isinstance(base[key], tuple) and isinstance(value, list):
-      value = tuple(value)
-    elif key in base and isinstance(base[key], float) and isinstance(value, int):
-      value = float(value)
-    try:
-      with base.unlocked():
-        base[key] = value
-    except TypeError as e:
-      raise InferenceError(
-          f"{where}: stored config.{prefix}{key} = {value!r} does not fit this lev_jax "
-          f"(expected {type(base[key]).__name__}); the checkpoint is from an older "
-          "version") from e
-
-
 def _config_from_json(data: dict, where) -> ml_collections.ConfigDict:
-  """The stored config over `base_config()`: fields added since it was saved get their
-  defaults; stored lists become the tuples the config declares."""
-  config = base_config()
-  _merge(config, data, where)
+  """The stored config over `base_config()` (`config.from_dict`)."""
   try:
-    return validate(config)
+    return from_dict(data, where)
   except ConfigError as e:
-    raise InferenceError(f"{where}: the stored config is not valid: {e}") from e
+    raise InferenceError(str(e)) from e
 
 
 def _check_expected(saved: dict, expect: ml_collections.ConfigDict | None, where) -> None:
   if expect is None:
     return
-  diffs = _differences(saved, expect, SHAPE_FIELDS)
+  diffs = config_differences(saved, expect, SHAPE_FIELDS)
   if diffs:
     raise InferenceError(f"{where} does not match the given config's model shape: "
                          + "; ".join(diffs))
@@ -146,9 +125,9 @@ def _check_expected(saved: dict, expect: ml_collections.ConfigDict | None, where
 
 def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict):
   """The tokenizer and counts saved beside a checkpoint; else rebuilt from the data."""
-  counts_path = folder / "token_counts.npy"
-  if (folder / "tokenizer").exists():
-    tokenizer = load_tokenizer(folder / "tokenizer")
+  counts_path = folder / TOKEN_COUNTS
+  if (folder / TOKENIZER).exists():
+    tokenizer = load_tokenizer(folder / TOKENIZER)
     counts = read_npy(counts_path) if counts_path.exists() else None
     return tokenizer, counts
   from lev_jax import data as data_lib  # an older workdir: rebuild from the data config
@@ -159,51 +138,38 @@ def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict)
 
 
 def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
-  ckpt_dir = root / "checkpoints"
+  ckpt_dir = root / CHECKPOINTS
   if not ckpt_dir.exists():
-    raise InferenceError(f"{root}: neither a training workdir (no checkpoints/) nor an "
-                         f"inference export (no {EXPORT_JSON})")
-  manager = ocp.CheckpointManager(
-      ckpt_dir, options=ocp.CheckpointManagerOptions(create=False),  # never saves or deletes
-      item_handlers={"state": ocp.PyTreeCheckpointHandler(),
-                     "config": ocp.JsonCheckpointHandler()})
-  steps = sorted(manager.all_steps())
-  if not steps:
-    raise InferenceError(f"{ckpt_dir}: no complete checkpoint")
-  if step is None:
-    step = steps[-1]
-  elif step not in steps:
-    raise InferenceError(f"{ckpt_dir}: no checkpoint at step {step}; steps: {steps}")
-  where = f"checkpoint {ckpt_dir / str(step)}"
-  others = [s for s in steps if s != step]
-  hint = f"; other steps: {others} (--step)" if others else ""
-  try:  # the checksums written at save (checkpoint.MANIFEST), then the config item
-    verify_manifest(ckpt_dir / str(step))
-    saved = manager.restore(step, args=ocp.args.Composite(
-        config=ocp.args.JsonRestore()))["config"]
-  except CheckpointCorruptError as e:
-    manager.close()
-    raise InferenceError(f"{e}{hint}") from None
-  except Exception as e:  # a deleted or damaged config item: any Orbax error type
-    manager.close()
-    raise InferenceError(f"{where}: its config cannot be read ({error_line(e)}){hint}") from e
-  _check_expected(saved, expect, where)
-  config = _config_from_json(saved, where)
-  graphdef, abstract = _abstract(config)
-  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                        abstract)
-  restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=sharding), abstract)
-  try:  # parameters only: the optimizer state is never read
-    state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item={"params": target}, restore_args={"params": restore_args},
-        partial_restore=True)))["state"]
-  except Exception as e:  # tensorstore / Orbax errors of a damaged step are of any type
-    raise InferenceError(f"{where} cannot be read: it is incomplete or corrupt "
-                         f"({error_line(e)}){hint}") from e
-  finally:
-    manager.close()
-  params = _cast(state["params"], dtype)
+    raise InferenceError(f"{root}: neither a training workdir (no {CHECKPOINTS}/) nor "
+                         f"an inference export (no {EXPORT_JSON})")
+  with checkpoint.CheckpointReader(ckpt_dir) as reader:  # never saves or deletes
+    steps = reader.all_steps()
+    if not steps:
+      raise InferenceError(f"{ckpt_dir}: no complete checkpoint")
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise InferenceError(f"{ckpt_dir}: no checkpoint at step {step}; steps: {steps}")
+    where = f"checkpoint {ckpt_dir / str(step)}"
+    others = [s for s in steps if s != step]
+    hint = f"; other steps: {others} (--step)" if others else ""
+    try:  # the checksums written at save (checkpoint.MANIFEST), then the config item
+      verify_manifest(ckpt_dir / str(step))
+      saved = reader.saved_config(step)
+    except CheckpointCorruptError as e:
+      raise InferenceError(f"{e}{hint}") from None
+    except Exception as e:  # a deleted or damaged config item: any Orbax error type
+      raise InferenceError(f"{where}: its config cannot be read ({error_line(e)}){hint}"
+                           ) from e
+    _check_expected(saved, expect, where)
+    config = _config_from_json(saved, where)
+    graphdef, abstract = _abstract(config)
+    try:  # parameters only: the optimizer state is never read
+      params = reader.params(step, abstract)
+    except Exception as e:  # tensorstore / Orbax errors of a damaged step are of any type
+      raise InferenceError(f"{where} cannot be read: it is incomplete or corrupt "
+                           f"({error_line(e)}){hint}") from e
+  params = _cast(params, dtype)
   tokenizer, counts = _tokenizer_and_counts(root, config)
   return InferenceModel(nnx.merge(graphdef, params), config, tokenizer, step, counts,
                         os.fspath(root), dtype or config.model.param_dtype)
@@ -212,7 +178,7 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
 def _load_export(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
   try:
     info = json.loads((root / EXPORT_JSON).read_text())
-    saved = json.loads((root / "config.json").read_text())
+    saved = json.loads((root / EXPORT_CONFIG).read_text())
   except (OSError, json.JSONDecodeError) as e:
     raise InferenceError(f"{root}: unreadable export ({e})") from e
   if info.get("format") != EXPORT_FORMAT:
@@ -224,12 +190,12 @@ def _load_export(root: epath.Path, step: int | None, dtype, expect) -> Inference
     expect = ml_collections.ConfigDict(expect.to_dict())
     expect.model.embedding = "untied"  # the materialised table replaced LEV
   _check_expected(saved, expect, f"export {root}")
-  config = _config_from_json(saved, root / "config.json")
+  config = _config_from_json(saved, root / EXPORT_CONFIG)
   graphdef, abstract = _abstract(config)
   try:
-    params = ocp.StandardCheckpointer().restore(root / "params", abstract)
+    params = checkpoint.read_params(root / EXPORT_PARAMS, abstract)
   except Exception as e:  # tensorstore / Orbax errors of a damaged export are of any type
-    raise InferenceError(f"{root / 'params'}: cannot restore the parameters: the export "
+    raise InferenceError(f"{root / EXPORT_PARAMS}: cannot restore the parameters: the export "
                          f"is incomplete or corrupt ({error_line(e)})") from e
   params = _cast(params, dtype)
   tokenizer, counts = _tokenizer_and_counts(root, config)
@@ -346,13 +312,11 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
   tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
   tmp.mkdir(parents=True)
   try:
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(tmp / "params", params)
-    checkpointer.wait_until_finished()
-    write_bytes_atomic(tmp / "config.json", json.dumps(config.to_dict(), indent=1).encode())
-    save_tokenizer(im.tokenizer, tmp / "tokenizer", config.model.vocab_multiple)
+    checkpoint.write_params(tmp / EXPORT_PARAMS, params)
+    write_json_atomic(tmp / EXPORT_CONFIG, config.to_dict())
+    save_tokenizer(im.tokenizer, tmp / TOKENIZER, config.model.vocab_multiple)
     if im.token_counts_V is not None:
-      write_bytes_atomic(tmp / "token_counts.npy", npy_bytes(im.token_counts_V))
+      write_bytes_atomic(tmp / TOKEN_COUNTS, npy_bytes(im.token_counts_V))
     leaves = jax.tree.leaves(params)
     info = {"format": EXPORT_FORMAT, "source": im.source, "step": int(im.step),
             "dtype": dtype, "embedding": embedding, "materialized_lev": bool(materialize_lev),
@@ -360,7 +324,7 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
             "bytes": int(sum(x.size * x.dtype.itemsize for x in leaves)),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds")}
-    write_bytes_atomic(tmp / EXPORT_JSON, json.dumps(info, indent=1).encode())
+    write_json_atomic(tmp / EXPORT_JSON, info)
   except BaseException:
     tmp.rmtree(missing_ok=True)
     raise

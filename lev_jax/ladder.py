@@ -16,9 +16,10 @@ What is read from each workdir (lev_jax/trainer.py writes it):
                   finished when its "step" equals train.steps
   lev_eval.json   optional (`lev-eval`): {"step", "validation", "downstream": {task:
                   {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "n", ...}}}
-  checkpoints/<step>/config/metadata  the config the run was trained with (Orbax JSON);
-                  used when present (so `--config.train.steps=...` overrides count),
-                  else the ladder's get_config(variant)
+  checkpoints/<step>/config  the config the run was trained with (read without Orbax:
+                  lev_jax.checkpoint.latest_config_file); used when present (so
+                  `--config.train.steps=...` overrides count), else the ladder's
+                  get_config(variant)
 
 What the analysis computes, per size with both twins finished (arXiv 2601.22040;
 ../shared/LEV.md "Reported results"):
@@ -52,6 +53,7 @@ import ml_collections
 from etils import epath
 
 from lev_jax import evaluate, scaling
+from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS
 
 KINDS = ("tied", "leviathan")
 N_CONVENTION = ("N = total parameters (lev-params 'total': the tied table counted once; "
@@ -175,13 +177,10 @@ def _param_counts(config: ml_collections.ConfigDict) -> dict:
 def _latest_checkpoint_config(workdir: epath.Path) -> tuple[dict | None, str | None]:
   """(the stored config dict, None) of the highest complete checkpoint step, or (None,
   a note) when there is none or it does not parse."""
-  ckpt = workdir / "checkpoints"
-  if not ckpt.is_dir():
+  from lev_jax.checkpoint import latest_config_file  # imports Orbax: only when reading
+  path = latest_config_file(workdir / CHECKPOINTS)
+  if path is None:
     return None, None
-  steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
-  if not steps:
-    return None, None
-  path = ckpt / str(steps[-1]) / "config" / "metadata"
   try:
     return json.loads(path.read_text()), None
   except FileNotFoundError:
@@ -282,7 +281,7 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
         source = "checkpoint"
       except (AttributeError, KeyError, TypeError):
         config = module.get_config(variant)
-        notes.append(f"{workdir}/checkpoints: stored config lacks train/model fields; "
+        notes.append(f"{workdir / CHECKPOINTS}: stored config lacks train/model fields; "
                      "using the ladder's config")
   t = config.train
   tokens_per_step = int(t.global_batch_size) * int(t.seq_len)
@@ -294,7 +293,7 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
   if not workdir.is_dir():
     rung.reason = f"no workdir {workdir}"
     return rung
-  metrics = workdir / "metrics.jsonl"
+  metrics = workdir / METRICS
   if not metrics.exists():
     rung.reason = f"no metrics: {metrics} does not exist (never started?)"
     return rung
@@ -309,13 +308,13 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
       if n:
         rung.notes.append(f"{n} non-finite {what} value(s) left out of the curve")
     rung.step = max((r["step"] for r in rows), default=None)
-    eval_path = workdir / "eval.json"
-    final = _read_json(eval_path, "eval.json") if eval_path.exists() else None
+    eval_path = workdir / EVAL_JSON
+    final = _read_json(eval_path, EVAL_JSON) if eval_path.exists() else None
     if final is not None:
       _check_eval(final, eval_path)
-    lev_eval_path = workdir / "lev_eval.json"
+    lev_eval_path = workdir / LEV_EVAL_JSON
     if lev_eval_path.exists():
-      rung.lev_eval = _read_json(lev_eval_path, "lev_eval.json")
+      rung.lev_eval = _read_json(lev_eval_path, LEV_EVAL_JSON)
       if not isinstance(rung.lev_eval.get("downstream", {}), dict):
         raise LadderError(f"{lev_eval_path}: 'downstream' must be an object "
                           "{task: {acc, acc_stderr, ...}}")
@@ -342,7 +341,7 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
   rung.final = final
   rung.status = "finished"
   if rung.lev_eval is not None and rung.lev_eval.get("step") not in (None, rung.steps):
-    rung.notes.append(f"lev_eval.json is from step {rung.lev_eval.get('step')}, not the "
+    rung.notes.append(f"{LEV_EVAL_JSON} is from step {rung.lev_eval.get('step')}, not the "
                       f"final step {rung.steps}")
   return rung
 
@@ -386,7 +385,7 @@ def _efficiency(tied: Rung, lev: Rung) -> dict:
          "ratio": None, "bound": None, "reason": None}
   for r in (tied, lev):
     if not r.eval_curve["tokens"]:
-      out["reason"] = f"{r.variant} has no eval/loss rows in metrics.jsonl"
+      out["reason"] = f"{r.variant} has no eval/loss rows in {METRICS}"
       return out
   try:
     eff = scaling.token_efficiency(tied.eval_curve["tokens"], tied.eval_curve["loss"],

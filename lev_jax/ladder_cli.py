@@ -40,6 +40,7 @@ from absl import app, flags
 
 from lev_jax import cli, experiments_dir
 from lev_jax.report import ratio_text
+from lev_jax.workdir import REPORT
 
 PROG = "lev-ladder"
 LAUNCHERS = ("local", "print", "tpu", "slurm")
@@ -58,7 +59,7 @@ def _define_flags():
                       "--accelerator_type=v5p-128\".")
   flags.DEFINE_string("train_flags", "", "Extra lev-train flags for every rung, e.g. "
                       "\"--config.data.prepared_dir=...\".")
-  flags.DEFINE_string("report_dir", None, "Where the report goes (default ROOT/report).")
+  flags.DEFINE_string("report_dir", None, f"Where the report goes (default ROOT/{REPORT}).")
   flags.mark_flags_as_required(["ladder", "root"])
 
 
@@ -183,7 +184,7 @@ def main(argv):
     cli.fail(PROG, f"--root={f.root} is remote: give a local --report_dir for the report")
   if not f.run and "://" not in f.root and not Path(f.root).is_dir():
     cli.fail(PROG, f"--root={f.root}: no such folder (add --run to train the rungs there)")
-  report_dir = f.report_dir or str(Path(f.root) / "report")
+  report_dir = f.report_dir or str(Path(f.root) / REPORT)
   try:
     module = ladder_lib.load_ladder(f.ladder)
     result = ladder_lib.collect(module, f.root)

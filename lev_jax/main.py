@@ -9,7 +9,7 @@ Re-running the same command on the same workdir resumes from its latest checkpoi
 SIGTERM (preemption) and Ctrl-C save a checkpoint of the step reached and exit 143 and
 130; a second Ctrl-C aborts at once, keeping the checkpoints already complete.
 
-One run per workdir: the run holds WORKDIR/.lock (lev_jax.workdir; process 0 of a
+One run per workdir: the run holds WORKDIR/.lock (lev_jax.lock; process 0 of a
 multi-host run), and a second lev-train on it stops at once naming the holder. A lock
 left by a killed run is taken over; --force_unlock removes one recorded by a run on
 another host that is gone (a network filesystem can keep its lock).
@@ -24,12 +24,13 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from lev_jax import cli, distributed, experiments_dir
-from lev_jax import workdir as workdir_lock
+from lev_jax import lock as workdir_lock
 from lev_jax.checkpoint import CheckpointMismatchError, CheckpointWriteError
 from lev_jax.config import ConfigError, validate
 from lev_jax.data import DataError
 from lev_jax.evaluate import coverage
 from lev_jax.sharding import ShardingError
+from lev_jax.workdir import EVAL_JSON, LOCK, default_workdir
 
 # 128 + SIGTERM: the shell's status for a process ended by SIGTERM; schedulers read it
 # as "did not finish" and can requeue the job, which then resumes. Ctrl-C (SIGINT) after
@@ -46,8 +47,8 @@ def _define_flags():
   flags.DEFINE_integer("stop_at_step", None, "Stop after this step with a checkpoint (for "
                        "time-sliced jobs; the schedule still spans train.steps); at least 1.",
                        lower_bound=1)
-  flags.DEFINE_bool("force_unlock", False, "Remove WORKDIR/.lock when it was left by a run "
-                    "on another host that is gone (see lev_jax/workdir.py); a lock held on "
+  flags.DEFINE_bool("force_unlock", False, f"Remove WORKDIR/{LOCK} when it was left by a run "
+                    "on another host that is gone (see lev_jax/lock.py); a lock held on "
                     "this host is never overridden.")
   flags.DEFINE_bool("restore_fallback", False, "When the latest checkpoint is corrupt "
                     "(checksum) or unreadable, resume from the latest intact one instead "
@@ -69,7 +70,7 @@ def main(argv):
     validate(config)  # before the workdir or its lock is created
   except ConfigError as e:
     cli.fail("lev-train", str(e))
-  workdir = flags.FLAGS.workdir or f"runs/{config.name}"
+  workdir = flags.FLAGS.workdir or default_workdir(config.name)
   logging.info("config %s -> workdir %s", config.name, workdir)
   lock = (workdir_lock.hold(workdir, prog="lev-train", force_unlock=flags.FLAGS.force_unlock)
           if distributed.is_primary() else contextlib.nullcontext())
@@ -94,7 +95,7 @@ def main(argv):
     sys.exit(STOPPED_EXIT[result.reason])
   if distributed.is_primary():
     print(f"lev-train: {config.name} step {result['step']}: validation loss "
-          f"{result['loss']:.4f}, perplexity {result['perplexity']:.2f} -> {workdir}/eval.json")
+          f"{result['loss']:.4f}, perplexity {result['perplexity']:.2f} -> {workdir}/{EVAL_JSON}")
     if result.get("data"):  # eval.json of a run finished before the record was kept
       print(f"  {coverage(result['data'])}")
 

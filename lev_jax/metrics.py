@@ -20,6 +20,9 @@ import time
 import jax
 from etils import epath
 
+from lev_jax.data.files import write_bytes_atomic
+from lev_jax.workdir import METRICS, TENSORBOARD
+
 
 def _clean(v):
   v = float(v)
@@ -31,13 +34,13 @@ class MetricWriter:
 
   def __init__(self, workdir):
     self.enabled = jax.process_index() == 0
-    self.path = epath.Path(workdir) / "metrics.jsonl"
+    self.path = epath.Path(workdir) / METRICS
     self._tb = None
     if self.enabled:
       from tensorboardX import SummaryWriter
       self.path.parent.mkdir(parents=True, exist_ok=True)
       self._file = self.path.open("a")
-      self._tb = SummaryWriter(str(epath.Path(workdir) / "tensorboard"))
+      self._tb = SummaryWriter(str(epath.Path(workdir) / TENSORBOARD))
 
   def write(self, step: int, metrics: dict):
     if not self.enabled:
@@ -64,7 +67,7 @@ def truncate_metrics(workdir, step: int) -> int:
   Returns:
     The number of rows dropped (0 when the file is absent).
   """
-  path = epath.Path(workdir) / "metrics.jsonl"
+  path = epath.Path(workdir) / METRICS
   if not path.exists():
     return 0
   kept, dropped = [], 0
@@ -78,8 +81,6 @@ def truncate_metrics(workdir, step: int) -> int:
     else:
       kept.append(line + "\n")
   if dropped:
-    tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    tmp.replace(path)
+    write_bytes_atomic(path, "".join(kept).encode())
   return dropped
 

@@ -16,7 +16,7 @@ one; a folder holding another run's dataset is an error unless --overwrite. Then
 with --config.data.source=prepared --config.data.prepared_dir=<the same folder>.
 
 One preparation per folder: it holds PARENT/.NAME.lock beside the folder
-(lev_jax.workdir), and a second one on the same folder stops at once naming the holder;
+(lev_jax.lock), and a second one on the same folder stops at once naming the holder;
 --force_unlock removes a lock left by a run on another host that is gone.
 """
 
@@ -29,7 +29,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from lev_jax import cli
-from lev_jax import workdir as workdir_lock
+from lev_jax import lock as workdir_lock
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.errors import DataError
 
@@ -45,7 +45,7 @@ def _define_flags():
   flags.DEFINE_bool("overwrite", False, "Replace a folder holding another preparation "
                     "run's dataset (finished or not).")
   flags.DEFINE_bool("force_unlock", False, "Remove the folder's lock when it was left by a "
-                    "run on another host that is gone (see lev_jax/workdir.py).")
+                    "run on another host that is gone (see lev_jax/lock.py).")
 
 
 def summary(report: dict) -> str:

@@ -33,6 +33,9 @@ import math
 import subprocess
 from pathlib import Path
 
+from lev_jax.workdir import (ANALYSIS_JSON, EVAL_JSON, FREQ_BUCKETS_PNG, LADDER_CSV,
+                             LEV_EVAL_JSON, LOSS_VS_TOKENS_PNG, REPORT_MD, SCALING_FIT_PNG)
+
 PAPER = {
     "ppl": "-9 % validation perplexity at 1.2B",
     "efficiency": "2.1x fewer tokens to the tied baseline's final loss at 1.2B",
@@ -398,7 +401,7 @@ def _ppl_section(analysis) -> list[str]:
                  _num(p["leviathan_loss"]), _num(p["tied_ppl"], 2), _num(p["leviathan_ppl"], 2),
                  _pct(p["ppl_change"]) if p["ppl_change"] is not None else _na(p["reason"])])
   out = ["## Validation perplexity", "",
-         "Final validation loss and perplexity (eval.json) of each tied rung and its "
+         f"Final validation loss and perplexity ({EVAL_JSON}) of each tied rung and its "
          f"Leviathan twin; change = leviathan / tied - 1. Paper: {PAPER['ppl']}.", ""]
   return out + _table(["size", "N tied", "N leviathan", "tied loss", "leviathan loss",
                        "tied ppl", "leviathan ppl", "ppl change"], rows) + [""]
@@ -423,7 +426,7 @@ def _efficiency_section(analysis) -> list[str]:
          f"Leviathan tokens. Paper: {PAPER['efficiency']}.", ""]
   out += _table(["size", "target (tied final loss)", "tied tokens",
                  "leviathan tokens to target", "ratio"], rows)
-  return out + ["", "![loss vs tokens](loss_vs_tokens.png)", ""]
+  return out + ["", f"![loss vs tokens]({LOSS_VS_TOKENS_PNG})", ""]
 
 
 def _fit_section(analysis) -> list[str]:
@@ -468,7 +471,7 @@ def _fit_section(analysis) -> list[str]:
     rows.append(["n/a", "n/a", "n/a", _na("no finished Leviathan rung"), "n/a", "n/a", ""])
   out += _table(["size", "N leviathan", "final loss", "n_eff", "16-84 %", "n_eff / N",
                  "note"], rows)
-  return out + ["", "![scaling fit](scaling_fit.png)", ""]
+  return out + ["", f"![scaling fit]({SCALING_FIT_PNG})", ""]
 
 
 def _bucket_section(analysis) -> list[str]:
@@ -505,16 +508,16 @@ def _bucket_section(analysis) -> list[str]:
         [r["range"], str(r.get("tokens", "n/a")), _num(r["baseline"], 2), _num(r["other"], 2),
          bucket_change_text(r["change"], r.get("tokens"))]
         for r in largest["buckets"]["rows"]]) + [""]
-  return out + ["![frequency buckets](freq_buckets.png)", ""]
+  return out + [f"![frequency buckets]({FREQ_BUCKETS_PNG})", ""]
 
 
 def _downstream_section(analysis) -> list[str]:
   out = ["## Downstream (zero-shot)", ""]
   tasks = analysis["downstream_tasks"]
   if not tasks:
-    return out + ["No lev_eval.json in any finished rung: run `lev-eval` on each workdir "
+    return out + [f"No {LEV_EVAL_JSON} in any finished rung: run `lev-eval` on each workdir "
                   "for this table.", ""]
-  out += [f"Accuracy from each rung's lev_eval.json (± stderr); change in points. "
+  out += [f"Accuracy from each rung's {LEV_EVAL_JSON} (± stderr); change in points. "
           f"Paper: {PAPER['downstream']}.", ""]
 
   def acc(v, key="acc"):
@@ -573,7 +576,7 @@ def markdown(analysis, produced: dict) -> str:
   lines += _rungs_section(analysis)
   lines += provenance_lines(produced, "lev_jax.report.write_report", [
       f"ladder: `{analysis['ladder']}`; root: `{analysis['root']}`",
-      "every figure: `analysis.json`; one row per rung: `ladder.csv`"])
+      f"every figure: `{ANALYSIS_JSON}`; one row per rung: `{LADDER_CSV}`"])
   return "\n".join(lines)
 
 
@@ -602,9 +605,9 @@ def write_report(analysis: dict, out_dir, *, command: str | None = None) -> dict
   """
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  paths = {"report": out / "report.md", "csv": out / "ladder.csv",
-           "json": out / "analysis.json", "loss_vs_tokens": out / "loss_vs_tokens.png",
-           "scaling_fit": out / "scaling_fit.png", "freq_buckets": out / "freq_buckets.png"}
+  paths = {"report": out / REPORT_MD, "csv": out / LADDER_CSV, "json": out / ANALYSIS_JSON,
+           "loss_vs_tokens": out / LOSS_VS_TOKENS_PNG, "scaling_fit": out / SCALING_FIT_PNG,
+           "freq_buckets": out / FREQ_BUCKETS_PNG}
   produced = provenance(command)
   paths["json"].write_text(json.dumps({**analysis, "produced": produced}, indent=1))
   write_csv(analysis, paths["csv"])

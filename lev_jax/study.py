@@ -42,6 +42,7 @@ from etils import epath
 from scipy import stats
 
 from lev_jax import evaluate, ladder
+from lev_jax.workdir import STUDY_EVAL_JSON, write_json_atomic
 
 # Config fields a study's runs may differ in, and the factor each belongs to.
 FACTOR_FIELDS = {
@@ -56,7 +57,6 @@ LEV_ONLY_OPTIONS = ("optim.lev_lr_multiplier", "lev.out_proj_init")
 VARIANTS = {"tied": "tied", "lev": "leviathan", "untied": "untied"}
 SPLITS = ("validation", "test")
 SCHEMES = ("log", "equal_mass")
-EVAL_FILE = "study_eval.json"
 CONFIDENCE = 0.95
 
 
@@ -187,7 +187,7 @@ def paired_changes(baseline: Sequence[float], other: Sequence[float]) -> list[fl
 
 def read_eval(workdir) -> dict | None:
   """WORKDIR/study_eval.json, or None when absent or unreadable."""
-  path = epath.Path(workdir) / EVAL_FILE
+  path = epath.Path(workdir) / STUDY_EVAL_JSON
   try:
     return json.loads(path.read_text())
   except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
@@ -217,10 +217,7 @@ def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
     r = eval_cli.evaluate_model(im, split=split, overrides=overrides, eval_step=step_fn)
     out[split] = {"log": r["validation"], "equal_mass": r.get("validation_equal_mass"),
                   "data": r.get("data")}
-  path = epath.Path(workdir) / EVAL_FILE
-  tmp = path.parent / (path.name + ".tmp")
-  tmp.write_text(json.dumps(out, indent=1))
-  tmp.replace(path)
+  write_json_atomic(epath.Path(workdir) / STUDY_EVAL_JSON, out)
   return out
 
 
@@ -260,7 +257,7 @@ def _bucket_rows(base_evals, other_evals, split, scheme) -> dict:
   pairs = [(b[split][scheme], o[split][scheme]) for b, o in zip(base_evals, other_evals)
            if b[split].get(scheme) and o[split].get(scheme)]
   if not pairs:
-    return {"rows": [], "reason": f"no {scheme} buckets in {EVAL_FILE}"}
+    return {"rows": [], "reason": f"no {scheme} buckets in {STUDY_EVAL_JSON}"}
   try:
     per_seed = [evaluate.relative_change(b, o) for b, o in pairs]
   except ValueError as e:

@@ -36,6 +36,7 @@ from pathlib import Path
 from absl import app, flags
 
 from lev_jax import cli
+from lev_jax.workdir import JAX_CACHE, REPORT
 
 PROG = "lev-study"
 
@@ -49,7 +50,7 @@ def _define_flags():
                       "for all, e.g. \"--config.data.cache_dir=/tmp/c\").")
   flags.DEFINE_integer("eval_batches", 0, "eval.batches of the validation / test "
                        "evaluation (0: the study's FINAL_EVAL_BATCHES, else each run's).")
-  flags.DEFINE_string("report_dir", None, "Where the report goes (default ROOT/report).")
+  flags.DEFINE_string("report_dir", None, f"Where the report goes (default ROOT/{REPORT}).")
   flags.mark_flags_as_required(["study", "root"])
 
 
@@ -137,7 +138,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
       print(f"{PROG}: every run of {study} is finished under {root}; nothing to train",
             file=out)
     commands = ladder_cli.rung_commands("local", study, todo, root, train_flags=train_flags)
-    runner = runner or _runner_with_cache(str(Path(root).absolute() / "jax_cache"))
+    runner = runner or _runner_with_cache(str(Path(root).absolute() / JAX_CACHE))
     failed = {v: f"lev-train exited with status {s}" for v, s in
               ladder_cli.train_rungs(commands, "local", runner=runner, out=out,
                                      prog=PROG).items()}
@@ -151,7 +152,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   for m in analysis["missing"]:
     if m["run"] in failed:
       m["reason"] = f"{m['reason']}; {failed[m['run']]}"
-  paths = study_report.write_report(analysis, report_dir or Path(root) / "report",
+  paths = study_report.write_report(analysis, report_dir or Path(root) / REPORT,
                                     command=command)
   return analysis, paths, failed
 

@@ -32,6 +32,8 @@ from lev_jax import report
 from lev_jax.report import (MIN_BUCKET_TARGETS, PAPER, _count, _count_axis, _csv_value,
                             _figure, _table, provenance)
 from lev_jax.study import SCHEMES, SPLITS
+from lev_jax.workdir import (ANALYSIS_JSON, BUCKETS_CSV, FREQ_BUCKETS_PNG, LOSS_VS_TOKENS_PNG,
+                             REPORT_MD, STUDY_CSV)
 
 CELL_COLUMNS = (
     "label", "variant", "vocab", "options", "seeds", "runs", "validation_ppl",
@@ -166,7 +168,7 @@ def _bucket_section(analysis) -> list[str]:
                     [[r["range"], _count(r["targets"]), str(r["ids"]),
                       report._num(r["tied_ppl"], 2), report._num(r["other_ppl"], 2),
                       _bucket_change(r)] for r in b["rows"]]) + [""]
-  return out + ["![frequency buckets](freq_buckets.png)", ""]
+  return out + [f"![frequency buckets]({FREQ_BUCKETS_PNG})", ""]
 
 
 def _bucket_change(row: dict) -> str:
@@ -196,7 +198,7 @@ def _efficiency_section(analysis) -> list[str]:
          f"Paper: {PAPER['efficiency']}.", ""]
   out += _table(["cell", "target (tied final loss)", "seeds reaching it", "tokens to target",
                  "tokens ratio"], rows)
-  return out + ["", "![loss vs tokens](loss_vs_tokens.png)", ""]
+  return out + ["", f"![loss vs tokens]({LOSS_VS_TOKENS_PNG})", ""]
 
 
 def _runs_section(analysis) -> list[str]:
@@ -229,7 +231,7 @@ def markdown(analysis, produced: dict) -> str:
   lines += _runs_section(analysis)
   lines += report.provenance_lines(produced, "lev_jax.study_report.write_report", [
       f"study: `{analysis['study']}`; root: `{analysis['root']}`",
-      "every figure: `analysis.json`; per cell: `study.csv`; per bucket: `buckets.csv`"])
+      f"every figure: `{ANALYSIS_JSON}`; per cell: `{STUDY_CSV}`; per bucket: `{BUCKETS_CSV}`"])
   return "\n".join(lines)
 
 
@@ -400,10 +402,9 @@ def write_report(analysis: dict, out_dir, *, command: str | None = None) -> dict
   """
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  paths = {"report": out / "report.md", "csv": out / "study.csv",
-           "buckets_csv": out / "buckets.csv", "json": out / "analysis.json",
-           "loss_vs_tokens": out / "loss_vs_tokens.png",
-           "freq_buckets": out / "freq_buckets.png"}
+  paths = {"report": out / REPORT_MD, "csv": out / STUDY_CSV, "buckets_csv": out / BUCKETS_CSV,
+           "json": out / ANALYSIS_JSON, "loss_vs_tokens": out / LOSS_VS_TOKENS_PNG,
+           "freq_buckets": out / FREQ_BUCKETS_PNG}
   produced = provenance(command)
   paths["json"].write_text(json.dumps({**analysis, "produced": produced}, indent=1))
   _write_csv(paths["csv"], CELL_COLUMNS, cell_rows(analysis))

@@ -11,6 +11,7 @@ checkpoint exists, so re-running the same command continues the run. Outputs:
   WORKDIR/tokenizer/        the tokenizer (save_tokenizer), for inference and export
   WORKDIR/token_counts.npy  int64 [V] training-split count of each id (frequency buckets)
   WORKDIR/checkpoints/<step>/{state,data,config}
+(the names: lev_jax.workdir).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from lev_jax import sharding
 from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
+from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, EVAL_JSON, METRICS, RUN_OUTPUTS,
+                             TOKEN_COUNTS, TOKENIZER, write_json_atomic)
 
 
 class _StopSignals:
@@ -114,8 +117,7 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
       scalars[f"eval/perplexity_bucket_{lo}-{hi}"] = b["perplexity"]
   writer.write(step, scalars)
   if jax.process_index() == 0:
-    write_bytes_atomic(epath.Path(workdir) / "eval.json",
-                       json.dumps(result, indent=1).encode())
+    write_json_atomic(epath.Path(workdir) / EVAL_JSON, result)
   return result
 
 
@@ -127,8 +129,7 @@ def _write_data_report(workdir: epath.Path, bundle, step: int) -> None:
   report = bundle.current_report()
   if "counted" in report:
     report["counted_at_step"] = step
-  write_bytes_atomic(workdir / "data_report.json",
-                     json.dumps(report, indent=1, default=str).encode())
+  write_json_atomic(workdir / DATA_REPORT, report, default=str)
 
 
 def _check_gcs_support(config: ml_collections.ConfigDict, workdir) -> None:
@@ -167,32 +168,26 @@ class DivergenceError(RuntimeError):
   written after the first such step."""
 
 
-# What a run writes into its workdir: name -> a folder (True) or a file (False).
-_OUTPUTS = {"checkpoints": True, "tokenizer": True, "tensorboard": True,
-            "metrics.jsonl": False, "eval.json": False, "data_report.json": False,
-            "token_counts.npy": False}
-
-
 def _check_workdir(workdir: epath.Path) -> None:
   """Refuses a workdir that cannot hold a run, before anything is read or written.
 
   Raises:
-    ConfigError: the workdir, one of its outputs (_OUTPUTS) or an entry of tokenizer/
-      (files only) has the wrong kind (file vs folder), or the workdir, an output
+    ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS) or an entry of
+      tokenizer/ (files only) has the wrong kind (file vs folder), or the workdir, an output
       folder or metrics.jsonl (appended to) is not writable.
   """
   if workdir.exists() and not workdir.is_dir():
     raise ConfigError(f"--workdir={workdir}: is a file; expected a folder")
   present = []
-  for name, want_dir in _OUTPUTS.items():
+  for name, want_dir in RUN_OUTPUTS.items():
     p = workdir / name
     if p.exists() and p.is_dir() != want_dir:
       raise ConfigError(f"{p}: is a {'file' if want_dir else 'folder'}; expected a "
                         f"{'folder' if want_dir else 'file'} (move it aside)")
     if p.exists():
       present.append(p)
-  if (workdir / "tokenizer").is_dir():
-    for p in (workdir / "tokenizer").iterdir():
+  if (workdir / TOKENIZER).is_dir():
+    for p in (workdir / TOKENIZER).iterdir():
       if p.is_dir():  # save_tokenizer replaces the files it holds
         raise ConfigError(f"{p}: is a folder; expected a file of the tokenizer (move it "
                           "aside)")
@@ -204,7 +199,7 @@ def _check_workdir(workdir: epath.Path) -> None:
     raise ConfigError(f"--workdir={workdir}: {probe} is not writable")
   for p in present:
     if ((p.is_dir() and not os.access(p, os.W_OK | os.X_OK)) or
-        (p.name == "metrics.jsonl" and not os.access(p, os.W_OK))):
+        (p.name == METRICS and not os.access(p, os.W_OK))):
       raise ConfigError(f"{p}: is not writable")
 
 
@@ -359,7 +354,7 @@ class _Outputs:
   def checkpointer(self) -> Checkpointer:
     if self.ckpt is None:
       self.workdir.mkdir(parents=True, exist_ok=True)
-      self.ckpt = Checkpointer(self.workdir / "checkpoints",
+      self.ckpt = Checkpointer(self.workdir / CHECKPOINTS,
                                keep=self.config.train.keep_checkpoints,
                                portable_data=self.portable_data)
     return self.ckpt
@@ -371,9 +366,9 @@ class _Outputs:
     self.checkpointer()
     _write_data_report(self.workdir, self.bundle, step)  # documents, tokens, skipped lines
     if jax.process_index() == 0:  # the tokenizer, the token counts
-      save_tokenizer(self.bundle.tokenizer, self.workdir / "tokenizer",
+      save_tokenizer(self.bundle.tokenizer, self.workdir / TOKENIZER,
                      self.config.model.vocab_multiple)
-      write_bytes_atomic(self.workdir / "token_counts.npy",
+      write_bytes_atomic(self.workdir / TOKEN_COUNTS,
                          npy_bytes(self.bundle.token_counts_V))
       truncate_metrics(self.workdir, resumed_step)  # re-done steps must not appear twice
     self.started = True
@@ -399,7 +394,7 @@ def _run(config, workdir, bundle, part, train_iter, feed, stop_at_step, restore_
   outputs = _Outputs(config, workdir, bundle, portable_data=global_stream)
   stop = _StopSignals()  # installed by _loop; kept until the last save is complete
   try:
-    ckpt = outputs.checkpointer() if (workdir / "checkpoints").is_dir() else None
+    ckpt = outputs.checkpointer() if (workdir / CHECKPOINTS).is_dir() else None
     if ckpt is not None and ckpt.latest_step() is not None:  # restored into its shardings
       latest, state = ckpt.restore_latest(abstract_state(part, config), train_iter, config,
                                           fallback=restore_fallback)
@@ -407,7 +402,7 @@ def _run(config, workdir, bundle, part, train_iter, feed, stop_at_step, restore_
     else:
       state = init_state(part, config)
     step = int(state["step"])
-    eval_path = workdir / "eval.json"
+    eval_path = workdir / EVAL_JSON
     if step == t.steps:
       finished = _finished_eval(eval_path, step)
       if finished is not None:

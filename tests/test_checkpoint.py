@@ -101,3 +101,15 @@ def test_a_scan_layers_change_is_named(run):
   with pytest.raises(CheckpointMismatchError, match="model.scan_layers: checkpoint False, "
                      "this run True"):
     train_and_evaluate(c, workdir)
+
+
+def test_the_reader_and_latest_config_file_read_the_trained_config(run):
+  c, workdir = run
+  path = checkpoint.latest_config_file(workdir / "checkpoints")
+  with checkpoint.CheckpointReader(workdir / "checkpoints") as reader:
+    assert reader.all_steps() == [2, 4]
+    saved = reader.saved_config(4)
+  assert path == workdir / "checkpoints" / "4" / "config" / "metadata"
+  assert json.loads(path.read_text()) == saved
+  assert checkpoint.config_differences(saved, c) == []
+  assert checkpoint.latest_config_file(workdir / "none") is None

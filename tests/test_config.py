@@ -138,3 +138,28 @@ def test_adam_betas_at_zero_are_allowed():
   c = tiny_config()
   c.optim.b1, c.optim.b2 = 0.0, 0.0
   validate(c)
+
+
+def test_from_dict_fills_new_fields_and_restores_tuples():
+  from lev_jax.config import from_dict
+  stored = base_config().to_dict()
+  del stored["train"]["nan_policy"]  # a field added after the config was stored
+  stored["eval"]["freq_bucket_edges"] = [10, 100]  # JSON stores tuples as lists
+  stored["optim"]["lr"] = 1  # an int where the config declares a float
+  c = from_dict(stored, "ckpt/2")
+  assert c.train.nan_policy == base_config().train.nan_policy
+  assert c.eval.freq_bucket_edges == (10, 100) and c.optim.lr == 1.0
+
+
+def test_from_dict_names_the_source_and_the_field():
+  from lev_jax.config import from_dict
+  stored = base_config().to_dict()
+  stored["model"]["d_model"] = "wide"
+  with pytest.raises(ConfigError, match=r"^ckpt/2: stored config.model.d_model = 'wide' "
+                     "does not fit this lev_jax"):
+    from_dict(stored, "ckpt/2")
+  stored = base_config().to_dict()
+  stored["model"]["embedding"] = "tabled"
+  with pytest.raises(ConfigError, match=r"^ckpt/2: the stored config is not valid: "
+                     "config.model.embedding = 'tabled'"):
+    from_dict(stored, "ckpt/2")

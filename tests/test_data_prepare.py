@@ -13,7 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 import zstandard
 
-from lev_jax import prepare_data, workdir
+from lev_jax import lock, prepare_data
 from lev_jax.config import base_config
 from lev_jax.data import prepared, tfds_builder
 from lev_jax.data.errors import DataError
@@ -380,7 +380,7 @@ def test_cli_refuses_a_folder_another_preparation_is_writing(tmp_path, pile, cap
           "--config.data.tokenizer=bytes", "--config.data.source=jsonl",
           f"--config.data.train_files=('{root}/train/*.jsonl*',)",
           f"--config.data.validation_files=('{root}/val.jsonl',)", f"--output_dir={busy}"]
-  with workdir.hold(busy, prog="lev-prepare-data", inside=False):
+  with lock.hold(busy, prog="lev-prepare-data", inside=False):
     status, out, err = _cli(args, capsys, monkeypatch)
   assert status == 2 and out == "" and len(err.strip().splitlines()) == 1, err
   assert err.startswith(f"lev-prepare-data: error: {busy} is in use by lev-prepare-data "

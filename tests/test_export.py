@@ -125,10 +125,10 @@ def test_command_line_error_is_one_line(tmp_path):
 
 def test_an_export_to_an_output_another_export_is_writing_is_refused(source, tmp_path,
                                                                      capsys):
-  from lev_jax import workdir
+  from lev_jax import lock
   path, _ = source
   out = tmp_path / "out"
-  with workdir.hold(out, prog="lev-export", inside=False):
+  with lock.hold(out, prog="lev-export", inside=False):
     with pytest.raises(SystemExit) as e:
       lev_export(f"--checkpoint={path}", f"--output={out}")
   err = capsys.readouterr().err

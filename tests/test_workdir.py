@@ -1,159 +1,37 @@
-"""One writer per folder: lev_jax.workdir's lock, its holder record and stale locks."""
+"""The run folder's names live in lev_jax.workdir; Orbax is used by lev_jax.checkpoint only."""
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import textwrap
-
-import pytest
+import re
 
 from lev_jax import workdir
-from lev_jax.workdir import WorkdirLockedError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _holder(folder, record=None):
-  """A process holding `folder`'s lock until killed: through workdir.hold, or (with
-  `record`) a bare flock on FOLDER/.lock holding that JSON record."""
-  if record is None:
-    body = f"""
-      from lev_jax import workdir
-      with workdir.hold({str(folder)!r}, prog="holder"):
-        print("locked", flush=True)
-        time.sleep(600)
-    """
-  else:
-    body = f"""
-      os.makedirs({str(folder)!r}, exist_ok=True)
-      fd = os.open(os.path.join({str(folder)!r}, ".lock"), os.O_RDWR | os.O_CREAT)
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      os.write(fd, {json.dumps(record)!r}.encode())
-      print("locked", flush=True)
-      time.sleep(600)
-    """
-  code = "import fcntl, os, time\n" + textwrap.dedent(body)
-  proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO))
-  assert proc.stdout.readline().strip() == "locked"
-  return proc
+def _sources():
+  for top in ("lev_jax", "launch"):
+    for folder, _, files in os.walk(os.path.join(REPO, top)):
+      for name in files:
+        if name.endswith(".py"):
+          path = os.path.join(folder, name)
+          yield os.path.relpath(path, REPO), open(path, encoding="utf-8").read()
 
 
-def _kill(proc):
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+def test_only_checkpoint_uses_orbax():
+  users = [path for path, text in _sources()
+           if re.search(r"^\s*(import orbax|from orbax)|\bocp\.", text, re.M)]
+  assert users == [os.path.join("lev_jax", "checkpoint.py")]
 
 
-@pytest.fixture
-def warnings(monkeypatch):
-  lines = []
-  monkeypatch.setattr(workdir.logging, "warning", lambda msg, *a: lines.append(msg % a))
-  return lines
+def test_write_json_atomic_writes_indented_json_and_no_temporary(tmp_path):
+  path = tmp_path / workdir.EVAL_JSON
+  workdir.write_json_atomic(path, {"step": 2, "when": {1, 2}}, default=sorted)
+  assert path.read_text() == json.dumps({"step": 2, "when": [1, 2]}, indent=1)
+  assert os.listdir(tmp_path) == [workdir.EVAL_JSON]
 
 
-def test_the_lock_file_records_the_holder_and_is_removed_on_leaving(tmp_path):
-  run = tmp_path / "run"
-  with workdir.hold(run, prog="lev-train") as path:
-    assert path == str(run / ".lock")
-    record = json.loads((run / ".lock").read_text())
-    assert record["prog"] == "lev-train" and record["pid"] == os.getpid()
-    assert record["host"] == socket.gethostname() and record["started"][:2] == "20"
-    (run / "metrics.jsonl").write_text("")
-  assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
-
-
-def test_a_second_holder_is_refused_naming_prog_pid_host_and_start(tmp_path):
-  with workdir.hold(tmp_path, prog="lev-train"):
-    started = json.loads((tmp_path / ".lock").read_text())["started"]
-    with pytest.raises(WorkdirLockedError) as info:
-      with workdir.hold(tmp_path, prog="lev-train"):
-        pass
-  message = str(info.value)
-  assert message == (f"{tmp_path} is in use by lev-train (pid {os.getpid()}, host "
-                     f"{socket.gethostname()}, started {started}); lock file "
-                     f"{tmp_path / '.lock'}. Wait for it to finish or stop it")
-  with workdir.hold(tmp_path, prog="lev-train"):  # released: free again
-    pass
-
-
-def test_the_lock_is_released_when_the_block_raises(tmp_path):
-  with pytest.raises(KeyboardInterrupt):
-    with workdir.hold(tmp_path, prog="lev-train"):
-      raise KeyboardInterrupt
-  assert not (tmp_path / ".lock").exists()
-  with workdir.hold(tmp_path, prog="lev-train"):
-    pass
-
-
-def test_a_live_holder_is_refused_and_its_lock_taken_over_once_it_is_killed(tmp_path,
-                                                                           warnings):
-  proc = _holder(tmp_path)
-  try:
-    with pytest.raises(WorkdirLockedError, match=rf"in use by holder \(pid {proc.pid}, "
-                       rf"host {socket.gethostname()}, started"):
-      with workdir.hold(tmp_path, prog="lev-train", force_unlock=True):
-        pass
-  finally:
-    _kill(proc)  # kill -9: no clean-up; the kernel drops its flock
-  assert json.loads((tmp_path / ".lock").read_text())["pid"] == proc.pid
-  with workdir.hold(tmp_path, prog="lev-train"):
-    assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
-  assert len(warnings) == 1 and f"pid {proc.pid}" in warnings[0], warnings
-  assert "it is no longer running" in warnings[0]
-
-
-def test_force_unlock_removes_a_lock_recorded_by_another_host(tmp_path, warnings):
-  """A network filesystem can keep a gone host's flock: --force_unlock drops it."""
-  record = {"prog": "lev-train", "host": "gone-host-7", "pid": 4242,
-            "started": "2026-11-30T09:00:00+00:00"}
-  proc = _holder(tmp_path, record)
-  try:
-    with pytest.raises(WorkdirLockedError, match=r"in use by lev-train \(pid 4242, host "
-                       r"gone-host-7, started 2026-11-30T09:00:00\+00:00\).*If host "
-                       r"gone-host-7 is gone .* re-run with --force_unlock$"):
-      with workdir.hold(tmp_path, prog="lev-train"):
-        pass
-    with workdir.hold(tmp_path, prog="lev-train", force_unlock=True):
-      assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
-  finally:
-    _kill(proc)
-  assert any("--force_unlock" in w and "gone-host-7" in w for w in warnings), warnings
-
-
-def test_url_folders_are_not_locked(tmp_path, warnings):
-  with workdir.hold("gs://bucket/runs/x", prog="lev-train") as path:
-    assert path is None
-  assert "not locked" in warnings[0] and "gs://bucket/runs/x" in warnings[0]
-
-
-def test_folders_it_created_are_removed_if_still_empty(tmp_path):
-  run = tmp_path / "a" / "b" / "run"
-  with workdir.hold(run, prog="lev-train"):
-    assert run.is_dir()
-  assert not (tmp_path / "a").exists()
-  with pytest.raises(WorkdirLockedError):  # also when the lock is refused
-    with workdir.hold(tmp_path, prog="x"):
-      with workdir.hold(tmp_path, prog="y"):
-        pass
-  assert list(tmp_path.iterdir()) == []
-
-
-def test_a_lock_beside_the_folder_leaves_the_folder_alone(tmp_path):
-  out = tmp_path / "exports" / "lev"
-  with workdir.hold(out, prog="lev-export", inside=False) as path:
-    assert path == str(tmp_path / "exports" / ".lev.lock") and not out.exists()
-    with pytest.raises(WorkdirLockedError, match="in use by lev-export"):
-      with workdir.hold(out, prog="lev-export", inside=False):
-        pass
-  assert not (tmp_path / "exports").exists()
-
-
-def test_a_folder_that_is_a_file_is_one_error(tmp_path):
-  (tmp_path / "run").write_text("x")
-  with pytest.raises(workdir.WorkdirLockError, match="run: is a file; expected a folder"):
-    with workdir.hold(tmp_path / "run", prog="lev-train"):
-      pytest.fail("held a lock inside a file")
-  assert (tmp_path / "run").read_text() == "x"
+def test_default_workdir_and_run_outputs():
+  assert workdir.default_workdir("smoke_tied") == "runs/smoke_tied"
+  assert {n for n, is_dir in workdir.RUN_OUTPUTS.items() if is_dir} == {
+      "checkpoints", "tokenizer", "tensorboard"}

@@ -1,0 +1,239 @@
+"""One writer per output folder: an exclusive lock that `lev-train`, `lev-prepare-data`
+and `lev-export` take before they write anything.
+
+  with lock.hold("runs/x", prog="lev-train"):   # lev-train: runs/x/.lock
+    train_and_evaluate(config, "runs/x")
+
+The lock is `fcntl.flock(LOCK_EX | LOCK_NB)` on a lock file holding JSON
+{"prog", "host", "pid", "started"} (started: local time, ISO 8601, seconds). A second
+process on the same folder fails at once with `WorkdirLockedError` naming the holder;
+on every exit of the `with` block the lock file is removed and the lock released.
+
+Stale locks. On a local filesystem the flock is authoritative: the kernel drops it
+when its holder dies (kill -9, crash), so a lock file whose flock can be taken is
+simply taken over (logged, naming the dead holder). On a network filesystem a flock
+may outlive a host that went away (NFS keeps it until the lease expires) or may not
+be shared between hosts at all; `force_unlock=True` (the commands' --force_unlock)
+removes a lock file recorded by a process on ANOTHER host and takes a fresh lock. It
+never overrides a holder on this host, which can be checked here. Object stores
+(gs://, any URL) have no flock: the lock is skipped with a warning.
+
+Where the lock file lives: FOLDER/.lock (`inside=True`, lev-train), or PARENT/.NAME.lock
+beside the folder (`inside=False`) for commands that replace or empty the folder
+itself (lev-export renames a new folder into place, lev-prepare-data --overwrite
+removes it), which would take a lock file inside with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import json
+import os
+import socket
+from typing import Iterator
+
+from absl import logging
+
+from lev_jax.workdir import LOCK as LOCK_FILE
+
+
+class WorkdirLockError(RuntimeError):
+  """The folder's lock cannot be taken; the one-line message says why."""
+
+
+class WorkdirLockedError(WorkdirLockError):
+  """Another process holds the folder's lock; the one-line message names it (prog,
+  pid, host, start time) and the lock file."""
+
+
+def lock_path(folder, inside: bool = True) -> str:
+  """The lock file of `folder`: FOLDER/.lock, or PARENT/.NAME.lock when not `inside`."""
+  folder = os.path.abspath(os.path.expanduser(os.fspath(folder)))
+  if inside:
+    return os.path.join(folder, LOCK_FILE)
+  parent, name = os.path.split(folder.rstrip(os.sep))
+  return os.path.join(parent, f".{name}.lock")
+
+
+def describe(record: dict | None) -> str:
+  """'lev-train (pid 12, host h, started 2026-12-01T10:00:00+00:00)' for a lock record."""
+  if not record:
+    return "an unknown process (its lock file is empty or unreadable)"
+  return (f"{record.get('prog', 'a process')} (pid {record.get('pid', '?')}, host "
+          f"{record.get('host', '?')}, started {record.get('started', '?')})")
+
+
+def _this_host() -> str:
+  return socket.gethostname()
+
+
+def _record(prog: str) -> dict:
+  return {"prog": prog, "host": _this_host(), "pid": os.getpid(),
+          "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+
+
+def _read(fd: int) -> dict | None:
+  """The JSON record in the open lock file, None when empty or not a record."""
+  try:
+    data = os.pread(fd, 1 << 16, 0)
+    record = json.loads(data.decode()) if data.strip() else None
+  except (OSError, ValueError):
+    return None
+  return record if isinstance(record, dict) else None
+
+
+def _pid_running(pid) -> bool:
+  """True when a process `pid` exists on this host (or its existence cannot be ruled out)."""
+  if not isinstance(pid, int) or pid <= 0:
+    return False
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except OSError:  # EPERM: it exists, owned by someone else
+    return True
+  return True
+
+
+def _same_file(fd: int, path: str) -> bool:
+  """True while `path` still names the file open as `fd` (not unlinked or replaced)."""
+  try:
+    st = os.stat(path)
+  except FileNotFoundError:
+    return False
+  own = os.fstat(fd)
+  return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _refuse(folder: str, path: str, holder: dict | None, force_unlock: bool):
+  """Raises WorkdirLockedError for a lock that is held (the message says what to do)."""
+  message = f"{folder} is in use by {describe(holder)}; lock file {path}"
+  host = holder.get("host") if holder else None
+  if host and host != _this_host():
+    message += (f". If host {host} is gone (a network filesystem can keep its lock), "
+                "re-run with --force_unlock")
+  elif holder and not _pid_running(holder.get("pid")):
+    message += (f". Its pid {holder.get('pid')} is no longer running: a process it "
+                "started still holds the lock; stop that process")
+    if force_unlock:
+      message += " (--force_unlock only removes a lock held from another host)"
+  else:
+    message += ". Wait for it to finish or stop it"
+    if force_unlock and holder:
+      message += " (--force_unlock only removes a lock held from another host)"
+  raise WorkdirLockedError(message)
+
+
+def _acquire(folder: str, path: str, prog: str, force_unlock: bool) -> int:
+  """Opens, flocks and fills the lock file; returns its descriptor (see the module)."""
+  for _ in range(20):  # retried only when the file is replaced between open and flock
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      holder = _read(fd)
+      os.close(fd)
+      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise WorkdirLockError(f"{path}: cannot be locked ({e.strerror}): this "
+                               "filesystem does not support flock") from e
+      host = holder.get("host") if holder else None
+      if force_unlock and host and host != _this_host():
+        logging.warning("%s: --force_unlock: removing the lock of %s on another host",
+                        path, describe(holder))
+        with contextlib.suppress(FileNotFoundError):
+          os.unlink(path)
+        force_unlock = False  # once: a lock taken again meanwhile is a live holder
+        continue
+      _refuse(folder, path, holder, force_unlock)
+    if not _same_file(fd, path):  # its holder removed it while we opened it: start over
+      os.close(fd)
+      continue
+    previous = _read(fd)
+    if previous:
+      if previous.get("host") == _this_host() and not _pid_running(previous.get("pid")):
+        why = "it is no longer running"
+      else:
+        why = "its lock was free (the holder ended without removing the file)"
+      logging.warning("%s: taking over the lock left by %s: %s", path, describe(previous),
+                      why)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(_record(prog)) + "\n").encode(), 0)
+    os.fsync(fd)
+    return fd
+  raise WorkdirLockError(f"{folder}: its lock file {path} keeps being replaced by "
+                         "other processes; try again")
+
+
+def _missing_dirs(folder: str) -> list[str]:
+  """`folder` and its ancestors that do not exist yet, deepest last."""
+  missing = []
+  while folder and not os.path.exists(folder):
+    missing.append(folder)
+    parent = os.path.dirname(folder)
+    if parent == folder:
+      break
+    folder = parent
+  return missing[::-1]
+
+
+@contextlib.contextmanager
+def hold(folder, *, prog: str, inside: bool = True,
+         force_unlock: bool = False) -> Iterator[str | None]:
+  """Holds `folder`'s exclusive lock for the duration of the `with` block.
+
+  Creates the folder (inside=True) or its parent (inside=False) when missing, and
+  removes the ones it created on leaving if they are still empty (a command that fails
+  before writing leaves nothing behind).
+
+  Args:
+    folder: the output folder (local path; a URL is not locked).
+    prog: the command, recorded in the lock file and named to a second process.
+    inside: lock file FOLDER/.lock (True) or PARENT/.NAME.lock (False); see the module.
+    force_unlock: remove a lock recorded by a process on another host (see the module).
+  Yields:
+    The lock file's path, or None when `folder` is a URL (nothing locked).
+  Raises:
+    WorkdirLockedError: another live process holds the lock (host, pid, start named).
+    WorkdirLockError: the filesystem has no flock, or the lock file keeps changing.
+    WorkdirLockError: also when the folder is a file or cannot be created.
+    OSError: the lock file cannot be created.
+  """
+  text = os.fspath(folder)
+  if "://" in text:
+    logging.warning("%s: not a local folder, so not locked (flock does not work on "
+                    "object stores): make sure no other run writes to it", text)
+    yield None
+    return
+  path = lock_path(text, inside)
+  where = os.path.dirname(path)
+  if os.path.exists(where) and not os.path.isdir(where):
+    raise WorkdirLockError(f"{where}: is a file; expected a folder")
+  created = _missing_dirs(where)
+  try:
+    os.makedirs(where, exist_ok=True)
+  except OSError as e:  # a file on the way, no permission, read-only filesystem
+    raise WorkdirLockError(f"{where}: cannot create the folder ({e.strerror or e})") from e
+  try:
+    fd = _acquire(text, path, prog, force_unlock)
+  except BaseException:
+    _remove_empty(created)
+    raise
+  try:
+    yield path
+  finally:
+    if _same_file(fd, path):  # unlink while holding the flock, then release it
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.close(fd)
+    _remove_empty(created)
+
+
+def _remove_empty(dirs: list[str]) -> None:
+  for d in reversed(dirs):
+    try:
+      os.rmdir(d)
+    except OSError:  # not empty (or gone): keep it
+      return
