@@ -16,7 +16,6 @@ import statistics
 import time
 
 from lev_jax import decode, inference
-
 PROMPTS = ["The history of", "In 1905, the", "def main():", "Python is a", "import os",
            "The function returns", "A list of", "class Node:"]
 

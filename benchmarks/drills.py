@@ -4,7 +4,7 @@ damaged checkpoints and bad input, as an operator would meet them. Prints a tabl
   python benchmarks/drills.py                    # ~5 min on a 2-core CPU
   python benchmarks/drills.py --kills=16 --root=/tmp/drills
 
-Every run is a real `python -m lev_jax.main` process on a tiny Leviathan model over the
+Every run is a real `python -m lev_jax.cli.train` process on a tiny Leviathan model over the
 embedded data. The reference is one uninterrupted run; each drill's final checkpoint
 must equal it bit for bit (params, optimizer state, step) where the drill resumes.
 
@@ -54,12 +54,12 @@ def _args(workdir, *extra, steps=STEPS, config=f"{SMOKE}:leviathan"):
 
 
 def _popen(args, env):
-  return subprocess.Popen([sys.executable, "-m", "lev_jax.main", *args], cwd=REPO, env=env,
+  return subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *args], cwd=REPO, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _run(args, env, timeout=600):
-  return subprocess.run([sys.executable, "-m", "lev_jax.main", *args], cwd=REPO, env=env,
+  return subprocess.run([sys.executable, "-m", "lev_jax.cli.train", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout)
 
 

@@ -56,18 +56,18 @@ def _commands(root: Path) -> list[list[str]]:
   smoke = root / "smoke"
   export = root / "exports" / "smoke_leviathan"
   return [
-      _py("-m", "lev_jax.eval_cli", f"--checkpoint={smoke / 'tied'}"),
-      _py("-m", "lev_jax.eval_cli", f"--checkpoint={smoke / 'leviathan'}",
+      _py("-m", "lev_jax.cli.eval", f"--checkpoint={smoke / 'tied'}"),
+      _py("-m", "lev_jax.cli.eval", f"--checkpoint={smoke / 'leviathan'}",
           f"--baseline={smoke / 'tied'}"),
-      _py("-m", "lev_jax.export", f"--checkpoint={smoke / 'leviathan'}", f"--output={export}",
+      _py("-m", "lev_jax.cli.export", f"--checkpoint={smoke / 'leviathan'}", f"--output={export}",
           "--dtype=bfloat16", "--materialize_lev", "--hf", "--overwrite"),
-      _py("-m", "lev_jax.sample", f"--checkpoint={export}", "--prompt=The history of",
+      _py("-m", "lev_jax.cli.sample", f"--checkpoint={export}", "--prompt=The history of",
           "--max_new_tokens=32", "--temperature=0.8", "--top_p=0.9", "--seed=1"),
   ]
 
 
 def _ladder(root: Path) -> list[list[str]]:
-  return [_py("-m", "lev_jax.ladder_cli", "--ladder=experiments/smoke_ladder.py",
+  return [_py("-m", "lev_jax.cli.ladder", "--ladder=experiments/smoke_ladder.py",
               f"--root={root / 'smoke_ladder'}", "--run")]
 
 
@@ -77,7 +77,7 @@ def _step_time(root: Path) -> list[list[str]]:
 
 
 def _studies(root: Path) -> list[list[str]]:
-  return [_py("-m", "lev_jax.study_cli", f"--study=experiments/{name}.py",
+  return [_py("-m", "lev_jax.cli.study", f"--study=experiments/{name}.py",
               f"--root={root / name}", "--run")
           for name in ("smoke_study", "fidelity_study")]
 

@@ -2,7 +2,7 @@
 2k, 8k and 32k, 3 seeds per cell, and two LEV optimiser options at 32k (issue 11, 4-6).
 
   lev-study --study=experiments/fidelity_study.py --root=runs/study --run
-  python -m lev_jax.study_cli --study=experiments/fidelity_study.py --root=runs/study --run
+  python -m lev_jax.cli.study --study=experiments/fidelity_study.py --root=runs/study --run
   lev-train --config=experiments/fidelity_study.py:leviathan_v32k_s0 --workdir=runs/x
 
 Backbone, LEV shape, learning rate and data: experiments/smoke.py (d_model 128, 2 layers,
@@ -17,7 +17,7 @@ documents only). Settings are chosen on validation; the final table is on test.
 Every run pins optim.lev_lr_multiplier (1.0, or 3.0 in the lr3 cells): the study was
 run when 1.0 was base_config's default, and its result made 3.0 the default.
 
-Cells (lev_jax/study.py; the runs differ only in these factors, lev-study refuses
+Cells (lev_jax/ladder/study.py; the runs differ only in these factors, lev-study refuses
 anything else): {tied, leviathan, untied} x {2k, 8k, 32k} x seeds {0, 1, 2}, and at 32k
 Leviathan with optim.lev_lr_multiplier = 3 and with optim.clip_mode = per_group (3 seeds
 each): 33 runs. The seed sets both model init (seed) and data order (data.seed), so seed
@@ -49,8 +49,9 @@ half of that (the ~40 min asked) if the CPU is not shared, which could not be me
 here. The 32k runs are ~2/3 of the total; STEPS = 32 halves the training part.
 """
 
-import importlib.util
 from pathlib import Path
+
+from lev_jax.experiments import load_experiment
 
 VOCABS = {"2k": 2048, "8k": 8192, "32k": 32768}
 SEEDS = (0, 1, 2)
@@ -82,10 +83,7 @@ assert len(RUNGS) == len(set(RUNGS)) == len(SEEDS) * (len(VOCABS) * len(KINDS) +
 
 def _smoke():
   """experiments/smoke.py (beside this file): the backbone, LEV, data and learning rate."""
-  spec = importlib.util.spec_from_file_location("smoke", Path(__file__).with_name("smoke.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_experiment(Path(__file__).with_name("smoke.py"))
 
 
 def get_config(run: str = "leviathan_v32k_s0"):

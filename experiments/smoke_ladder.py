@@ -8,7 +8,7 @@ quarter of an hour for all eight rungs: the embedded data and SentencePiece voca
 experiments/smoke.py (2,048 ids), seq_len 128, batch 16, 300 steps (614k tokens) per
 rung as in experiments/smoke.py, an evaluation every 30 steps (ten points per
 loss-vs-tokens curve) on 4 validation batches. Four sizes because the power-law fit L(N) = E + A N^-alpha needs at least four
-tied points (lev_jax/scaling.py). d_model and depth grow with the size, up to
+tied points (lev_jax/ladder/scaling.py). d_model and depth grow with the size, up to
 experiments/smoke.py's shape; LEV is experiments/smoke.py's (d_seed 32, 16 knots, rank
 16) with 2 heads instead of 4 at every size, which halves its cost per step. At this
 vocabulary the tied table is a large share of every tied model (2,048 x d_model), so the
@@ -16,16 +16,14 @@ totals are closer together than the backbones. Results at this scale test the pi
 not the paper's claims.
 """
 
-import importlib.util
 from pathlib import Path
+
+from lev_jax.experiments import load_experiment
 
 
 def _smoke():
   """experiments/smoke.py (beside this file): the base every rung starts from."""
-  spec = importlib.util.spec_from_file_location("smoke", Path(__file__).with_name("smoke.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_experiment(Path(__file__).with_name("smoke.py"))
 
 # size: (d_model, n_layers, n_heads, head_dim, d_ff)
 SHAPES = {

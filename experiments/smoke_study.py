@@ -14,8 +14,9 @@ Both multipliers are pinned here, so the study means the same whatever the defau
 Cost on a 2-core CPU: tied ~1.5 min, Leviathan ~5 min per run (9 runs, ~35 min).
 """
 
-import importlib.util
 from pathlib import Path
+
+from lev_jax.experiments import load_experiment
 
 SEEDS = (0, 1, 2)
 CELLS = {"tied": ("tied", None), "leviathan-lr1": ("leviathan", 1.0),
@@ -28,10 +29,7 @@ RUNGS = tuple(f"{cell}_s{s}" for s in SEEDS for cell in CELLS)
 
 def _smoke():
   """experiments/smoke.py (beside this file)."""
-  spec = importlib.util.spec_from_file_location("smoke", Path(__file__).with_name("smoke.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_experiment(Path(__file__).with_name("smoke.py"))
 
 
 def get_config(run: str = "leviathan-lr3_s0"):

@@ -2,7 +2,7 @@
 
 A problem the user can fix (a bad or missing flag) is a `LaunchError`; `run_main` prints it
 as `<prog>: error: <message>` on stderr and returns exit status 2, like lev-train's CLI
-(lev_jax/cli.py), never a traceback.
+(lev_jax/cli/common.py), never a traceback.
 """
 
 from __future__ import annotations

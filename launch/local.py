@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as `python launch/local.py`
 from launch.common import LaunchError, parse, parser, run_main, shell_join  # noqa: E402
 
 PROG = "launch/local.py"
-DEFAULT_MODULE = "lev_jax.main"
+DEFAULT_MODULE = "lev_jax.cli.train"
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help="Coordinator port on 127.0.0.1 (default: a free port).")
   what = p.add_mutually_exclusive_group()
   what.add_argument("--module", default=DEFAULT_MODULE,
-                    help="Python module to run with `python -m` (default lev_jax.main).")
+                    help="Python module to run with `python -m` (default lev_jax.cli.train).")
   what.add_argument("--command", action="store_true",
                     help="The arguments after -- are a whole command to run as is.")
   p.add_argument("--grace_s", type=float, default=10.0,

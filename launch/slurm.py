@@ -53,7 +53,7 @@ from launch.common import (LaunchError, parse, parser, reject_passthrough,  # no
                            run_main, shell_join)
 
 PROG = "launch/slurm.py"
-PREEMPTED_EXIT = 143  # lev_jax.main.PREEMPTED_EXIT: SIGTERM -> checkpoint -> exit 143
+PREEMPTED_EXIT = 143  # lev_jax.cli.train.PREEMPTED_EXIT: SIGTERM -> checkpoint -> exit 143
 # sbatch --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (sbatch(1), -t/--time).
 _TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+))?(?::(\d+))?)$")
 _WORD = re.compile(r"^[A-Za-z0-9_.,+@-]+$")

@@ -62,7 +62,7 @@ from launch.common import (LaunchError, parse, parser, reject_passthrough,  # no
 PROG = "launch/tpu.py"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REMOTE_DIR = "lev_jax"  # on each worker, relative to the ssh user's home
-PREEMPTED_EXIT = 143  # lev_jax.main.PREEMPTED_EXIT: SIGTERM -> checkpoint -> exit 143
+PREEMPTED_EXIT = 143  # lev_jax.cli.train.PREEMPTED_EXIT: SIGTERM -> checkpoint -> exit 143
 
 # (pattern, what N counts, valid N). Source: cloud.google.com/tpu/docs/v5p, /v5e, /v6e.
 _CORE_COUNTED = ("v2", "v3", "v4", "v5p")  # N = TensorCores = 2 x chips; 4 chips per host

@@ -3,35 +3,32 @@
 Leviathan (arXiv 2601.22040) replaces the input embedding table with LEV, a small
 continuous generator from token id to embedding, and keeps an untied output head.
 
-Modules, one concern each:
-  config      base experiment config and its validation
-  lev         the LEV generator (digits, codebooks, B-spline separable product)
+Where things live (library first; commands only in cli/, which no library module imports):
+  config      base experiment config, validation, stored-config merge (from_dict)
+  experiments the repo's experiment files, imported by path (load_experiment)
+  workdir     every name in a run folder, export folder and ladder root; atomic JSON
+  lock        one writer per output folder (fcntl lock file)
+  lev         the LEV generator (digits, codebooks, B-spline separable product);
+              lev_pallas: its Pallas kernels
   embeddings  tied / untied / lev embeddings behind embed() and unembed()
-  model       LLaMA-style decoder
-  optimizer   AdamW, clipping, warm-up + cosine schedule
-  train       train state, jitted train and eval steps
-  evaluate    validation perplexity, per token-frequency bucket
-  scaling     power-law fits, effective parameters, tokens to reach a target loss
-  checkpoint  every Orbax read and write: train checkpoints (state, data iterator,
-              config), the params-only restore, an export's parameters
-  workdir     the run folder's map: every file and folder name lev_jax writes
-  lock        one writer per output folder (fcntl lock)
-  metrics     metrics.jsonl and TensorBoard writers
-  trainer     the training loop;  main: `lev-train`;  params: `lev-params`
-  prepare_data  `lev-prepare-data` (the command; the work is in data.prepare)
-  data        readers (corpus, stream), tokenizers, grain pipeline, prepared
-              ArrayRecord datasets (prepare, prepared, tfds_builder), seqio Tasks
-  inference   a workdir or export loaded for inference; the params-only export
-  decode      KV-cached generation (greedy, temperature, top-k, top-p);  sample: `lev-sample`
-  scoring     log-likelihood of continuations and texts (lm-eval semantics)
-  downstream  zero-shot LAMBADA, HellaSwag, PIQA, ARC-E/C, WinoGrande from released files
-  lm_eval_adapter  the lm-eval-harness model `lev_jax` (`lev-lm-eval`)
-  eval_cli    `lev-eval`: perplexity, frequency buckets, zero-shot tasks of a checkpoint
-  hf_export   Hugging Face LLaMA export (safetensors + config);  export: `lev-export`
-  ladder      collect and analyse a ladder of runs;  report: plots, CSV, Markdown;
-              ladder_cli: `lev-ladder`
-  study       a seeded study (cells x seeds, paired t-intervals, validation selection,
-              test table);  study_report;  study_cli: `lev-study`
+  model       LLaMA-style decoder;  sharding: mesh and the one logical-axis rules table
+  optimizer   AdamW, clipping, warm-up + cosine schedule, parameter groups
+  train       train state, jitted train and eval steps;  trainer: the training loop
+  flops       model FLOPs and MFU;  params: parameter counts by part
+  checkpoint  all Orbax I/O: state, data iterator, config, params-only restore, exports
+  metrics     metrics.jsonl and TensorBoard writers;  distributed: multi-host set-up
+  inference   a workdir or export loaded for inference;  decode: KV-cached generation
+  hf_export   Hugging Face LLaMA export (safetensors + config)
+  data/       readers (corpus, stream, embedded), splits, tokenizers, grain pipeline,
+              prepared ArrayRecord datasets, TFDS builder, seqio Tasks; `load` in sources
+  eval/       evaluate (perplexity, frequency buckets), scoring, downstream (zero-shot
+              tasks from released files), checkpoint_eval (what lev-eval computes),
+              lm_eval_adapter (the lm-eval model "lev_jax")
+  ladder/     runs (collect and analyse a ladder), scaling (power-law fits), report
+              (plots, CSV, Markdown), study and study_report (seeded studies)
+  cli/        common (flags, one-line errors, --help) and one module per command:
+              train (lev-train), params, prepare_data, eval, ladder, study, export,
+              sample, lm_eval
 
 Shape legend used in names (x_BxLxD):
   B batch (sequences)  L seq_len  D d_model  V padded vocab  H heads  G kv heads
@@ -39,11 +36,4 @@ Shape legend used in names (x_BxLxD):
   decode)  T new tokens (decode)  J knots  R LEV rank
 """
 
-from pathlib import Path
-
 __version__ = "0.1.0"
-
-
-def experiments_dir() -> Path:
-  """The repo's experiments/ folder (next to the package in a source checkout)."""
-  return Path(__file__).resolve().parent.parent / "experiments"

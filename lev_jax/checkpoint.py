@@ -24,7 +24,7 @@ a manifest (a kill between Orbax's rename and the manifest, or an older run) res
 with a warning.
 
 Only this module knows Orbax's on-disk layout: `latest_config_file` names the file a
-step's config item is stored in, for readers without Orbax (lev_jax.ladder).
+step's config item is stored in, for readers without Orbax (lev_jax.ladder.runs).
 """
 
 from __future__ import annotations

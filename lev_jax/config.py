@@ -195,7 +195,7 @@ def base_config() -> ml_collections.ConfigDict:
   # lev-eval also forms this many equal-mass buckets (each ~1/n of the training tokens;
   # evaluate.equal_mass_edges); 0 = log-frequency buckets only.
   e.equal_mass_buckets = 4
-  # Zero-shot tasks for lev-eval (lev_jax.downstream): a path (local or gs://) to each
+  # Zero-shot tasks for lev-eval (lev_jax.eval.downstream): a path (local or gs://) to each
   # task's file in its released format; "" = skip the task. PIQA's labels file defaults
   # to <file stem>-labels.lst beside it.
   e.downstream = ml_collections.ConfigDict({

@@ -1,8 +1,7 @@
-"""`lev-params`: parameter counts by part, for any config, without allocating the model.
-
-`lev-params --config=experiments/ladder.py:leviathan_1.2b` prints embedding (input
-table), LEV, backbone, head and total; for a `lev` model it also builds the tied twin
-(same config, model.embedding='tied') and shows that Leviathan - tied = LEV count, and
+"""Parameter counts by part (embedding, LEV, backbone, head), for any config, without
+allocating the model (`jax.eval_shape`); the report `lev-params` prints
+(lev_jax/cli/params.py). For a `lev` model the report also builds the tied twin (same
+config, model.embedding='tied') and shows that Leviathan - tied = LEV's closed-form count;
 for configs with a `label_params` it shows the deviation from the label.
 """
 
@@ -11,10 +10,8 @@ from __future__ import annotations
 import jax
 import ml_collections
 from flax import nnx
-from ml_collections import config_flags
 
-from lev_jax import cli, experiments_dir
-from lev_jax.config import ConfigError, padded_vocab_size, validate
+from lev_jax.config import padded_vocab_size, validate
 from lev_jax.lev import lev_param_count
 from lev_jax.optimizer import param_group
 
@@ -73,23 +70,3 @@ def report(config: ml_collections.ConfigDict) -> str:
     lines.append(f"  leviathan - tied = {c['total'] - tied:,} "
                  f"(LEV closed form {formula:,}; {(c['total'] - tied) / tied:.3%} of tied)")
   return "\n".join(lines)
-
-
-def main(argv):
-  if len(argv) > 1:
-    cli.fail("lev-params", f"unexpected arguments: {' '.join(argv[1:])}")
-  cli.quiet_library_logs()
-  try:
-    print(report(cli.config_or_exit("lev-params")))
-  except ConfigError as e:
-    cli.fail("lev-params", str(e))
-
-
-def run():
-  cli.define_or_exit("lev-params", lambda: config_flags.DEFINE_config_file(
-      "config", str(experiments_dir() / "smoke.py") + ":leviathan", "Experiment file[:variant]."))
-  cli.run("lev-params", main, __name__)
-
-
-if __name__ == "__main__":
-  run()

@@ -15,10 +15,10 @@ A run folder (`lev-train --workdir=WORKDIR`, default runs/<config.name>):
   WORKDIR/eval.json          EVAL_JSON: the latest validation result
   WORKDIR/lev_eval.json      LEV_EVAL_JSON: `lev-eval`'s result (its default --output)
   WORKDIR/study_eval.json    STUDY_EVAL_JSON: a study's evaluation of a finished run
-                             (lev_jax.study.evaluate_run)
+                             (lev_jax.ladder.study.evaluate_run)
 
 lev_jax.trainer writes checkpoints/ to eval.json (RUN_OUTPUTS; nothing before the
-run's first step passed); lev_jax.inference, lev_jax.ladder and lev_jax.study read them.
+run's first step passed); lev_jax.inference, lev_jax.ladder.runs and lev_jax.ladder.study read them.
 
 An export folder (`lev-export --output=DIR`; lev_jax.inference.save), read by
 `inference.load` like a run folder:
@@ -33,7 +33,7 @@ A ladder or study root (`lev-ladder` / `lev-study --root=ROOT`):
 
   ROOT/<run>/                one run folder per rung or run
   ROOT/report/               REPORT: the report (default --report_dir), written by
-                             lev_jax.report (ladder) or lev_jax.study_report (study):
+                             lev_jax.ladder.report (ladder) or lev_jax.ladder.study_report (study):
     report.md                REPORT_MD: the Markdown report
     analysis.json            ANALYSIS_JSON: the analysis it was drawn from
     ladder.csv / study.csv   LADDER_CSV / STUDY_CSV: one row per rung / cell

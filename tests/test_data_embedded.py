@@ -38,12 +38,9 @@ def test_the_shipped_file_is_the_recorded_corpus(docs):
 def test_the_readme_states_the_default_datas_figures(docs, tmp_path):
   """Hash, documents, split and the default tokenizer's training tokens, as the README
   prints them (the default job: experiments/smoke.py, SentencePiece 2048)."""
-  import importlib.util
   from lev_jax import data
-  path = Path(__file__).parents[1] / "experiments" / "smoke.py"
-  spec = importlib.util.spec_from_file_location("smoke", path)
-  smoke = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(smoke)
+  from lev_jax.experiments import experiments_dir, load_experiment
+  smoke = load_experiment(experiments_dir() / "smoke.py")
   c = smoke.get_config("leviathan")
   c.data.cache_dir = str(tmp_path)
   report = data.load(c).report

@@ -137,7 +137,7 @@ def test_jsonl_stream_report_counts_what_the_streams_read(tmp_path, caplog):
 
 def test_evaluation_batches_use_the_given_tokenizer_and_leave_the_config_unchanged(tmp_path):
   from lev_jax.config import ConfigError
-  from lev_jax.evaluate import batches_sha256
+  from lev_jax.eval.evaluate import batches_sha256
   train = _write(tmp_path / "train.jsonl", _docs(200))
   val = _write(tmp_path / "val.jsonl", _docs(40, 500))
   c = _config(tmp_path, source="jsonl", train_files=(train,), validation_files=(val,))

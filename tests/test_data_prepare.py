@@ -13,7 +13,9 @@ import pytest
 import tensorflow_datasets as tfds
 import zstandard
 
-from lev_jax import lock, prepare_data
+from lev_jax import lock
+
+from lev_jax.cli import prepare_data
 from lev_jax.config import base_config
 from lev_jax.data import prepared, tfds_builder
 from lev_jax.data.errors import DataError

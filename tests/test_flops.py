@@ -1,8 +1,6 @@
 """Analytic FLOPs and MFU: hand-computed tiny configs, the LEV mode switch as
 embeddings.py decides it, the peak table, and the 6N rule at 1.2B."""
 
-import importlib.util
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,15 +12,11 @@ from lev_jax import flops
 from lev_jax.config import REMAT_POLICIES, ConfigError, base_config
 from lev_jax.embeddings import make_embedding
 from lev_jax.lev import LEV
-
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+from lev_jax.experiments import experiments_dir, load_experiment
 
 
 def load_ladder():
-  spec = importlib.util.spec_from_file_location("ladder", EXPERIMENTS / "ladder.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_experiment(experiments_dir() / "ladder.py")
 
 
 def tiny(embedding="lev", mode="auto", batch=4, seq_len=16, accum=1):

@@ -322,7 +322,7 @@ def test_local_dry_run_lists_one_command_per_process():
     assert env["LEV_JAX_COORDINATOR"] == "127.0.0.1:23456"
     assert env["LEV_JAX_NUM_PROCESSES"] == "3" and env["JAX_PLATFORMS"] == "cpu"
     assert env["XLA_FLAGS"].split()[0] == "--xla_force_host_platform_device_count=4"
-    assert words[-4:] == ["-m", "lev_jax.main", "--config=experiments/smoke.py:tied",
+    assert words[-4:] == ["-m", "lev_jax.cli.train", "--config=experiments/smoke.py:tied",
                           "--workdir=runs/mp"]
 
 

@@ -44,7 +44,7 @@ def args(workdir, cache, *extra):
 def single(argv):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
              + " --xla_force_host_platform_device_count=8")
-  proc = subprocess.run([sys.executable, "-m", "lev_jax.main", *argv], capture_output=True,
+  proc = subprocess.run([sys.executable, "-m", "lev_jax.cli.train", *argv], capture_output=True,
                         text=True, env=env, cwd=REPO, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc.stderr
@@ -114,7 +114,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(reference, tmp_path)
                " --xla_force_host_platform_device_count=4")
     argv = args(workdir, cache, "--config.train.steps=100000",
                 "--config.train.checkpoint_every=100000")
-    procs.append(subprocess.Popen([sys.executable, "-m", "lev_jax.main", *argv], cwd=REPO,
+    procs.append(subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *argv], cwd=REPO,
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True))
   metrics = workdir / "metrics.jsonl"

@@ -1,22 +1,16 @@
 """Parameter counts: the ladder's labels and Leviathan - tied = LEV, without allocating."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from lev_jax.config import padded_vocab_size, validate
 from lev_jax.lev import lev_param_count
 from lev_jax.params import count_params, tied_twin
-
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+from lev_jax.experiments import experiments_dir, load_experiment
 
 
 def load(name):
-  spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_experiment(experiments_dir() / f"{name}.py")
 
 
 LADDER = load("ladder")

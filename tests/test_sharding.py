@@ -1,6 +1,5 @@
 """Mesh, logical axis rules, golden PartitionSpecs, and 1-device == 8-device training."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ import pytest
 from conftest import tiny_config
 from lev_jax import sharding
 from lev_jax.train import abstract_model
+from lev_jax.experiments import experiments_dir, load_experiment
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
@@ -26,10 +26,7 @@ EQUIVALENCE_MESHES = {"tied": ((1, 8, 1), (1, 1, 8)), "lev": ((2, 2, 2),)}
 
 
 def _ladder():
-  spec = importlib.util.spec_from_file_location("ladder", HERE.parent / "experiments" / "ladder.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_experiment(experiments_dir() / "ladder.py")
 
 
 def test_mesh_sizes_fill_and_errors():

@@ -279,7 +279,7 @@ def test_a_streamed_run_reports_its_counts_at_every_checkpoint(tmp_path, caplog)
 def test_eval_json_records_what_was_evaluated(finished_tied_run):
   """Issue 13.9f/13.8: eval.json says which data was evaluated: N of the split's M
   tokens, the files and a sha256 of the batches."""
-  from lev_jax.evaluate import coverage
+  from lev_jax.eval.evaluate import coverage
   c, run = finished_tied_run
   data = json.loads((run / "eval.json").read_text())["data"]
   n = c.eval.batches * c.eval.batch_size * (c.train.seq_len + 1)

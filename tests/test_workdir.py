@@ -5,7 +5,6 @@ import os
 import re
 
 from lev_jax import workdir
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

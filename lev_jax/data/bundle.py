@@ -93,7 +93,7 @@ class DataBundle:
       DataError: as `eval_batches`.
     """
     if self._eval_data is None:
-      from lev_jax.evaluate import data_record  # pylint: disable=g-import-not-at-top
+      from lev_jax.eval.evaluate import data_record  # pylint: disable=g-import-not-at-top
       batches = self.eval_batches()
       self._eval_data = data_record(batches, split="validation",
                                     files=self._validation_files(),

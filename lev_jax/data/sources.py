@@ -272,7 +272,7 @@ def evaluation_batches(config: ml_collections.ConfigDict, tokenizer, *,
     DataError: as `load` (configured split) or `corpus.read_documents` (files); less
       than one batch of tokens (`pipeline.make_eval_batches`).
   """
-  from lev_jax.evaluate import data_record  # pylint: disable=g-import-not-at-top
+  from lev_jax.eval.evaluate import data_record  # pylint: disable=g-import-not-at-top
   d = config.data
   if files is None:
     config = copy.deepcopy(config)

@@ -14,7 +14,7 @@ reading its data from $LEV_LM_EVAL_DATA (lev_local.py) in the released layout:
   arc_challenge_local   ARC-Challenge/ARC-Challenge-Test.jsonl
   winogrande_local      winogrande_1.1/dev.jsonl            (allenai/winogrande)
 
-the files lev_jax.downstream reads for `lev-eval`. To read a file elsewhere, copy the
+the files lev_jax.eval.downstream reads for `lev-eval`. To read a file elsewhere, copy the
 YAML and write an absolute path as its `data_file` (the copy keeps working: the
 functions it names are imported from lev_jax).
 """

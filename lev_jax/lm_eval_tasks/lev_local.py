@@ -6,7 +6,7 @@ instead of fetching a Hugging Face Hub dataset.
 
 Paths in the YAMLs are relative to the folder named by $LEV_LM_EVAL_DATA (an absolute
 path written into a YAML is used as it is). The released formats are those
-lev_jax.downstream reads (README, "Zero-shot tasks"); the `process_docs` functions
+lev_jax.eval.downstream reads (README, "Zero-shot tasks"); the `process_docs` functions
 turn a release's rows into the fields lm-eval's own task of the same name reads from
 the Hub, so the prompts, choices and metrics are lm-eval's.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import datasets
 
-from lev_jax.downstream import (DownstreamError, _jsonl, arc_answer_label,
+from lev_jax.eval.downstream import (DownstreamError, _jsonl, arc_answer_label,
                                 read_piqa_labels)
 
 DATA_ENV = "LEV_LM_EVAL_DATA"
@@ -63,7 +63,7 @@ def load(data_file: str, split: str, labels_file: str | None = None,
     data_file: a JSON-lines file, one object per line (`data_path`).
     split: the split name the task reads (its test_split or validation_split).
     labels_file: PIQA's valid-labels.lst (one 0 or 1 per line;
-      lev_jax.downstream.read_piqa_labels), added to the rows as `label`, in order.
+      lev_jax.eval.downstream.read_piqa_labels), added to the rows as `label`, in order.
     metadata: lm-eval's task metadata (version, ...): ignored.
   Raises:
     DownstreamError: a missing file, a malformed line (file:line), or a label count
@@ -84,7 +84,7 @@ def arc_docs(dataset: datasets.Dataset) -> datasets.Dataset:
   """ARC-V1-Feb2018 rows ({"question": {"stem", "choices": [{"text", "label"}]},
   "answerKey"}) -> allenai/ai2_arc's fields (question, choices {text, label},
   answerKey). A digit key against letter labels (or the reverse) is mapped 1 <-> A, as
-  lev_jax.downstream.read_arc does."""
+  lev_jax.eval.downstream.read_arc does."""
   def convert(doc):
     choices = doc["question"]["choices"]
     labels = [str(c["label"]) for c in choices]

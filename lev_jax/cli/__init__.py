@@ -1,0 +1,1 @@
+"""The commands (console scripts); library code never imports this package."""

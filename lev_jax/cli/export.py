@@ -1,0 +1,172 @@
+"""`lev-export`: a trained checkpoint -> an inference export (and a Hugging Face copy).
+
+  lev-export --checkpoint=runs/smoke_leviathan --output=exports/leviathan
+  lev-export --checkpoint=runs/smoke_leviathan --step=200 --output=exports/lev_bf16 \\
+             --dtype=bfloat16 --materialize_lev --hf
+
+--checkpoint is a `lev-train` workdir (latest complete step unless --step) or an earlier
+`lev-export` folder. OUTPUT gets the parameters only (Orbax, no optimizer state), the
+experiment config, the tokenizer and the training token counts (lev_jax.inference.save);
+`lev_jax.inference.load(OUTPUT)` reads it back. --materialize_lev replaces a Leviathan
+model's LEV generator by its V x D table (same logits, no generator at inference).
+--hf also writes OUTPUT/hf, a transformers LlamaForCausalLM folder (lev_jax.hf_export;
+LEV is always materialised there, as HF LLaMA has a plain input table).
+
+The source checkpoint is only read. A non-empty OUTPUT is refused unless --overwrite
+(the old folder is replaced only once the new export is complete); OUTPUT may not be
+the checkpoint, inside it, or hold it. One export per OUTPUT: it holds PARENT/.NAME.lock
+beside OUTPUT (lev_jax.lock; OUTPUT itself is replaced by a rename), and a second
+export to the same OUTPUT stops at once naming the holder; --force_unlock removes a
+lock left by a run on another host that is gone.
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import flags
+
+from lev_jax.cli import common
+from lev_jax.config import DTYPES
+from lev_jax.workdir import (EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF, TOKEN_COUNTS,
+                             TOKENIZER)
+
+PROG = "lev-export"
+MB = 1 << 20
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags on `fv` (tests pass a fresh FlagValues)."""
+  flags.DEFINE_string("checkpoint", None, "A lev-train workdir or a lev-export folder.",
+                      flag_values=fv)
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).",
+                       flag_values=fv)
+  flags.DEFINE_string("output", None, "The export folder to write.", flag_values=fv)
+  flags.DEFINE_enum("dtype", None, list(DTYPES),
+                    "Parameter dtype of the export (default: as stored).", flag_values=fv)
+  flags.DEFINE_bool("materialize_lev", False, "Replace LEV by its V x D table (a "
+                    "Leviathan model only).", flag_values=fv)
+  flags.DEFINE_bool("hf", False, f"Also write OUTPUT/{HF}, a Hugging Face LlamaForCausalLM "
+                    "folder (LEV materialised there).", flag_values=fv)
+  flags.DEFINE_bool("overwrite", False, "Replace a non-empty OUTPUT.", flag_values=fv)
+  flags.DEFINE_bool("force_unlock", False, "Remove OUTPUT's lock when it was left by a run "
+                    "on another host that is gone (see lev_jax/lock.py).", flag_values=fv)
+
+
+def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
+  """Refuses an OUTPUT that would touch the source or lose files without --overwrite.
+
+  Raises:
+    ValueError: OUTPUT is the checkpoint, inside it or holds it; OUTPUT is a file; OUTPUT
+      is a non-empty folder and not `overwrite`.
+  """
+  from lev_jax.inference import check_not_source
+  check_not_source(checkpoint, output)
+  if "://" in output:
+    from etils import epath
+    path = epath.Path(output)
+    nonempty = path.exists() and any(path.iterdir())
+  else:
+    path = os.path.expanduser(output)
+    if os.path.exists(path) and not os.path.isdir(path):
+      raise ValueError(f"--output={output} is a file; expected a folder")
+    nonempty = os.path.isdir(path) and bool(os.listdir(path))
+  if nonempty and not overwrite:
+    raise ValueError(f"--output={output} is not empty; pass --overwrite to replace it")
+
+
+def _folder_bytes(path) -> int:
+  from etils import epath
+  path = epath.Path(path)
+  if path.is_dir():
+    return sum(_folder_bytes(p) for p in path.iterdir())
+  return path.stat().length
+
+
+def export(checkpoint: str, output: str, *, step: int | None = None,
+           dtype: str | None = None, materialize_lev: bool = False, hf: bool = False,
+           overwrite: bool = False) -> dict:
+  """Writes the inference export (and OUTPUT/hf) of a checkpoint.
+
+  Args:
+    checkpoint: a lev-train workdir or a lev-export folder (read only).
+    output: the export folder.
+    step: the checkpoint step (None: the latest / the export's).
+    dtype: "float32" | "bfloat16" | "float16" for the parameters; None keeps them.
+    materialize_lev: replace LEV by its table in the export (Leviathan models only).
+    hf: also write OUTPUT/hf with `hf_export.save_hf` (in `dtype`, else the export's).
+    overwrite: replace a non-empty `output`.
+  Returns:
+    {"export": the export.json record (lev_jax.inference.save) plus "dir" and
+     "folder_bytes", "hf": the save_hf record or None}.
+  Raises:
+    ValueError (InferenceError, HFExportError, ConfigError, DataError among them):
+      `check_output`, an unreadable checkpoint or step, a bad dtype, materialising a
+      non-LEV model, a model HF LLaMA cannot express.
+  """
+  from lev_jax import hf_export, inference
+  check_output(checkpoint, output, overwrite)
+  im = inference.load(checkpoint, step=step)  # stored precision; cast once, on writing
+  if hf:
+    hf_export.check_exportable(im.config)  # before writing anything
+  # check_output passed: OUTPUT is absent, empty, or may be replaced.
+  info = inference.save(im, output, dtype=dtype, materialize_lev=materialize_lev,
+                        overwrite=True)
+  info = dict(info, dir=os.fspath(output))
+  hf_info = None
+  if hf:
+    hf_info = hf_export.save_hf(im.model, im.config, os.path.join(output, HF),
+                                dtype=info["dtype"], tokenizer=im.tokenizer)
+  info["folder_bytes"] = _folder_bytes(output)
+  return {"export": info, "hf": hf_info}
+
+
+def report(result: dict) -> str:
+  """The lines `lev-export` prints: paths, parameter counts, dtypes, sizes in MB."""
+  e, h = result["export"], result["hf"]
+  kind = e["embedding"] + (" -> materialised table" if e["materialized_lev"] else "")
+  lines = [f"{PROG}: step {e['step']} of {e['source']} ({kind}) -> {e['dir']}",
+           f"  params  {e['params']:,} {e['dtype']} ({e['bytes'] / MB:.2f} MB); "
+           f"folder {e['folder_bytes'] / MB:.2f} MB: {EXPORT_PARAMS}/, {EXPORT_CONFIG}, "
+           f"{TOKENIZER}/, {EXPORT_JSON}"
+           + (f", {TOKEN_COUNTS}" if os.path.exists(os.path.join(e["dir"], TOKEN_COUNTS))
+              else "")]
+  if h:
+    note = "; LEV materialised into embed_tokens" if h["embedding"] == "lev" else ""
+    lines.append(f"  hf      {h['dir']}: {h['n_params']:,} {h['dtype']} params "
+                 f"(tie_word_embeddings={h['tie_word_embeddings']}{note}); "
+                 f"model.safetensors {h['files']['model.safetensors'] / MB:.2f} MB, "
+                 f"folder {sum(h['files'].values()) / MB:.2f} MB: "
+                 + ", ".join(h["files"]))
+  return "\n".join(lines)
+
+
+def main(argv, fv: flags.FlagValues | None = None):
+  fv = flags.FLAGS if fv is None else fv
+  if len(argv) > 1:
+    common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+  common.quiet_library_logs()
+  for name, what in (("checkpoint", "a lev-train workdir or a lev-export folder"),
+                     ("output", "the export folder to write")):
+    if not fv[name].value:
+      common.fail(PROG, f"--{name} is required ({what})")
+  from lev_jax import lock as workdir_lock
+  try:
+    check_output(fv.checkpoint, fv.output, fv.overwrite)  # before the lock is created
+    # Beside OUTPUT, not inside: inference.save renames a new folder into its place.
+    with workdir_lock.hold(fv.output, prog=PROG, inside=False, force_unlock=fv.force_unlock):
+      result = export(fv.checkpoint, fv.output, step=fv.step, dtype=fv.dtype,
+                      materialize_lev=fv.materialize_lev, hf=fv.hf, overwrite=fv.overwrite)
+  except (ValueError, OSError, workdir_lock.WorkdirLockError) as e:
+    # InferenceError, HFExportError, ConfigError, DataError among the ValueErrors
+    common.fail(PROG, common.first_line(e))
+  print(report(result))
+
+
+def run():
+  define_flags()
+  common.run(PROG, main, __name__)
+
+
+if __name__ == "__main__":
+  run()

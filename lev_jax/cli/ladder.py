@@ -1,0 +1,237 @@
+r"""`lev-ladder`: train a ladder of tied / Leviathan runs, then report scaling curves.
+
+  lev-ladder --ladder=experiments/smoke_ladder.py --root=runs/smoke_ladder --run
+  lev-ladder --ladder=experiments/smoke_ladder.py --root=runs/smoke_ladder   # report only
+  lev-ladder --ladder=experiments/ladder.py --root=runs/ladder --run --launcher=print
+  lev-ladder --ladder=experiments/ladder.py --root=/shared/runs/ladder --run \
+      --launcher=slurm --launcher_flags="--nodes=4 --partition=gpu --time=24:00:00 \
+      --venv=/shared/lev_jax/.venv" --train_flags="--config.data.prepared_dir=/shared/pile"
+
+Each rung VARIANT of the ladder's RUNGS lives in ROOT/VARIANT. With --run, every rung
+that is not finished is trained (resumed when it has a checkpoint), one after another:
+  local   a subprocess `python -m lev_jax.cli.train --config=LADDER:VARIANT
+          --workdir=ROOT/VARIANT [train_flags]` (lev-train); a rung that fails is reported
+          and the next one runs
+  print   prints those lev-train commands, one per line, and stops: nothing is trained
+          or written (no report)
+  tpu     `python launch/tpu.py [launcher_flags] --workdir=ROOT/VARIANT --
+          --config=LADDER:VARIANT [train_flags]` per rung (it creates or reuses the TPU,
+          runs, restarts after preemption; LADDER relative to the checkout it copies)
+  slurm   `python launch/slurm.py [launcher_flags] --job_name=lev-VARIANT
+          --workdir=ROOT/VARIANT -- --config=LADDER:VARIANT [train_flags]` per rung
+          (writes and submits an sbatch script; re-run lev-ladder for the report later)
+Put --dry-run in --launcher_flags to have launch/ print its plan instead.
+
+Then it reads every workdir, analyses the ladder (lev_jax/ladder/runs.py: perplexity, token
+efficiency, power-law fit, effective parameters, frequency buckets, downstream), writes
+the report (lev_jax/ladder/report.py) into --report_dir (default ROOT/report) and prints its
+path and one line per size. Missing or unfinished rungs are listed, never invented.
+Exit status: 0; 1 when a rung trained here failed; 2 for a bad flag or ladder file.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from absl import app, flags
+
+from lev_jax.cli import common
+from lev_jax.experiments import experiments_dir
+from lev_jax.ladder.report import ratio_text
+from lev_jax.workdir import REPORT
+
+PROG = "lev-ladder"
+LAUNCHERS = ("local", "print", "tpu", "slurm")
+REPO_ROOT = experiments_dir().parent
+
+
+def _define_flags():
+  flags.DEFINE_string("ladder", None, "Ladder experiment file with RUNGS and get_config, "
+                      "e.g. experiments/smoke_ladder.py.")
+  flags.DEFINE_string("root", None, "Folder holding one workdir per rung (ROOT/VARIANT).")
+  flags.DEFINE_boolean("run", False, "Train the rungs that are not finished before reporting.")
+  flags.DEFINE_enum("launcher", "local", LAUNCHERS, "How --run trains: local subprocesses, "
+                    "print the commands, or launch/tpu.py / launch/slurm.py per rung.")
+  flags.DEFINE_string("launcher_flags", "", "Flags for launch/tpu.py or launch/slurm.py "
+                      "(before its --), e.g. \"--name=lev --zone=us-east5-a "
+                      "--accelerator_type=v5p-128\".")
+  flags.DEFINE_string("train_flags", "", "Extra lev-train flags for every rung, e.g. "
+                      "\"--config.data.prepared_dir=...\".")
+  flags.DEFINE_string("report_dir", None, f"Where the report goes (default ROOT/{REPORT}).")
+  flags.mark_flags_as_required(["ladder", "root"])
+
+
+def workdir_of(root: str, variant: str) -> str:
+  """ROOT/VARIANT, for local paths and gs:// URLs alike."""
+  return str(root).rstrip("/") + "/" + variant
+
+
+def _split(flag: str, value: str) -> list[str]:
+  try:
+    return shlex.split(value)
+  except ValueError as e:
+    raise ValueError(f"--{flag}={value!r}: {e} (quote as in a shell)") from e
+
+
+def rung_commands(launcher: str, ladder: str, variants, root: str, *, train_flags=(),
+                  launcher_flags=(), python: str = sys.executable) -> list[tuple[str, list[str]]]:
+  """[(variant, argv)] that train each rung with `launcher` (see the module docstring).
+
+  Raises:
+    ValueError: --workdir or --config in train_flags (lev-ladder sets them), --workdir in
+      launcher_flags, or a tpu ladder file outside the checkout launch/tpu.py copies.
+  """
+  for a in train_flags:
+    for own in ("--workdir", "--config"):
+      if a == own or a.startswith(own + "="):
+        raise ValueError(f"--train_flags: {own} is set by lev-ladder for every rung "
+                         f"({own}={'ROOT/VARIANT' if own == '--workdir' else 'LADDER:VARIANT'})")
+  for a in launcher_flags:
+    if a == "--workdir" or a.startswith("--workdir="):
+      raise ValueError("--launcher_flags: --workdir is set by lev-ladder (ROOT/VARIANT)")
+  path = Path(ladder).expanduser()
+  if launcher == "tpu":  # the workers run in their copy of the checkout
+    try:
+      config_path = str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+      raise ValueError(f"--ladder={ladder}: launch/tpu.py copies {REPO_ROOT} to the "
+                       "workers; put the ladder file inside it (e.g. experiments/)") from None
+  elif launcher == "print":
+    config_path = ladder
+  else:
+    config_path = str(path.resolve())
+  out = []
+  for v in variants:
+    workdir = workdir_of(root, v)
+    train = [f"--config={config_path}:{v}", *train_flags]
+    if launcher == "local":
+      argv = [python, "-m", "lev_jax.cli.train", train[0], f"--workdir={workdir}", *train[1:]]
+    elif launcher == "print":
+      argv = ["lev-train", train[0], f"--workdir={workdir}", *train[1:]]
+    else:
+      script = REPO_ROOT / "launch" / f"{launcher}.py"
+      own = list(launcher_flags)
+      if launcher == "slurm" and not any(a.startswith("--job_name") for a in own):
+        own.append(f"--job_name=lev-{v}")
+      argv = [python, str(script), *own, f"--workdir={workdir}", "--", *train]
+    out.append((v, argv))
+  return out
+
+
+def train_rungs(commands, launcher: str, runner=subprocess.call, out=sys.stdout,
+                prog: str = PROG) -> dict:
+  """Runs (or prints) each command in turn; returns {variant: exit status} of those that
+  failed. A failure does not stop the next rung. `prog` heads the progress lines."""
+  failed = {}
+  for variant, argv in commands:
+    line = shlex.join(argv)
+    if launcher == "print":
+      print(line, file=out, flush=True)
+      continue
+    print(f"{prog}: {variant}: {line}", file=out, flush=True)
+    status = runner(argv)
+    if status:
+      print(f"{prog}: {variant}: exited with status {status}; continuing with the next one",
+            file=out, flush=True)
+      failed[variant] = status
+  return failed
+
+
+def summary(analysis: dict, paths: dict) -> str:
+  """What the command prints after the report: its path and one line per size."""
+  done = sum(r["status"] == "finished" for r in analysis["rungs"])
+  lines = [f"{PROG}: {done} of {len(analysis['rungs'])} rungs finished; report "
+           f"{paths['report']}"]
+  lines.append(f"  {'size':<8} {'ppl tied -> leviathan (change)':<34} {'token eff.':<11} "
+               "n_eff / N")
+  for p in analysis["pairs"]:
+    if p["ppl_change"] is None:
+      lines.append(f"  {p['size']:<8} n/a ({p['reason']})")
+      continue
+    ppl = (f"{p['tied_ppl']:.2f} -> {p['leviathan_ppl']:.2f} "
+           f"({100 * p['ppl_change']:+.1f} %)")
+    eff = p["efficiency"]["ratio"]
+    e = p["effective"]
+    n_eff = ratio_text(e["ratio"]) if e and e["ratio"] is not None else "n/a"
+    if (e and e["ratio"] is not None and e["ratio_lo"] is not None
+        and not e.get("warning")):  # an interval that misses its estimate says nothing
+      n_eff += f" ({ratio_text(e['ratio_lo'])} - {ratio_text(e['ratio_hi'])})"
+    eff_text = ratio_text(eff) if eff is not None else "not reached"
+    lines.append(f"  {p['size']:<8} {ppl:<34} {eff_text:<11} {n_eff}")
+  fit = analysis["fit"]
+  if fit["ok"]:
+    se = fit["stderr"]
+    lines.append(f"  fit over {fit['n_points']} tied rungs: E = {fit['E']:.3f} ± {se['E']:.3g}, "
+                 f"A = {fit['A']:.3g}, alpha = {fit['alpha']:.3f} ± {se['alpha']:.3g}")
+    if fit.get("warnings"):
+      lines.append(f"  warning: {'; '.join(fit['warnings'])}")
+  else:
+    lines.append(f"  no power-law fit: {fit['reason']}")
+  for m in analysis["missing"]:
+    lines.append(f"  missing {m['variant']}: {m['reason']}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+  common.quiet_library_logs()
+  from lev_jax.ladder import runs as ladder_lib, report  # after flags: keeps --help fast
+  f = flags.FLAGS
+  if "://" in f.root and not f.report_dir:
+    common.fail(PROG, f"--root={f.root} is remote: give a local --report_dir for the report")
+  if not f.run and "://" not in f.root and not Path(f.root).is_dir():
+    common.fail(PROG, f"--root={f.root}: no such folder (add --run to train the rungs there)")
+  report_dir = f.report_dir or str(Path(f.root) / REPORT)
+  try:
+    module = ladder_lib.load_ladder(f.ladder)
+    result = ladder_lib.collect(module, f.root)
+    result.ladder = f.ladder
+    train_flags = _split("train_flags", f.train_flags)
+    launcher_flags = _split("launcher_flags", f.launcher_flags)
+    if launcher_flags and f.launcher not in ("tpu", "slurm"):
+      raise ValueError(f"--launcher_flags is for --launcher=tpu or slurm, not {f.launcher}")
+    todo = [r.variant for r in result.rungs if not r.finished]
+    commands = rung_commands(f.launcher, f.ladder, todo, f.root, train_flags=train_flags,
+                             launcher_flags=launcher_flags) if f.run else []
+  except (ladder_lib.LadderError, ValueError) as e:
+    common.fail(PROG, str(e))
+  failed = {}
+  if f.run and f.launcher == "print":  # the plan only: nothing is trained or written
+    train_rungs(commands, f.launcher)
+    print(f"{PROG}: --launcher=print: {len(commands)} of {len(result.rungs)} rungs would be "
+          f"trained (the commands above); nothing written", file=sys.stderr)
+    return
+  if f.run:
+    if not todo:
+      print(f"{PROG}: every rung of {f.ladder} is finished under {f.root}; nothing to train")
+    try:
+      failed = train_rungs(commands, f.launcher)
+    except KeyboardInterrupt:
+      common.fail(PROG, "interrupted; re-run the same command to resume the unfinished rungs")
+    except OSError as e:
+      common.fail(PROG, f"cannot start {commands[0][1][0]}: {e.strerror}")
+    result = ladder_lib.collect(module, f.root)
+    result.ladder = f.ladder
+  for variant, status in failed.items():
+    rung = result.rung(variant)
+    if rung is not None and not rung.finished:
+      rung.reason = f"{rung.reason}; {f.launcher} run exited with status {status}"
+  analysis = ladder_lib.analyse(result)
+  command = shlex.join([PROG, *sys.argv[1:]])
+  paths = report.write_report(analysis, report_dir, command=command)
+  print(summary(analysis, paths))
+  if failed:
+    sys.exit(1)
+
+
+def run():
+  _define_flags()
+  app.run(main, flags_parser=common.flags_parser(PROG, __name__))
+
+
+if __name__ == "__main__":
+  run()

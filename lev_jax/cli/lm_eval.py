@@ -1,0 +1,228 @@
+"""`lev-lm-eval`: lm-evaluation-harness's command line with the lev_jax model registered.
+
+  lev-lm-eval --model_args checkpoint=runs/x,step=3000 \\
+      --tasks lambada_openai,hellaswag,piqa,arc_easy --batch_size 16
+  lev-lm-eval --model_args checkpoint=runs/x --include_path lev_jax/lm_eval_tasks \\
+      --tasks lev_local                       # offline: the released files, $LEV_LM_EVAL_DATA
+
+The model is lev_jax/eval/lm_eval_adapter.py (`--model lev_jax`, added unless --model is
+given). Before lm-eval starts, `data_problem` stops in one line a run whose task needs an
+uncached Hub dataset while the Hub is offline or unreachable, or whose local files are
+missing. Library: lm_eval/__main__.py (``cli_evaluate``), lm_eval/tasks/_index.py, lm-eval
+0.4.13.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from lev_jax.eval.lm_eval_adapter import MODEL_NAME  # registers the "lev_jax" model
+
+try:  # the dataset builders that read local files (json, csv, parquet, ...)
+  from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES as _PACKAGED_BUILDERS
+except ImportError:  # pragma: no cover - another datasets layout
+  _PACKAGED_BUILDERS = {"json", "csv", "text", "parquet", "arrow", "pandas"}
+
+
+# --- before lm-eval runs: can every requested task get its data? -----------------------
+
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def _task_configs(names: Sequence[str], include_path: str | None) -> dict[str, dict]:
+  """{requested task: its YAML config (functions unresolved)} for the tasks found; a tag
+  of --include_path stands for its tasks. Names found nowhere are left to lm-eval.
+
+  Reads only --include_path and, for the other names, the one lm-eval task folder
+  whose name starts the task's (hellaswag/, arc/ for arc_easy, ...): lm-eval's own
+  index of every task takes half a minute.
+  Library: lm_eval/tasks/_index.py (`TaskIndex.build`), lm-eval 0.4.13.
+  """
+  from lm_eval.tasks._index import Kind, TaskIndex  # pylint: disable=import-outside-toplevel
+  found, todo = {}, list(names)
+  if include_path:
+    index = TaskIndex.build([Path(include_path)])
+    for name in list(todo):
+      entry = index.get(name)
+      if entry is None:
+        continue
+      todo.remove(name)
+      members = sorted(entry.tags) if entry.kind == Kind.TAG else [name]
+      found.update({m: index[m].cfg for m in members if index.get(m) and index[m].cfg})
+  if not todo:
+    return found
+  import lm_eval.tasks  # pylint: disable=import-outside-toplevel
+  root = Path(lm_eval.tasks.__file__).parent
+  folders = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: -len(d.name))
+  for name in todo:
+    for folder in [d for d in folders if name.startswith(d.name)][:1]:
+      entry = TaskIndex.build([folder]).get(name)
+      if entry is not None and entry.kind != Kind.TAG and entry.cfg is not None:
+        found[name] = entry.cfg
+  return found
+
+
+def _hub_reachable(endpoint: str, timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
+  """Whether `endpoint` answers an HTTP HEAD within `timeout_s` (any status counts; a
+  name that does not resolve in time does not)."""
+  import threading  # pylint: disable=import-outside-toplevel
+  import urllib.error  # pylint: disable=import-outside-toplevel
+  import urllib.request  # pylint: disable=import-outside-toplevel
+  answered = threading.Event()
+
+  def probe():
+    try:
+      urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"),
+                             timeout=timeout_s).close()
+      answered.set()
+    except urllib.error.HTTPError:
+      answered.set()
+    except (OSError, ValueError):
+      pass
+
+  thread = threading.Thread(target=probe, daemon=True)  # DNS ignores the timeout
+  thread.start()
+  thread.join(timeout_s)
+  return answered.is_set()
+
+
+def data_problem(tasks: Sequence[str], include_path: str | None) -> str | None:
+  """Why a requested task cannot get its data, in one line, or None.
+
+  A task of lev_jax/lm_eval_tasks whose files are missing (or $LEV_LM_EVAL_DATA
+  unset) is named with the file. A task reading a Hugging Face Hub dataset that is not
+  in the datasets cache, while the Hub is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE,
+  as `datasets.config` reads them) or does not answer within HUB_PROBE_TIMEOUT_S, is
+  named with the dataset and pointed at the local twin of lev_jax.lm_eval_tasks
+  (lm-eval would otherwise retry the Hub for most of a minute, then print a traceback).
+  """
+  import datasets.config  # pylint: disable=import-outside-toplevel
+  import huggingface_hub.constants  # pylint: disable=import-outside-toplevel
+  from lev_jax import lm_eval_tasks  # pylint: disable=import-outside-toplevel
+  from lev_jax.lm_eval_tasks import lev_local  # pylint: disable=import-outside-toplevel
+  configs = _task_configs(tasks, include_path)
+  hub = {}
+  for name, cfg in configs.items():
+    kwargs = cfg.get("dataset_kwargs") or {}
+    if str(cfg.get("custom_dataset", "")).endswith("lev_local.load"):
+      try:
+        for key in ("data_file", "labels_file"):
+          if kwargs.get(key):
+            lev_local.data_path(kwargs[key])
+      except ValueError as e:
+        return f"task {name}: {e}"
+      continue
+    path = cfg.get("dataset_path")
+    if (cfg.get("custom_dataset") or not path or path in _PACKAGED_BUILDERS
+        or os.path.exists(path)):
+      continue
+    if not (Path(datasets.config.HF_DATASETS_CACHE) / path.replace("/", "___")).exists():
+      hub[name] = path
+  if not hub:
+    return None
+  if datasets.config.HF_HUB_OFFLINE:
+    why = "offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set)"
+  elif not _hub_reachable(huggingface_hub.constants.ENDPOINT):
+    why = (f"unreachable ({huggingface_hub.constants.ENDPOINT} did not answer in "
+           f"{HUB_PROBE_TIMEOUT_S:g} s)")
+  else:
+    return None
+  name, path = next(iter(hub.items()))
+  twins = [lm_eval_tasks.LOCAL_TWIN[t] for t in hub if t in lm_eval_tasks.LOCAL_TWIN]
+  local = (f"--tasks {','.join(twins)}" if len(twins) == len(hub) else
+           f"task YAMLs over local files (examples: {lm_eval_tasks.TASKS_DIR})")
+  return (f"task {name} reads {path} from the Hugging Face Hub, which is {why}, and it is "
+          f"not in the datasets cache; run {local} --include_path "
+          f"{lm_eval_tasks.TASKS_DIR} with {lev_local.DATA_ENV}=<folder of the released "
+          "files> (README, lev_jax/lm_eval_tasks)")
+
+
+def _requested(argv: Sequence[str]):
+  """(tasks, include_path) of an lm-eval `run` command line, or None when it does not
+  parse (lm-eval then says why)."""
+  from lm_eval._cli.harness import HarnessCLI  # pylint: disable=import-outside-toplevel
+  saved = sys.argv
+  sys.argv = ["lm-eval", *argv]
+  try:
+    args = HarnessCLI().parse_args()
+  except SystemExit:
+    return None
+  finally:
+    sys.argv = saved
+  if getattr(args, "command", None) != "run" or not getattr(args, "tasks", None):
+    return None
+  return list(args.tasks), args.include_path
+
+
+HELP_USAGE = """\
+`lev-lm-eval`: lm-evaluation-harness tasks on a lev_jax model (lm-eval's `run` command
+with `--model lev_jax`, lev_jax/eval/lm_eval_adapter.py).
+
+  lev-lm-eval --model_args checkpoint=runs/smoke_leviathan --tasks lambada_openai,hellaswag
+  lev-lm-eval --model_args checkpoint=exports/leviathan,step=200 --tasks piqa --limit 100
+
+Flags (lm-eval's; a value may follow `=` or a space; all of them: lev-lm-eval run --help):"""
+HELP_FLAGS = (
+    ("--model_args=checkpoint=runs/smoke_leviathan,step=200",
+     "checkpoint=PATH (a lev-train workdir or lev-export folder), step=N (default: "
+     "latest), dtype=float32|bfloat16|float16, batch_size=B, max_len=L."),
+    ("--tasks=lambada_openai,hellaswag", "lm-eval task names, comma-separated "
+     "(lev-lm-eval ls tasks lists them)."),
+    ("--include_path=TASKS_DIR", "A folder of more task YAML files; TASKS_DIR holds "
+     "lm-eval's lambada_openai, hellaswag, piqa, arc_easy, arc_challenge and winogrande "
+     "over their released files (no Hub): --tasks lev_local (all six) or "
+     "hellaswag_local, ...; the files' folder: $LEV_LM_EVAL_DATA (README)."),
+    ("--batch_size=16", "Rows per forward pass (default 8; 'auto' = 8)."),
+    ("--num_fewshot=0", "Examples in the few-shot context."),
+    ("--limit=100", "At most this many documents per task (for a quick look)."),
+    ("--output_path=results/lm_eval.json", "Write the results (and samples) there."),
+    ("--log_samples", "Also save each document's requests and answers."),
+)
+
+
+def usage() -> str:
+  """`lev-lm-eval --help`: examples and the lm-eval flags that matter here."""
+  from lev_jax.cli.common import help_row  # pylint: disable=import-outside-toplevel
+  from lev_jax.lm_eval_tasks import TASKS_DIR  # pylint: disable=import-outside-toplevel
+  rows = [(f.replace("TASKS_DIR", str(TASKS_DIR)), t) for f, t in HELP_FLAGS]
+  return "\n".join([HELP_USAGE, *(l for f, t in rows for l in help_row(f, t))])
+
+
+def run(argv: Sequence[str] | None = None) -> None:
+  """lm-eval's command line with the lev_jax model registered (console script).
+
+  Args:
+    argv: the arguments after the program name (default sys.argv[1:]); lm-eval's
+      `run` options (--model_args, --tasks, --batch_size, --output_path, ...).
+      `--model lev_jax` is added unless --model is given; `ls` / `validate`
+      subcommands pass through; no arguments, -h or --help print `usage()`
+      (lm-eval's own: `run --help`).
+  """
+  from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
+
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv or argv[0] in ("-h", "--help"):
+    print(usage())
+    sys.exit(0)
+  has_model = any(a in ("--model", "-M") or a.startswith("--model=") for a in argv)
+  if argv[0] not in ("ls", "validate") and not has_model:
+    argv += ["--model", MODEL_NAME]
+  requested = _requested(argv)
+  problem = requested and data_problem(*requested)
+  if problem:  # before lm-eval indexes its tasks and loads the model
+    print(f"lev-lm-eval: error: {problem}", file=sys.stderr)
+    sys.exit(2)
+  sys.argv = ["lm-eval", *argv]
+  try:
+    cli_evaluate()
+  except ValueError as e:  # InferenceError and our other input errors: one line
+    lines = str(e).strip().strip("'\"").splitlines() or [type(e).__name__]
+    print(f"lev-lm-eval: error: {lines[0]}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,224 @@
+r"""`lev-study`: train a seeded study of tied / Leviathan / untied cells, evaluate every run
+on the validation and test splits, and report means, standard errors and paired
+intervals.
+
+  lev-study --study=experiments/fidelity_study.py --root=runs/study --run
+  lev-study --study=experiments/fidelity_study.py --root=runs/study          # report only
+  python -m lev_jax.cli.study --study=... --root=...                          # same, no install
+
+The study file is a ladder file (RUNGS: one name per run, get_config(run)) whose runs
+differ only in the factors of lev_jax/ladder/study.py (variant, vocab, seed, LEV optimiser
+options); anything else (steps, batch, seq_len, data, backbone) is refused before a run
+starts, with the differing fields named (exit status 2).
+
+With --run, every run that is not finished trains in turn as its own subprocess
+`python -m lev_jax.cli.train --config=STUDY:RUN --workdir=ROOT/RUN [train_flags]` (lev-train;
+a run with a checkpoint resumes, a finished one is skipped; a failure is reported and the
+next run goes on). The subprocesses share a persistent XLA compilation cache
+(ROOT/jax_cache, JAX_COMPILATION_CACHE_DIR), so the seeds of a cell compile once.
+Then each finished run without a current ROOT/RUN/study_eval.json is evaluated in this
+process on the validation and test splits (lev_jax.ladder.study.evaluate_run; eval.batches from
+--eval_batches, else the study file's FINAL_EVAL_BATCHES, else the run's own), and the
+report (lev_jax/ladder/study_report.py) goes to --report_dir (default ROOT/report).
+Re-running the same command resumes; Ctrl-C loses at most the run in progress since its
+last checkpoint. Exit status: 0; 1 when a run failed to train or evaluate; 2 for a bad
+flag or study file.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from absl import app, flags
+
+from lev_jax.cli import common
+from lev_jax.workdir import JAX_CACHE, REPORT
+
+PROG = "lev-study"
+
+
+def _define_flags():
+  flags.DEFINE_string("study", None, "Study file (RUNGS + get_config), e.g. "
+                      "experiments/fidelity_study.py.")
+  flags.DEFINE_string("root", None, "Folder holding one workdir per run (ROOT/RUN).")
+  flags.DEFINE_boolean("run", False, "Train the runs that are not finished first.")
+  flags.DEFINE_string("train_flags", "", "Extra lev-train flags for every run (the same "
+                      "for all, e.g. \"--config.data.cache_dir=/tmp/c\").")
+  flags.DEFINE_integer("eval_batches", 0, "eval.batches of the validation / test "
+                       "evaluation (0: the study's FINAL_EVAL_BATCHES, else each run's).")
+  flags.DEFINE_string("report_dir", None, f"Where the report goes (default ROOT/{REPORT}).")
+  flags.mark_flags_as_required(["study", "root"])
+
+
+def load_study(study) -> tuple[object, dict]:
+  """(the study module, {run: config}) after every check that needs no training.
+
+  Raises:
+    runs.LadderError: a broken study file; config.ConfigError: a run's invalid config
+      (the run named); study.StudyError: runs that differ in a non-factor field.
+  """
+  from lev_jax.ladder import runs, study as study_lib
+  from lev_jax.config import ConfigError, validate
+  module = runs.load_ladder(study)
+  configs = {}
+  for run in module.RUNGS:
+    try:
+      configs[run] = validate(module.get_config(run))
+    except ConfigError as e:
+      raise ConfigError(f"{study}:{run}: {e}") from e
+    except Exception as e:  # the study file's own error
+      raise runs.LadderError(f"{study}: get_config({run!r}) failed: "
+                               f"{type(e).__name__}: {e}") from e
+  study_lib.check_factors(configs)
+  return module, configs
+
+
+def _runner_with_cache(cache_dir: str):
+  """subprocess.call with a persistent XLA compilation cache shared by the runs."""
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache_dir)
+  return lambda argv: subprocess.call(argv, env=env)
+
+
+def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
+                      out=sys.stdout) -> tuple[dict, dict]:
+  """({run: study_eval.json}, {run: error}) for every finished run; a run whose file is
+  current (same step and eval.batches) is read, the others are evaluated."""
+  from lev_jax.ladder import study as study_lib
+  evaluate = evaluate or study_lib.evaluate_run
+  evals, errors = {}, {}
+  for rung in result.rungs:
+    if not rung.finished:
+      continue
+    ev = study_lib.read_eval(rung.workdir)
+    wanted = eval_batches or ev and ev.get("eval_batches")
+    if ev is None or ev.get("step") != rung.steps or ev.get("eval_batches") != wanted:
+      print(f"{PROG}: {rung.variant}: evaluating validation and test", file=out, flush=True)
+      try:
+        ev = evaluate(rung.workdir, eval_batches=eval_batches)
+      except ValueError as e:  # InferenceError, ConfigError, DataError
+        errors[rung.variant] = common.first_line(e)
+        print(f"{PROG}: {rung.variant}: evaluation failed: {errors[rung.variant]}",
+              file=out, flush=True)
+        continue
+    evals[rung.variant] = ev
+  return evals, errors
+
+
+def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=None,
+              report_dir=None, command=None, runner=None, evaluate=None,
+              out=sys.stdout) -> tuple[dict, dict, dict]:
+  """Checks, trains (with run), evaluates and reports a study.
+
+  Args:
+    study: the study file's path; root: ROOT (local).
+    runner: argv -> exit status for each lev-train command (default: a subprocess with
+      the shared compilation cache); evaluate: workdir -> study_eval.json (default
+      lev_jax.ladder.study.evaluate_run).
+
+  Returns:
+    (the analysis, the report's paths, {run: why it failed} for runs that failed to
+    train or evaluate here).
+
+  Raises:
+    runs.LadderError, ConfigError, StudyError: before anything runs (see load_study).
+  """
+  from lev_jax.ladder import runs, study as study_lib, study_report
+  from lev_jax.cli import ladder as ladder_cli
+  module, configs = load_study(study)
+  if eval_batches is None:
+    eval_batches = getattr(module, "FINAL_EVAL_BATCHES", None)
+  result = runs.collect(module, root)
+  failed = {}
+  if run:
+    todo = [r.variant for r in result.rungs if not r.finished]
+    if not todo:
+      print(f"{PROG}: every run of {study} is finished under {root}; nothing to train",
+            file=out)
+    commands = ladder_cli.rung_commands("local", study, todo, root, train_flags=train_flags)
+    runner = runner or _runner_with_cache(str(Path(root).absolute() / JAX_CACHE))
+    failed = {v: f"lev-train exited with status {s}" for v, s in
+              ladder_cli.train_rungs(commands, "local", runner=runner, out=out,
+                                     prog=PROG).items()}
+    result = runs.collect(module, root)
+  result.ladder = str(study)
+  evals, errors = evaluate_finished(result, eval_batches=eval_batches, evaluate=evaluate,
+                                    out=out)
+  failed.update({run_name: f"evaluation failed: {e}" for run_name, e in errors.items()})
+  factors = {run_name: study_lib.cell_of(c) for run_name, c in configs.items()}
+  analysis = study_lib.analyse(result, factors, evals)
+  for m in analysis["missing"]:
+    if m["run"] in failed:
+      m["reason"] = f"{m['reason']}; {failed[m['run']]}"
+  paths = study_report.write_report(analysis, report_dir or Path(root) / REPORT,
+                                    command=command)
+  return analysis, paths, failed
+
+
+def summary(analysis: dict, paths: dict) -> str:
+  """What the command prints: the report's path and the final (test) table."""
+  from lev_jax.ladder.study_report import interval, pm
+  done = sum(r["status"] == "finished" and r["evaluated"] for r in analysis["runs"])
+  comps = {c["label"]: c for c in analysis["comparisons"]}
+  cells = {c["label"]: c for c in analysis["cells"]}
+  lines = [f"{PROG}: {done} of {len(analysis['runs'])} runs finished and evaluated; "
+           f"report {paths['report']}",
+           f"  {'cell (test split)':<44} {'ppl mean ± se (n)':<24} change vs tied [95 % CI]"]
+  for label in analysis["final"]:
+    comp = comps.get(label)
+    change = ("baseline" if comp is None else interval(comp["perplexity"].get("test"))
+              if not comp["reason"] else f"n/a ({comp['reason']})")
+    lines.append(f"  {label:<44} {pm(cells[label]['test']['perplexity']):<24} {change}")
+  for s in analysis["selection"]:
+    lines.append(f"  selected on validation at vocab {s['vocab']}: "
+                 f"{s['selected'] or 'none (' + str(s['reason']) + ')'}")
+  for m in analysis["missing"]:
+    lines.append(f"  missing {m['run']}: {m['reason']}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+  common.quiet_library_logs()
+  from lev_jax.ladder import runs
+  from lev_jax.cli import ladder as ladder_cli
+  from lev_jax.config import ConfigError
+  from lev_jax.ladder.study import StudyError
+  f = flags.FLAGS
+  if "://" in f.root:
+    common.fail(PROG, f"--root={f.root}: lev-study trains and evaluates locally; give a "
+                   "local folder")
+  if not Path(f.study).is_file():
+    common.fail(PROG, f"--study={f.study}: no such file; expected a study file with RUNGS and "
+                   "get_config(run), e.g. experiments/fidelity_study.py")
+  root = Path(f.root)
+  if root.exists() and not root.is_dir():
+    common.fail(PROG, f"--root={f.root}: is a file; expected a folder (one workdir per run)")
+  if not f.run and not root.is_dir():
+    common.fail(PROG, f"--root={f.root}: no such folder (add --run to train the runs there)")
+  try:
+    train_flags = ladder_cli._split("train_flags", f.train_flags)
+    analysis, paths, failed = run_study(
+        f.study, f.root, run=f.run, train_flags=train_flags,
+        eval_batches=f.eval_batches or None, report_dir=f.report_dir,
+        command=shlex.join([PROG, *sys.argv[1:]]))
+  except (runs.LadderError, ConfigError, StudyError, ValueError) as e:
+    common.fail(PROG, str(e))
+  except KeyboardInterrupt:
+    common.fail(PROG, "interrupted; re-run the same command to resume the unfinished runs")
+  print(summary(analysis, paths))
+  if failed:
+    sys.exit(1)
+
+
+def run():
+  _define_flags()
+  app.run(main, flags_parser=common.flags_parser(PROG, __name__))
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,114 @@
+"""`lev-train`: train a Leviathan or tied model from one command.
+
+  lev-train                                   # default: smoke Leviathan on embedded data
+  lev-train --config=experiments/smoke.py:tied --workdir=runs/tied --config.train.steps=50
+
+Flags follow ml_collections.config_flags: any field can be overridden with
+--config.<section>.<field>=value. Without --workdir the run goes to ./runs/<config.name>.
+Re-running the same command on the same workdir resumes from its latest checkpoint.
+SIGTERM (preemption) and Ctrl-C save a checkpoint of the step reached and exit 143 and
+130; a second Ctrl-C aborts at once, keeping the checkpoints already complete.
+
+One run per workdir: the run holds WORKDIR/.lock (lev_jax.lock; process 0 of a
+multi-host run), and a second lev-train on it stops at once naming the holder. A lock
+left by a killed run is taken over; --force_unlock removes one recorded by a run on
+another host that is gone (a network filesystem can keep its lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from absl import flags, logging
+from ml_collections import config_flags
+
+from lev_jax import distributed
+from lev_jax import lock as workdir_lock
+from lev_jax.checkpoint import CheckpointMismatchError, CheckpointWriteError
+from lev_jax.cli import common
+from lev_jax.config import ConfigError, validate
+from lev_jax.data import DataError
+from lev_jax.eval.evaluate import coverage
+from lev_jax.experiments import experiments_dir
+from lev_jax.sharding import ShardingError
+from lev_jax.workdir import EVAL_JSON, LOCK, default_workdir
+
+# 128 + SIGTERM: the shell's status for a process ended by SIGTERM; schedulers read it
+# as "did not finish" and can requeue the job, which then resumes. Ctrl-C (SIGINT) after
+# its checkpoint: 128 + SIGINT, common.INTERRUPTED_EXIT.
+PREEMPTED_EXIT = 143
+STOPPED_EXIT = {"SIGTERM": PREEMPTED_EXIT, "SIGINT": common.INTERRUPTED_EXIT}
+DEFAULT_CONFIG = str(experiments_dir() / "smoke.py") + ":leviathan"
+
+
+def _define_flags():
+  config_flags.DEFINE_config_file(
+      "config", DEFAULT_CONFIG, "Experiment file and variant, e.g. experiments/smoke.py:tied.")
+  flags.DEFINE_string("workdir", None, "Output directory (default ./runs/<config.name>).")
+  flags.DEFINE_integer("stop_at_step", None, "Stop after this step with a checkpoint (for "
+                       "time-sliced jobs; the schedule still spans train.steps); at least 1.",
+                       lower_bound=1)
+  flags.DEFINE_bool("force_unlock", False, f"Remove WORKDIR/{LOCK} when it was left by a run "
+                    "on another host that is gone (see lev_jax/lock.py); a lock held on "
+                    "this host is never overridden.")
+  flags.DEFINE_bool("restore_fallback", False, "When the latest checkpoint is corrupt "
+                    "(checksum) or unreadable, resume from the latest intact one instead "
+                    "of stopping (a warning names the skipped step).")
+  distributed.define_flags()
+
+
+def main(argv):
+  if len(argv) > 1:
+    common.fail("lev-train", f"unexpected arguments: {' '.join(argv[1:])}")
+  common.quiet_library_logs()
+  try:  # multi-host: flags, else LEV_JAX_* env, else JAX's cluster detection, else nothing
+    distributed.initialize_from_flags()
+  except ValueError as e:
+    common.fail("lev-train", str(e))
+  from lev_jax import trainer  # after flags: keeps --help fast
+  config = common.config_or_exit("lev-train")
+  try:
+    validate(config)  # before the workdir or its lock is created
+  except ConfigError as e:
+    common.fail("lev-train", str(e))
+  workdir = flags.FLAGS.workdir or default_workdir(config.name)
+  logging.info("config %s -> workdir %s", config.name, workdir)
+  lock = (workdir_lock.hold(workdir, prog="lev-train", force_unlock=flags.FLAGS.force_unlock)
+          if distributed.is_primary() else contextlib.nullcontext())
+  try:
+    with lock:  # released on every exit: return, error, KeyboardInterrupt, SystemExit
+      result = trainer.train_and_evaluate(config, workdir,
+                                          stop_at_step=flags.FLAGS.stop_at_step,
+                                          restore_fallback=flags.FLAGS.restore_fallback)
+  except (ConfigError, DataError, CheckpointMismatchError, ShardingError,
+          FileNotFoundError, workdir_lock.WorkdirLockError) as e:
+    common.fail("lev-train", str(e))
+  except (trainer.DivergenceError, CheckpointWriteError) as e:
+    print(f"lev-train: error: {common.first_line(e)}", file=sys.stderr)
+    sys.exit(1)
+  if isinstance(result, trainer.Stopped) and result.reason == "stop_at_step":
+    print(f"lev-train: {config.name} stopped at step {result.step} as asked; "
+          "re-run without --stop_at_step to continue", file=sys.stderr)
+    return
+  if isinstance(result, trainer.Stopped):  # signalled after saving: not finished, not 0
+    print(f"lev-train: {config.name} stopped at step {result.step} ({result.reason}) after "
+          "a checkpoint; re-run to resume", file=sys.stderr)
+    sys.exit(STOPPED_EXIT[result.reason])
+  if distributed.is_primary():
+    print(f"lev-train: {config.name} step {result['step']}: validation loss "
+          f"{result['loss']:.4f}, perplexity {result['perplexity']:.2f} -> {workdir}/{EVAL_JSON}")
+    if result.get("data"):  # eval.json of a run finished before the record was kept
+      print(f"  {coverage(result['data'])}")
+
+
+def run():
+  common.define_or_exit("lev-train", _define_flags)
+  # Ctrl-C before the first step (data, restore) ends here; from the first step on, the
+  # trainer turns it into a checkpoint (a second Ctrl-C aborts at once).
+  common.run("lev-train", main, __name__, interrupted="interrupted (Ctrl-C) before the first "
+          "step; the workdir's checkpoints are unchanged: re-run to continue")
+
+
+if __name__ == "__main__":
+  run()

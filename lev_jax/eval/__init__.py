@@ -1,0 +1,1 @@
+"""Evaluation: validation perplexity, scoring, zero-shot tasks, lm-eval."""

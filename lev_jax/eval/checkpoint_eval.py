@@ -1,0 +1,264 @@
+"""Evaluate one checkpoint: validation perplexity and its frequency buckets, a baseline
+comparison on the same batches, zero-shot tasks; what `lev-eval` computes and writes.
+
+  from lev_jax.eval.checkpoint_eval import evaluate_checkpoint
+  result = evaluate_checkpoint("runs/smoke_leviathan", split="test",
+                               baseline="runs/smoke_tied/lev_eval.json")
+
+The result is the JSON object `lev-eval` writes (see lev_jax/cli/eval.py for its
+fields). Buckets are by each id's count in the training split (arXiv 2601.22040, Sec. 5).
+A baseline is compared only when it was evaluated on the same batches (equal
+``data.sha256``), unless allow_different_data.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+from etils import epath
+
+from lev_jax.checkpoint import SHAPE_FIELDS
+from lev_jax.config import ConfigError, validate
+from lev_jax.workdir import LEV_EVAL_JSON, TOKEN_COUNTS
+
+
+def apply_overrides(config, overrides: dict):
+  """The checkpoint's config with `overrides` applied; shape fields are refused.
+
+  Raises:
+    ConfigError: an override of a field in checkpoint.SHAPE_FIELDS, or an invalid
+      resulting config (the field named).
+  """
+  shape = {f"{section}.{f}" for section, fields in SHAPE_FIELDS.items() for f in fields}
+  for field, value in overrides.items():
+    if field in shape:
+      raise ConfigError(f"--config.{field}: the model's shape comes from the checkpoint "
+                        "and cannot be overridden")
+    node, *path, leaf = [config, *field.split(".")]
+    for part in path:
+      node = node[part]
+    node[leaf] = value
+  return validate(config)
+
+
+def _eval_batches(config, tokenizer, validation_override: bool, split: str):
+  """(batches, training token counts or None, `evaluate.data_record`) of the
+  configured validation split, or straight from given files (named `split`); see
+  `data.evaluation_batches` (config is not changed)."""
+  from lev_jax.data import evaluation_batches
+  files = list(config.data.validation_files) if validation_override else None
+  return evaluation_batches(config, tokenizer, files=files, split=split)
+
+
+def perplexity(im, config, validation_override: bool = False, eval_step=None, *,
+               split: str = "validation", check_data=None) -> dict:
+  """{"validation", "validation_equal_mass"?, "data"}: `evaluate` results for `im` (one
+  pass) and what was evaluated (`evaluate.data_record`).
+
+  eval_step: a `train.make_eval_step` of `partition(config)` to reuse (one compilation
+  for several splits); None builds one. split: the name recorded for
+  validation_override files ("validation" or "test"). check_data: called with the data
+  record once the batches are built, before any evaluation (it may raise).
+
+  Raises:
+    ConfigError / DataError: bad data settings, or no token counts for the buckets.
+  """
+  import jax
+  from flax import nnx
+  from lev_jax.eval.evaluate import equal_mass_edges, evaluate_schemes
+  from lev_jax.train import make_eval_step, partition
+  batches, counts, record = _eval_batches(config, im.tokenizer, validation_override, split)
+  if check_data is not None:
+    check_data(record)
+  counts = im.token_counts_V if im.token_counts_V is not None else counts
+  if counts is None:
+    raise ConfigError(f"{im.source}: no {TOKEN_COUNTS} beside the checkpoint; "
+                      "frequency buckets need the training split's counts")
+  schemes = {"log": list(config.eval.freq_bucket_edges)}
+  if config.eval.equal_mass_buckets:
+    schemes["equal_mass"] = equal_mass_edges(counts, config.eval.equal_mass_buckets)
+  part = partition(config)
+  params = jax.device_put(nnx.state(im.model, nnx.Param), part.state_sharding["params"])
+  results = evaluate_schemes(eval_step or make_eval_step(part), params, batches, counts,
+                             schemes)
+  out = {"validation": results["log"]}
+  if "equal_mass" in results:
+    out["validation_equal_mass"] = results["equal_mass"]
+  out["data"] = record
+  return out
+
+
+def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[dict, str]:
+  """(the baseline's lev_eval.json, its path), read before any evaluation.
+
+  Raises:
+    ConfigError: missing, unreadable, or holding no validation result; or (unless
+      allow_different_data) not recording the data it was evaluated on.
+  """
+  path = epath.Path(baseline_path)
+  if path.is_dir():
+    path = path / LEV_EVAL_JSON
+  try:
+    base = json.loads(path.read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise ConfigError(f"--baseline={baseline_path}: cannot read a {LEV_EVAL_JSON} ({e}); "
+                      "run lev-eval on the baseline first") from e
+  if not isinstance(base, dict) or "validation" not in base:
+    raise ConfigError(f"--baseline={path}: it holds no validation result to compare with")
+  if not isinstance(base.get("data"), dict) and not allow_different_data:
+    raise ConfigError(f"--baseline={path}: it does not record the data it was evaluated "
+                      "on (written by an older lev-eval); re-run lev-eval on the baseline, "
+                      "or pass --allow_different_data")
+  return base, os.fspath(path)
+
+
+def check_same_data(base: dict, path: str, record: dict,
+                    allow_different_data: bool = False) -> None:
+  """Refuses a baseline evaluated on other batches than `record` (another split, other
+  files, token count, tokenizer or segment masking: another ``data.sha256``).
+
+  Raises:
+    ConfigError: the data differ and not allow_different_data (both named).
+  """
+  from lev_jax.eval.evaluate import describe_data, same_data
+  if not same_data(base.get("data"), record) and not allow_different_data:
+    raise ConfigError(f"--baseline={path}: evaluated on other data than this run "
+                      f"(baseline: {describe_data(base.get('data'))}; this run: "
+                      f"{describe_data(record)}); evaluate both on the same data, or pass "
+                      "--allow_different_data")
+
+
+def relative_changes(result: dict, base: dict, path: str) -> dict:
+  """{"baseline": path, "same_data": bool, scheme: evaluate.relative_change rows}
+  against another run (same_data: equal `evaluate.data_record` sha256s).
+
+  Raises:
+    ConfigError: the two runs' buckets have different edges (the baseline named).
+  """
+  from lev_jax.eval.evaluate import relative_change, same_data
+  out = {"baseline": path, "same_data": same_data(base.get("data"), result.get("data"))}
+  for key in ("validation", "validation_equal_mass"):
+    if key in result and key in base:
+      try:
+        out[key] = relative_change(base[key], result[key])
+      except ValueError as e:
+        raise ConfigError(f"--baseline={path}: {e}") from e
+  return out
+
+
+def _downstream_files(config) -> dict:
+  """{task: file} of config.eval.downstream (piqa_labels is PIQA's option, not a task).
+
+  Raises:
+    ConfigError: piqa_labels without piqa (it would be ignored).
+  """
+  d = config.eval.downstream
+  files = {k: v for k, v in d.items() if v and k != "piqa_labels"}
+  if d.piqa_labels and "piqa" not in files:
+    raise ConfigError(f"--config.eval.downstream.piqa_labels={d.piqa_labels}: "
+                      "config.eval.downstream.piqa is empty; give the PIQA data file too")
+  return files
+
+
+def downstream_tasks(im, config) -> dict:
+  """Zero-shot results for every task with a file in config.eval.downstream.
+
+  Raises:
+    ConfigError: piqa_labels without piqa. DownstreamError: a bad task file.
+  """
+  from lev_jax.eval import downstream
+  from lev_jax.eval.scoring import Scorer
+  files = _downstream_files(config)
+  if not files:
+    return {}
+  scorer = Scorer(im.model, im.tokenizer, max_len=config.train.seq_len,
+                  batch_size=config.eval.batch_size)
+  options = {"piqa": {"labels": config.eval.downstream.piqa_labels or None}}
+  return downstream.evaluate_tasks(scorer, files, limit=config.eval.downstream_limit or None,
+                                   options=options, progress=True)  # minutes: a bar each
+
+
+def heldout_test_files(config) -> tuple:
+  """The files of the test split: data.test_files, or for the embedded source with
+  data.test_fraction > 0 its test shard (`embedded.write_embedded_corpus`).
+
+  Raises:
+    ConfigError: no test split (naming both fields).
+  """
+  d = config.data
+  if d.test_files:
+    return tuple(d.test_files)
+  if d.source == "embedded" and d.get("test_fraction", 0.0) > 0:
+    from lev_jax.data.embedded import write_embedded_corpus
+    paths = write_embedded_corpus(os.path.expanduser(d.cache_dir), d.validation_fraction,
+                                  d.test_fraction)
+    return (os.fspath(paths["test"]),)
+  raise ConfigError("--split=test: config.data.test_files is empty" + (
+      " and config.data.test_fraction = 0 (the embedded source holds out a test split "
+      "only with data.test_fraction > 0)" if d.source == "embedded" else ""))
+
+
+def evaluate_checkpoint(checkpoint, *, step=None, dtype=None, split="validation",
+                        baseline=None, overrides: dict | None = None,
+                        perplexity_too: bool = True,
+                        allow_different_data: bool = False) -> dict:
+  """Everything `lev-eval` computes for one checkpoint (see the module docstring).
+
+  Raises:
+    InferenceError, ConfigError, DataError, DownstreamError (ValueErrors): a bad
+      checkpoint, override, split, baseline, data or task file, named in the message;
+      a baseline evaluated on other data, or not recording its data (ConfigError,
+      unless allow_different_data), before any evaluation.
+  """
+  from lev_jax import inference
+  if baseline and perplexity_too:  # a refused baseline costs no checkpoint load
+    _read_baseline(baseline, allow_different_data)
+  im = inference.load(checkpoint, step=step, dtype=dtype)
+  return evaluate_model(im, split=split, baseline=baseline, overrides=overrides,
+                        perplexity_too=perplexity_too,
+                        allow_different_data=allow_different_data)
+
+
+def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | None = None,
+                   perplexity_too: bool = True, eval_step=None,
+                   allow_different_data: bool = False) -> dict:
+  """`evaluate_checkpoint` on a loaded `inference.InferenceModel` (evaluate several
+  splits of one checkpoint without loading it again, sharing `eval_step`: see
+  `perplexity`); `im.config` is not changed.
+
+  Raises:
+    ConfigError, DataError, DownstreamError: as `evaluate_checkpoint`.
+  """
+  overrides = dict(overrides or {})
+  # Other validation files are read straight from disk (see _eval_batches): they need
+  # neither data.source nor data.train_files, so they are not applied to the config.
+  validation_files = overrides.pop("data.validation_files", None)
+  config = apply_overrides(copy.deepcopy(im.config), overrides)
+  if split == "test":
+    validation_files = heldout_test_files(config)
+  if validation_files is not None:
+    if isinstance(validation_files, str):
+      validation_files = [validation_files]
+    if not validation_files:
+      raise ConfigError("--config.data.validation_files is empty")
+    with config.unlocked():
+      config.data.validation_files = tuple(validation_files)
+  validation_override = validation_files is not None
+  _downstream_files(config)  # a ConfigError now, not after the perplexity
+  base = (_read_baseline(baseline, allow_different_data) if baseline and perplexity_too
+          else None)
+  check = (None if base is None else
+           lambda record: check_same_data(*base, record, allow_different_data))
+  out = {"checkpoint": im.source, "step": im.step, "split": split,
+         "embedding": config.model.embedding}
+  if perplexity_too:
+    out.update(perplexity(im, config, validation_override, eval_step, split=split,
+                          check_data=check))
+    if base is not None:
+      out["relative_change"] = relative_changes(out, *base)
+  results = downstream_tasks(im, config)
+  if results:
+    out["downstream"] = results
+  return out

@@ -1,0 +1,1 @@
+"""Ladders and seeded studies of runs: collection, scaling fits, reports."""

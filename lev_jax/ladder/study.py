@@ -1,0 +1,415 @@
+"""A seeded study: tied vs Leviathan (untied as the ablation, LEV optimiser options as
+extra cells) over vocabularies, several seeds per cell, with paired intervals.
+
+  analysis = analyse(collect("experiments/fidelity_study.py", "runs/study"))
+
+A study file is a ladder file (lev_jax/ladder/runs.py: `RUNGS` names every run, one run per
+(cell, seed); `get_config(run)`). Its runs may differ only in the factors
+(`FACTOR_FIELDS`): the variant (model.embedding), the vocabulary (model.vocab_size), the
+seed (seed, data.seed) and the LEV optimiser options (optim.lev_lr_multiplier,
+optim.clip_mode, lev.out_proj_init); `check_factors` refuses anything else (steps,
+batch, seq_len, data, backbone, ...) before a run starts, naming the fields. A cell is
+(variant, vocab, options); its runs are its seeds.
+
+Each finished run is evaluated once more (`evaluate_run` -> WORKDIR/study_eval.json) on
+the validation split and on the held-out test split (lev_jax/cli/eval.py: `lev-eval
+--split=test`; the embedded source holds one out with data.test_fraction > 0), under the
+log-frequency and the equal-mass buckets (lev_jax/eval/evaluate.py).
+
+What `analyse` computes:
+  per cell and split: loss and perplexity, mean ± standard error over seeds
+  per comparison (every non-tied cell vs the tied cell of its vocab with default
+    options; seed i paired with tied seed i): the relative perplexity change
+    ppl / ppl_tied - 1, overall and per bucket, as the mean of the per-seed changes with
+    a two-sided Student-t interval over them (`t_interval`; n - 1 degrees of freedom);
+    tokens to reach tied's final validation loss and the tokens ratio per seed
+    (lev_jax/ladder/scaling.py, on the eval/loss curves), mean ± se over the seeds that reach it
+  selection (validation only): per vocab with several Leviathan option cells, the one
+    with the lowest mean validation perplexity; the final table reports the test split
+    for tied, untied, Leviathan with default options and the selected Leviathan
+A figure that cannot be computed is None next to a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+import ml_collections
+import numpy as np
+from etils import epath
+from scipy import stats
+
+from lev_jax.eval import evaluate
+from lev_jax.ladder import runs
+from lev_jax.workdir import STUDY_EVAL_JSON, write_json_atomic
+
+# Config fields a study's runs may differ in, and the factor each belongs to.
+FACTOR_FIELDS = {
+    "name": "label", "model.embedding": "variant", "model.vocab_size": "vocab",
+    "seed": "seed", "data.seed": "seed", "optim.lev_lr_multiplier": "options",
+    "optim.clip_mode": "options", "lev.out_proj_init": "options",
+}
+OPTION_FIELDS = ("optim.lev_lr_multiplier", "optim.clip_mode", "lev.out_proj_init")
+# Options that act on LEV's parameters only: a model without LEV ignores them, so they
+# do not enter its label (a tied baseline stays "default" whatever they are set to).
+LEV_ONLY_OPTIONS = ("optim.lev_lr_multiplier", "lev.out_proj_init")
+VARIANTS = {"tied": "tied", "lev": "leviathan", "untied": "untied"}
+SPLITS = ("validation", "test")
+SCHEMES = ("log", "equal_mass")
+CONFIDENCE = 0.95
+
+
+class StudyError(ValueError):
+  """A study that cannot run or be read; the message names the runs and fields."""
+
+
+# ---------------------------------------------------------------------------- factors
+
+def flatten(config) -> dict:
+  """{dotted field: value} of a ConfigDict (or dict); lists become tuples."""
+  out = {}
+
+  def walk(node, prefix):
+    for key, value in node.items():
+      if isinstance(value, (dict, ml_collections.ConfigDict)):
+        walk(value, f"{prefix}{key}.")
+      else:
+        out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+  walk(config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config, "")
+  return out
+
+
+def options_label(flat: dict) -> str:
+  """"default", or the LEV optimiser options that differ from base_config's, e.g.
+  "lev_lr_multiplier=3, clip_mode=per_group" (LEV_ONLY_OPTIONS only for LEV models)."""
+  from lev_jax.config import base_config
+  defaults = flatten(base_config())
+  fields = [f for f in OPTION_FIELDS
+            if flat.get("model.embedding") == "lev" or f not in LEV_ONLY_OPTIONS]
+  changed = [f"{f.rsplit('.', 1)[1]}={flat.get(f)!s}" for f in fields
+             if flat.get(f, defaults[f]) != defaults[f]]
+  return ", ".join(changed) or "default"
+
+
+def cell_of(config) -> tuple[str, int, str, int]:
+  """(variant, vocab, options, seed) of one run's config."""
+  flat = flatten(config)
+  variant = VARIANTS.get(flat["model.embedding"], flat["model.embedding"])
+  return variant, int(flat["model.vocab_size"]), options_label(flat), int(flat["seed"])
+
+
+def check_factors(configs: dict) -> None:
+  """Refuses a study whose runs differ in anything but FACTOR_FIELDS, or that holds
+  one (cell, seed) twice.
+
+  Args:
+    configs: run name -> its config (ConfigDict).
+
+  Raises:
+    StudyError: no runs; a differing non-factor field (every such field named with
+      its values and the runs holding them); two runs of the same cell and seed.
+  """
+  if not configs:
+    raise StudyError("the study has no runs (RUNGS is empty)")
+  flat = {run: flatten(c) for run, c in configs.items()}
+  fields = sorted(set().union(*flat.values()))
+  differing = []
+  for field in fields:
+    if field in FACTOR_FIELDS:
+      continue
+    by_value = {}
+    for run, f in flat.items():
+      by_value.setdefault(repr(f.get(field, "<absent>")), []).append(run)
+    if len(by_value) > 1:
+      shown = "; ".join(f"{value} in {', '.join(runs[:3])}"
+                        + (f" (+{len(runs) - 3} more)" if len(runs) > 3 else "")
+                        for value, runs in by_value.items())
+      differing.append(f"{field} ({shown})")
+  if differing:
+    raise StudyError(
+        f"the study's runs differ in {len(differing)} field(s) that are not factors: "
+        + " | ".join(differing) + ". Runs may differ only in "
+        + ", ".join(sorted(FACTOR_FIELDS)) + " (variant, vocab, seed, LEV options): "
+        "equal tokens, data and backbone in every cell")
+  seen = {}
+  for run, c in configs.items():
+    key = cell_of(c)
+    if key in seen:
+      raise StudyError(f"runs {seen[key]} and {run} are the same cell and seed {key}")
+    seen[key] = run
+
+
+# ---------------------------------------------------------------------------- statistics
+
+def mean_se(values: Sequence[float]) -> dict:
+  """{"mean", "se" (sample sd / sqrt(n); None for n < 2), "n"}; mean None for n = 0."""
+  x = np.asarray([v for v in values if v is not None], np.float64)
+  n = len(x)
+  return {"mean": float(x.mean()) if n else None,
+          "se": float(x.std(ddof=1) / math.sqrt(n)) if n >= 2 else None, "n": n}
+
+
+def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> dict:
+  """The mean of `values` with a two-sided Student-t interval (n - 1 degrees of freedom).
+
+  Args:
+    values: per-seed figures, e.g. paired relative changes.
+    confidence: coverage of the interval, in (0, 1).
+
+  Returns:
+    {"mean", "se", "lo", "hi", "n", "values"}; se, lo and hi are None for n < 2 (no
+    spread to estimate), mean is None for n = 0.
+  """
+  out = mean_se(values)
+  out.update(lo=None, hi=None, values=[float(v) for v in values if v is not None])
+  if out["se"] is not None:
+    half = float(stats.t.ppf(0.5 + confidence / 2, out["n"] - 1)) * out["se"]
+    out.update(lo=out["mean"] - half, hi=out["mean"] + half)
+  return out
+
+
+def paired_changes(baseline: Sequence[float], other: Sequence[float]) -> list[float]:
+  """other_i / baseline_i - 1 for each pair (seed i of one cell with seed i of its
+  baseline).
+
+  Raises:
+    StudyError: lengths differ, or a baseline value that is not positive.
+  """
+  if len(baseline) != len(other):
+    raise StudyError(f"paired values need equal lengths; got {len(baseline)} and {len(other)}")
+  if any(b <= 0 for b in baseline):
+    raise StudyError(f"baseline values must be positive; got {list(baseline)}")
+  return [o / b - 1.0 for b, o in zip(baseline, other)]
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+def read_eval(workdir) -> dict | None:
+  """WORKDIR/study_eval.json, or None when absent or unreadable."""
+  path = epath.Path(workdir) / STUDY_EVAL_JSON
+  try:
+    return json.loads(path.read_text())
+  except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+    return None
+
+
+def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
+  """Validation and test evaluation of a finished run, both bucket schemes; writes and
+  returns WORKDIR/study_eval.json: {"step", "eval_batches", "validation": {"log",
+  "equal_mass", "data"}, "test": {...}}, each an `evaluate.evaluate` result and what
+  was evaluated (`evaluate.data_record`).
+
+  Args:
+    workdir: a finished lev-train workdir (its latest checkpoint is evaluated).
+    eval_batches: eval.batches for this evaluation (None: the run's own).
+
+  Raises:
+    InferenceError, ConfigError, DataError: from lev_jax.eval.checkpoint_eval (e.g. no test split).
+  """
+  from lev_jax import inference
+  from lev_jax.eval.checkpoint_eval import evaluate_model
+  from lev_jax.train import make_eval_step, partition
+  im = inference.load(workdir)
+  overrides = {"eval.batches": eval_batches} if eval_batches else {}
+  step_fn = make_eval_step(partition(im.config))  # one compilation for both splits
+  out = {"step": im.step, "eval_batches": eval_batches or im.config.eval.batches}
+  for split in SPLITS:
+    r = evaluate_model(im, split=split, overrides=overrides, eval_step=step_fn)
+    out[split] = {"log": r["validation"], "equal_mass": r.get("validation_equal_mass"),
+                  "data": r.get("data")}
+  write_json_atomic(epath.Path(workdir) / STUDY_EVAL_JSON, out)
+  return out
+
+
+# ---------------------------------------------------------------------------- collect
+
+def collect(study, root) -> tuple[runs.LadderResult, dict]:
+  """(the ladder view of every run, {run: (variant, vocab, options, seed)}).
+
+  Raises:
+    runs.LadderError, StudyError: a broken study file or one whose runs differ in a
+      non-factor field.
+  """
+  module = runs.load_ladder(study)
+  configs = {run: module.get_config(run) for run in module.RUNGS}
+  check_factors(configs)
+  result = runs.collect(module, root)
+  return result, {run: cell_of(c) for run, c in configs.items()}
+
+
+# ---------------------------------------------------------------------------- analysis
+
+def _split_figures(evals: list[dict], split: str) -> dict:
+  rows = [e[split]["log"] for e in evals]
+  return {"loss": mean_se([r["loss"] for r in rows]),
+          "perplexity": mean_se([r["perplexity"] for r in rows])}
+
+
+def _bucket_rows(base_evals, other_evals, split, scheme) -> dict:
+  """Per bucket: the paired t-interval of the per-seed relative changes (none when a
+  pair was evaluated on other data: both record it and the sha256s differ)."""
+  for b, o in zip(base_evals, other_evals):
+    a_data, o_data = b[split].get("data"), o[split].get("data")
+    if a_data and o_data and not evaluate.same_data(a_data, o_data):
+      return {"rows": [], "reason": (
+          f"evaluated on other data: {evaluate.describe_data(a_data)} vs "
+          f"{evaluate.describe_data(o_data)}")}
+  pairs = [(b[split][scheme], o[split][scheme]) for b, o in zip(base_evals, other_evals)
+           if b[split].get(scheme) and o[split].get(scheme)]
+  if not pairs:
+    return {"rows": [], "reason": f"no {scheme} buckets in {STUDY_EVAL_JSON}"}
+  try:
+    per_seed = [evaluate.relative_change(b, o) for b, o in pairs]
+  except ValueError as e:
+    return {"rows": [], "reason": str(e)}
+  rows = []
+  for i, first in enumerate(per_seed[0]):
+    changes = [seed_rows[i]["change"] for seed_rows in per_seed]
+    rows.append({
+        "range": first["range"],
+        "targets": mean_se([b["buckets"][i]["tokens"] for b, _ in pairs])["mean"],
+        "ids": pairs[0][0]["buckets"][i]["ids"],
+        "tied_ppl": mean_se([r[i]["baseline"] for r in per_seed])["mean"],
+        "other_ppl": mean_se([r[i]["other"] for r in per_seed])["mean"],
+        "change": t_interval([c for c in changes if c is not None])})
+  return {"rows": rows, "reason": None}
+
+
+def _efficiency(base_rungs, other_rungs) -> dict:
+  per_seed = [runs.rung_efficiency(t, o) for t, o in zip(base_rungs, other_rungs)]
+  reached = [e for e in per_seed if e["ratio"] is not None]
+  return {"per_seed": per_seed, "n": len(per_seed), "n_reached": len(reached),
+          "target": mean_se([e["target"] for e in per_seed]),
+          "tokens_to_target": mean_se([e["leviathan_tokens"] for e in reached]),
+          "ratio": mean_se([e["ratio"] for e in reached])}
+
+
+def _comparison(cell, base, runs_by_cell, result, evals) -> dict:
+  variant, vocab, options = cell
+  out = {"variant": variant, "vocab": vocab, "options": options, "label": _label(cell),
+         "baseline": _label(base) if base else None, "seeds": [], "reason": None,
+         "perplexity": {}, "buckets": {}, "efficiency": None}
+  if base is None:
+    out["reason"] = f"no tied cell with default options at vocab {vocab}"
+    return out
+  mine, theirs = runs_by_cell.get(cell, {}), runs_by_cell.get(base, {})
+  seeds = sorted(s for s in mine if s in theirs and mine[s] in evals and theirs[s] in evals)
+  out["seeds"] = seeds
+  if not seeds:
+    out["reason"] = (f"no seed finished and evaluated in both {_label(cell)} and "
+                     f"{_label(base)}")
+    return out
+  base_evals = [evals[theirs[s]] for s in seeds]
+  other_evals = [evals[mine[s]] for s in seeds]
+  for split in SPLITS:
+    out["perplexity"][split] = t_interval(paired_changes(
+        [e[split]["log"]["perplexity"] for e in base_evals],
+        [e[split]["log"]["perplexity"] for e in other_evals]))
+    out["buckets"][split] = {scheme: _bucket_rows(base_evals, other_evals, split, scheme)
+                             for scheme in SCHEMES}
+  out["efficiency"] = _efficiency([result.rung(theirs[s]) for s in seeds],
+                                  [result.rung(mine[s]) for s in seeds])
+  return out
+
+
+def _label(cell) -> str:
+  variant, vocab, options = cell
+  return f"{variant} V={vocab}" + ("" if options == "default" else f" [{options}]")
+
+
+def _run_row(rung, factors, ev) -> dict:
+  variant, vocab, options, seed = factors
+  row = {"run": rung.variant, "variant": variant, "vocab": vocab, "options": options,
+         "seed": seed, "status": rung.status, "reason": rung.reason, "step": rung.step,
+         "steps": rung.steps, "tokens_per_step": rung.tokens_per_step,
+         "tokens": rung.steps * rung.tokens_per_step, "params": rung.params["total"],
+         "train_curve": rung.train_curve, "eval_curve": rung.eval_curve,
+         "evaluated": ev is not None}
+  for split in SPLITS:
+    r = (ev or {}).get(split, {}).get("log") or {}
+    row[f"{split}_loss"], row[f"{split}_ppl"] = r.get("loss"), r.get("perplexity")
+  return row
+
+
+def analyse(result: runs.LadderResult, factors: dict, evals: dict) -> dict:
+  """The study's figures as a JSON-ready dict.
+
+  Args:
+    result: `collect`'s ladder view; factors: its {run: (variant, vocab, options, seed)}.
+    evals: {run: study_eval.json} of the finished, evaluated runs.
+
+  Returns:
+    {"study", "root", "confidence", "tokens_per_run",
+     "runs": [per run: run, variant, vocab, options, seed, status, reason, step,
+              steps, tokens, params, curves, validation_/test_ loss and ppl],
+     "missing": [{"run", "status", "reason"}] (not finished, or not evaluated),
+     "cells": [{"variant", "vocab", "options", "label", "seeds", "validation",
+                "test": {"loss", "perplexity": {"mean", "se", "n"}}}],
+     "comparisons": [per non-tied cell: {"label", "baseline", "seeds", "reason",
+                     "perplexity": {split: t_interval}, "buckets": {split: {scheme:
+                     {"rows": [{"range", "targets", "ids", "tied_ppl", "other_ppl",
+                     "change": t_interval}], "reason"}}}, "efficiency"}],
+     "selection": [per vocab with >= 2 Leviathan cells: {"vocab", "candidates",
+                   "selected", "criterion"}],
+     "final": [labels of the cells in the test table, in order]}
+  """
+  runs_by_cell = {}
+  for run, (variant, vocab, options, seed) in factors.items():
+    runs_by_cell.setdefault((variant, vocab, options), {})[seed] = run
+  rows = [_run_row(r, factors[r.variant], evals.get(r.variant)) for r in result.rungs]
+  tokens = sorted({row["tokens"] for row in rows})
+  cells = []
+  for cell, seeds in runs_by_cell.items():
+    done = sorted(s for s, run in seeds.items() if run in evals)
+    entry = {"variant": cell[0], "vocab": cell[1], "options": cell[2],
+             "label": _label(cell), "seeds": done, "n_runs": len(seeds)}
+    for split in SPLITS:
+      entry[split] = _split_figures([evals[seeds[s]] for s in done], split)
+    cells.append(entry)
+  comparisons = []
+  for cell in runs_by_cell:
+    if cell[0] == "tied":
+      continue
+    base = (("tied", cell[1], "default") if ("tied", cell[1], "default") in runs_by_cell
+            else None)
+    comparisons.append(_comparison(cell, base, runs_by_cell, result, evals))
+  selection, final = _select(cells, runs_by_cell)
+  return {
+      "study": result.ladder, "root": result.root, "confidence": CONFIDENCE,
+      "tokens_per_run": tokens[0] if len(tokens) == 1 else None,
+      "runs": rows,
+      "missing": [{"run": r["run"], "status": r["status"],
+                   "reason": r["reason"] or ("finished; not evaluated" if not r["evaluated"]
+                                             else None)}
+                  for r in rows if r["status"] != "finished" or not r["evaluated"]],
+      "cells": cells, "comparisons": comparisons, "selection": selection, "final": final,
+  }
+
+
+def _select(cells: list[dict], runs_by_cell: dict) -> tuple[list[dict], list[str]]:
+  """Selection on validation; the cells of the final (test) table."""
+  selection, final = [], []
+  for vocab in sorted({c["vocab"] for c in cells}):
+    here = [c for c in cells if c["vocab"] == vocab]
+    final += [c["label"] for c in here if c["options"] == "default"]
+    levs = [c for c in here if c["variant"] == "leviathan"]
+    if len(levs) < 2:
+      continue
+    candidates = [{"label": c["label"], "options": c["options"], "seeds": c["seeds"],
+                   "validation_ppl": c["validation"]["perplexity"]} for c in levs]
+    ready = [c for c in candidates if c["validation_ppl"]["n"]
+             and c["validation_ppl"]["n"] == len(runs_by_cell[("leviathan", vocab,
+                                                               c["options"])])]
+    entry = {"vocab": vocab, "candidates": candidates, "selected": None,
+             "criterion": "lowest mean validation perplexity over seeds", "reason": None}
+    if len(ready) < len(candidates):
+      entry["reason"] = "not every Leviathan option cell has all its seeds evaluated"
+    elif ready:
+      best = min(ready, key=lambda c: c["validation_ppl"]["mean"])
+      entry["selected"] = best["label"]
+      if best["options"] != "default":
+        final.append(best["label"])
+    selection.append(entry)
+  return selection, final

@@ -1,0 +1,415 @@
+"""A seeded study as tables and plots: Markdown, two CSVs, JSON, two PNGs.
+
+  paths = write_report(study.analyse(...), "runs/study/report", command="lev-study ...")
+
+Writes into out_dir (created if needed):
+  report.md           the final table on the test split (mean ± standard error over
+                      seeds, relative change vs tied with its 95 % t-interval over the
+                      paired per-seed changes), the selection of the LEV optimiser options
+                      on the validation split, every cell on validation, frequency buckets
+                      (equal-mass and log) on the test split, tokens to reach tied's
+                      final loss, the runs, and how it was produced
+  study.csv           one row per cell (an empty cell = not computable)
+  buckets.csv         one row per (comparison, split, scheme, bucket)
+  analysis.json       the analysis dict as given (+ "produced")
+  loss_vs_tokens.png  validation loss over tokens per vocabulary: mean over seeds with
+                      ± se bars, each seed faint
+  freq_buckets.png    relative perplexity change per bucket on the test split with the
+                      95 % intervals, per vocabulary and scheme
+
+Formatting, provenance and the Agg canvas are lev_jax/ladder/report.py's (`lev-ladder`).
+Paper figures quoted are from arXiv 2601.22040 via ../shared/LEV.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from lev_jax.ladder import report
+from lev_jax.ladder.report import (MIN_BUCKET_TARGETS, PAPER, _count, _count_axis, _csv_value,
+                            _figure, _table, provenance)
+from lev_jax.ladder.study import SCHEMES, SPLITS
+from lev_jax.workdir import (ANALYSIS_JSON, BUCKETS_CSV, FREQ_BUCKETS_PNG, LOSS_VS_TOKENS_PNG,
+                             REPORT_MD, STUDY_CSV)
+
+CELL_COLUMNS = (
+    "label", "variant", "vocab", "options", "seeds", "runs", "validation_ppl",
+    "validation_ppl_se", "test_ppl", "test_ppl_se", "validation_change",
+    "validation_change_lo", "validation_change_hi", "test_change", "test_change_lo",
+    "test_change_hi", "tokens_to_target", "tokens_to_target_se", "token_ratio",
+    "token_ratio_se", "seeds_reaching_target", "selected", "in_final_table", "reason")
+BUCKET_COLUMNS = ("label", "vocab", "split", "scheme", "range", "targets", "ids", "tied_ppl",
+                  "other_ppl", "change", "change_lo", "change_hi", "seeds")
+
+
+# ---------------------------------------------------------------------------- text
+
+def pm(ms: dict | None, digits: int = 2) -> str:
+  """'189.76 ± 1.23 (n=3)' from a mean_se dict; 'n/a' without a mean."""
+  if not ms or ms.get("mean") is None:
+    return "n/a"
+  se = f" ± {ms['se']:.{digits}f}" if ms.get("se") is not None else ""
+  return f"{ms['mean']:.{digits}f}{se} (n={ms['n']})"
+
+
+def interval(iv: dict | None) -> str:
+  """'-4.1 % [-9.0, +0.8]' (percent, 95 % t-interval) from a t_interval dict."""
+  if not iv or iv.get("mean") is None:
+    return "n/a"
+  text = f"{100 * iv['mean']:+.1f} %"
+  if iv.get("lo") is not None:
+    text += f" [{100 * iv['lo']:+.1f}, {100 * iv['hi']:+.1f}]"
+  else:
+    text += " (n=1: no interval)"
+  return text
+
+
+def _ratio(ms: dict) -> str:
+  """'1.28x ± 0.05 (n=3)' from a mean_se dict of token ratios."""
+  if ms["mean"] is None:
+    return "n/a"
+  se = f" ± {ms['se']:.2f}" if ms["se"] is not None else ""
+  return f"{ms['mean']:.2f}x{se} (n={ms['n']})"
+
+
+def _by_label(analysis) -> tuple[dict, dict]:
+  return ({c["label"]: c for c in analysis["cells"]},
+          {c["label"]: c for c in analysis["comparisons"]})
+
+
+def _selected(analysis) -> set:
+  return {s["selected"] for s in analysis["selection"] if s["selected"]}
+
+
+# ---------------------------------------------------------------------------- Markdown
+
+def _final_section(analysis) -> list[str]:
+  cells, comps = _by_label(analysis)
+  conf = f"{100 * analysis['confidence']:.0f} %"
+  out = ["## Final table (test split)", "",
+         f"Perplexity on the held-out test split, mean ± standard error over seeds; change "
+         f"= the mean over seeds of ppl / ppl(tied, same seed) - 1 with its {conf} Student-t "
+         "interval over those paired changes. Cells: tied, untied and Leviathan with default "
+         "options at each vocabulary, and the Leviathan options selected on the validation "
+         f"split (next section). Paper: {PAPER['ppl']}.", ""]
+  rows = []
+  for label in analysis["final"]:
+    c, comp = cells[label], comps.get(label)
+    change = "baseline" if c["variant"] == "tied" and c["options"] == "default" else (
+        interval(comp["perplexity"].get("test")) if comp and not comp["reason"]
+        else f"n/a ({comp['reason'] if comp else 'no comparison'})")
+    rows.append([label, f"{len(c['seeds'])} / {c['n_runs']}", pm(c["test"]["perplexity"]),
+                 change, pm(c["validation"]["perplexity"])])
+  return out + _table(["cell", "seeds done", "test ppl", f"change vs tied ({conf} CI)",
+                       "validation ppl"], rows) + [""]
+
+
+def _selection_section(analysis) -> list[str]:
+  out = ["## Selection of the LEV optimiser options (validation split)", ""]
+  if not analysis["selection"]:
+    return out + ["No vocabulary has more than one Leviathan cell: nothing to select.", ""]
+  _, comps = _by_label(analysis)
+  out += ["Chosen by the lowest mean validation perplexity over seeds; the test split is "
+          "not looked at here.", ""]
+  rows = []
+  for s in analysis["selection"]:
+    for cand in s["candidates"]:
+      comp = comps.get(cand["label"])
+      rows.append([str(s["vocab"]), cand["options"], pm(cand["validation_ppl"]),
+                   interval(comp["perplexity"].get("validation")) if comp and not comp["reason"]
+                   else "n/a",
+                   "**selected**" if cand["label"] == s["selected"] else (s["reason"] or "")])
+  return out + _table(["vocab", "options", "validation ppl", "change vs tied (95 % CI)",
+                       ""], rows) + [""]
+
+
+def _validation_section(analysis) -> list[str]:
+  _, comps = _by_label(analysis)
+  rows = []
+  for c in analysis["cells"]:
+    comp = comps.get(c["label"])
+    change = ("baseline" if comp is None else
+              interval(comp["perplexity"].get("validation")) if not comp["reason"]
+              else f"n/a ({comp['reason']})")
+    rows.append([c["label"], f"{len(c['seeds'])} / {c['n_runs']}",
+                 pm(c["validation"]["loss"], 4), pm(c["validation"]["perplexity"]), change])
+  return (["## Every cell (validation split)", ""]
+          + _table(["cell", "seeds done", "validation loss", "validation ppl",
+                    "change vs tied (95 % CI)"], rows) + [""])
+
+
+def _bucket_section(analysis) -> list[str]:
+  _, comps = _by_label(analysis)
+  out = ["## Token-frequency buckets (test split)", "",
+         "Perplexity per bucket of target tokens by the id's count in the training split "
+         "(equal-mass: each bucket ~1/n of the training tokens; log: fixed edges); "
+         "tied / other ppl are means over seeds, change as in the final table; n/a for a "
+         f"bucket of fewer than {MIN_BUCKET_TARGETS} test targets (noise; not drawn "
+         "either). "
+         f"Paper: {PAPER['buckets']}.", ""]
+  for label in analysis["final"]:
+    comp = comps.get(label)
+    if comp is None:
+      continue
+    out += [f"### {label} vs {comp['baseline']}", ""]
+    if comp["reason"]:
+      out += [f"n/a ({comp['reason']})", ""]
+      continue
+    for scheme in SCHEMES:
+      b = comp["buckets"]["test"][scheme]
+      if b["reason"]:
+        out += [f"{scheme}: n/a ({b['reason']})", ""]
+        continue
+      out += _table([f"{scheme} bucket", "test targets", "ids", "tied ppl", "other ppl",
+                     "change (95 % CI)"],
+                    [[r["range"], _count(r["targets"]), str(r["ids"]),
+                      report.num(r["tied_ppl"], 2), report.num(r["other_ppl"], 2),
+                      _bucket_change(r)] for r in b["rows"]]) + [""]
+  return out + [f"![frequency buckets]({FREQ_BUCKETS_PNG})", ""]
+
+
+def _bucket_change(row: dict) -> str:
+  """A bucket's change with its interval, or n/a under MIN_BUCKET_TARGETS test targets."""
+  if report.too_few_targets(row["targets"]):
+    return f"n/a ({_count(row['targets'])} test targets < {MIN_BUCKET_TARGETS})"
+  return interval(row["change"])
+
+
+def _efficiency_section(analysis) -> list[str]:
+  rows = []
+  for comp in analysis["comparisons"]:
+    e = comp["efficiency"]
+    if e is None:
+      rows.append([comp["label"], "n/a", "n/a", "n/a", f"n/a ({comp['reason']})"])
+      continue
+    tokens = e["tokens_to_target"]
+    rows.append([comp["label"], pm(e["target"], 4), f"{e['n_reached']} / {e['n']}",
+                 (f"{_count(tokens['mean'])}" + (f" ± {_count(tokens['se'])}"
+                                                 if tokens["se"] is not None else ""))
+                 if tokens["mean"] is not None else "not reached",
+                 _ratio(e["ratio"])])
+  out = ["## Tokens to reach tied's final loss (validation curves)", "",
+         "Per seed: tokens the cell needs to reach its tied twin's final validation loss "
+         "(first crossing of eval/loss, interpolated in log tokens; lev_jax.ladder.scaling), and "
+         "tied tokens / those tokens; mean ± se over the seeds that reach it. "
+         f"Paper: {PAPER['efficiency']}.", ""]
+  out += _table(["cell", "target (tied final loss)", "seeds reaching it", "tokens to target",
+                 "tokens ratio"], rows)
+  return out + ["", f"![loss vs tokens]({LOSS_VS_TOKENS_PNG})", ""]
+
+
+def _runs_section(analysis) -> list[str]:
+  rows = [[r["run"], r["status"], f"{r['step'] if r['step'] is not None else '-'} / "
+           f"{r['steps']}", _count(r["tokens"]), f"{r['params']:,}",
+           report.num(r["validation_ppl"], 2), report.num(r["test_ppl"], 2),
+           r["reason"] or ""] for r in analysis["runs"]]
+  out = ["## Runs", ""] + _table(["run", "status", "step", "tokens", "N (total)",
+                                  "validation ppl", "test ppl", "notes"], rows) + [""]
+  if analysis["missing"]:
+    out += ["### Missing, unfinished or not evaluated", ""]
+    out += [f"- `{m['run']}`: {m['reason']}" for m in analysis["missing"]] + [""]
+  return out
+
+
+def markdown(analysis, produced: dict) -> str:
+  n_done = sum(r["status"] == "finished" and r["evaluated"] for r in analysis["runs"])
+  tokens = analysis["tokens_per_run"]
+  lines = [f"# Study report: {Path(str(analysis['study'])).stem}", "",
+           "Tied embeddings vs Leviathan (LEV input + untied head; arXiv 2601.22040), the "
+           "untied ablation and LEV optimiser options, seeds paired across cells, from "
+           f"`{analysis['root']}`: {n_done} of {len(analysis['runs'])} runs finished and "
+           f"evaluated; {_count(tokens) if tokens else 'n/a'} training tokens per run. "
+           "Figures that cannot be computed read n/a with the reason.", ""]
+  lines += _final_section(analysis)
+  lines += _selection_section(analysis)
+  lines += _validation_section(analysis)
+  lines += _bucket_section(analysis)
+  lines += _efficiency_section(analysis)
+  lines += _runs_section(analysis)
+  lines += report.provenance_lines(produced, "lev_jax.ladder.study_report.write_report", [
+      f"study: `{analysis['study']}`; root: `{analysis['root']}`",
+      f"every figure: `{ANALYSIS_JSON}`; per cell: `{STUDY_CSV}`; per bucket: `{BUCKETS_CSV}`"])
+  return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- CSV
+
+def cell_rows(analysis) -> list[dict]:
+  """One dict per cell (CELL_COLUMNS), as written to study.csv."""
+  _, comps = _by_label(analysis)
+  selected, final = _selected(analysis), set(analysis["final"])
+  rows = []
+  for c in analysis["cells"]:
+    comp = comps.get(c["label"])
+    row = {"label": c["label"], "variant": c["variant"], "vocab": c["vocab"],
+           "options": c["options"], "seeds": len(c["seeds"]), "runs": c["n_runs"],
+           "selected": c["label"] in selected, "in_final_table": c["label"] in final}
+    for split in SPLITS:
+      ppl = c[split]["perplexity"]
+      row[f"{split}_ppl"], row[f"{split}_ppl_se"] = ppl["mean"], ppl["se"]
+      iv = (comp or {}).get("perplexity", {}).get(split) or {}
+      row[f"{split}_change"] = iv.get("mean")
+      row[f"{split}_change_lo"], row[f"{split}_change_hi"] = iv.get("lo"), iv.get("hi")
+    if comp is not None:
+      row["reason"] = comp["reason"]
+      e = comp["efficiency"]
+      if e is not None:
+        row.update(tokens_to_target=e["tokens_to_target"]["mean"],
+                   tokens_to_target_se=e["tokens_to_target"]["se"],
+                   token_ratio=e["ratio"]["mean"], token_ratio_se=e["ratio"]["se"],
+                   seeds_reaching_target=e["n_reached"])
+    rows.append({k: _csv_value(row.get(k)) for k in CELL_COLUMNS})
+  return rows
+
+
+def bucket_rows(analysis) -> list[dict]:
+  """One dict per (comparison, split, scheme, bucket) (BUCKET_COLUMNS)."""
+  rows = []
+  for comp in analysis["comparisons"]:
+    for split, schemes in comp["buckets"].items():
+      for scheme, b in schemes.items():
+        for r in b["rows"]:
+          ch = r["change"]
+          rows.append({k: _csv_value(v) for k, v in {
+              "label": comp["label"], "vocab": comp["vocab"], "split": split,
+              "scheme": scheme, "range": r["range"], "targets": r["targets"],
+              "ids": r["ids"], "tied_ppl": r["tied_ppl"], "other_ppl": r["other_ppl"],
+              "change": ch["mean"], "change_lo": ch["lo"], "change_hi": ch["hi"],
+              "seeds": ch["n"]}.items()})
+  return rows
+
+
+def _write_csv(path, columns, rows) -> None:
+  with open(path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=columns)
+    w.writeheader()
+    w.writerows(rows)
+
+
+# ---------------------------------------------------------------------------- plots
+
+def _series(variant: str, options: str) -> str:
+  """A cell's legend name without its vocabulary: 'leviathan [clip_mode=per_group]'."""
+  return variant if options == "default" else f"{variant} [{options}]"
+
+
+def _colours(labels):
+  from matplotlib import colormaps
+  cmap = colormaps["tab10"]
+  return {label: cmap(i % 10) for i, label in enumerate(labels)}
+
+
+def plot_loss_vs_tokens(analysis, path) -> None:
+  import numpy as np
+  vocabs = sorted({c["vocab"] for c in analysis["cells"]})
+  fig = _figure(4.2 * max(len(vocabs), 1), 4.2)
+  axes = np.atleast_1d(fig.subplots(1, max(len(vocabs), 1)))
+  options = sorted({(c["variant"], c["options"]) for c in analysis["cells"]})
+  colours = _colours([_series(v, o) for v, o in options])
+  for ax, vocab in zip(axes, vocabs):
+    for variant, opts in options:
+      runs = [r for r in analysis["runs"] if r["vocab"] == vocab and r["variant"] == variant
+              and r["options"] == opts and r["eval_curve"]["tokens"]]
+      if not runs:
+        continue
+      colour = colours[_series(variant, opts)]
+      for r in runs:
+        ax.plot(r["eval_curve"]["tokens"], r["eval_curve"]["loss"], "-", color=colour,
+                lw=0.6, alpha=0.3)
+      by_tokens = {}
+      for r in runs:
+        for t, l in zip(r["eval_curve"]["tokens"], r["eval_curve"]["loss"]):
+          by_tokens.setdefault(t, []).append(l)
+      ts = sorted(by_tokens)
+      means = [float(np.mean(by_tokens[t])) for t in ts]
+      ses = [float(np.std(by_tokens[t], ddof=1) / math.sqrt(len(by_tokens[t])))
+             if len(by_tokens[t]) > 1 else 0.0 for t in ts]
+      ax.errorbar(ts, means, yerr=ses, fmt="o-" if variant == "tied" else "s--",
+                  color=colour, ms=3.5, lw=1.4, capsize=2, label=_series(variant, opts))
+    ax.set_xscale("log")
+    _count_axis(ax.xaxis)
+    ax.set_title(f"vocab {vocab}")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss (nats / token)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle("Validation loss vs tokens: mean over seeds ± se (each seed faint)")
+  fig.savefig(path, dpi=110)
+
+
+def plot_freq_buckets(analysis, path):
+  """freq_buckets.png: per comparison, the test-split change per bucket with its 95 %
+  interval; a bucket of fewer than MIN_BUCKET_TARGETS test targets is not drawn (the
+  x label says so). Returns the matplotlib Figure (also saved to `path`)."""
+  import numpy as np
+  _, comps = _by_label(analysis)
+  finals = [comps[l] for l in analysis["final"] if l in comps and not comps[l]["reason"]]
+  vocabs = sorted({c["vocab"] for c in finals})
+  fig = _figure(4.6 * max(len(vocabs), 1), 7.5)
+  axes = np.array(fig.subplots(len(SCHEMES), max(len(vocabs), 1), squeeze=False))
+  if not finals:
+    axes[0, 0].text(0.5, 0.5, "no comparison with finished, evaluated seeds",
+                    ha="center", transform=axes[0, 0].transAxes)
+  colours = _colours(sorted({_series(c["variant"], c["options"]) for c in finals}))
+  for j, vocab in enumerate(vocabs):
+    here = [c for c in finals if c["vocab"] == vocab]
+    for i, scheme in enumerate(SCHEMES):
+      ax = axes[i, j]
+      width = 0.8 / max(len(here), 1)
+      ranges, omitted = [], False
+      for k, comp in enumerate(here):
+        rows = comp["buckets"]["test"][scheme]["rows"]
+        ranges = ranges or [r["range"] for r in rows]
+        omitted = omitted or any(report.too_few_targets(r["targets"]) for r in rows)
+        rows = [r if not report.too_few_targets(r["targets"]) else
+                {**r, "change": {"mean": None, "lo": None, "hi": None}} for r in rows]
+        mean = [100 * r["change"]["mean"] if r["change"]["mean"] is not None else np.nan
+                for r in rows]
+        err = [[100 * (r["change"]["mean"] - r["change"]["lo"]) if r["change"]["lo"]
+                is not None else np.nan for r in rows],  # n = 1: no bar
+               [100 * (r["change"]["hi"] - r["change"]["mean"]) if r["change"]["hi"]
+                is not None else np.nan for r in rows]]
+        key = _series(comp["variant"], comp["options"])
+        ax.bar(np.arange(len(rows)) + (k - (len(here) - 1) / 2) * width, mean, width,
+               yerr=err, capsize=2, color=colours[key], label=key)
+      ax.axhline(0, color="k", lw=0.8)
+      ax.set_xticks(np.arange(len(ranges)), ranges, rotation=30, fontsize=7)
+      if omitted:
+        ax.set_xlabel(f"not drawn: < {MIN_BUCKET_TARGETS} test targets", fontsize=7)
+      ax.set_title(f"vocab {vocab}, {scheme} buckets", fontsize=9)
+      ax.set_ylabel("ppl change vs tied (%)")
+      ax.grid(True, axis="y", alpha=0.3)
+      ax.legend(fontsize=7)
+  fig.suptitle("Per-bucket perplexity change vs tied, test split\n(95 % t-intervals; "
+               "rarest tokens left)", fontsize=10)  # two lines: one vocab is 4.6 in wide
+  fig.savefig(path, dpi=110)
+  return fig
+
+
+def write_report(analysis: dict, out_dir, *, command: str | None = None) -> dict:
+  """Writes report.md, study.csv, buckets.csv, analysis.json and two PNGs into out_dir.
+
+  Args:
+    analysis: lev_jax.ladder.study.analyse's result.
+    out_dir: folder (created if needed; local).
+    command: the command line to cite under "How this was produced".
+
+  Returns:
+    {"report", "csv", "buckets_csv", "json", "loss_vs_tokens", "freq_buckets"}: paths.
+  """
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  paths = {"report": out / REPORT_MD, "csv": out / STUDY_CSV, "buckets_csv": out / BUCKETS_CSV,
+           "json": out / ANALYSIS_JSON, "loss_vs_tokens": out / LOSS_VS_TOKENS_PNG,
+           "freq_buckets": out / FREQ_BUCKETS_PNG}
+  produced = provenance(command)
+  paths["json"].write_text(json.dumps({**analysis, "produced": produced}, indent=1))
+  _write_csv(paths["csv"], CELL_COLUMNS, cell_rows(analysis))
+  _write_csv(paths["buckets_csv"], BUCKET_COLUMNS, bucket_rows(analysis))
+  plot_loss_vs_tokens(analysis, paths["loss_vs_tokens"])
+  plot_freq_buckets(analysis, paths["freq_buckets"])
+  paths["report"].write_text(markdown(analysis, produced))
+  return {k: str(v) for k, v in paths.items()}

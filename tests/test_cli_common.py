@@ -1,0 +1,135 @@
+"""lev_jax/cli/common.py: every console script's `--help`, checked against what it accepts.
+
+Each command runs as a user runs it (its [project.scripts] entry point, sys.argv), in a
+child forked from one driver process (`python tests/test_cli_common.py`) that imported every
+command module once: the flag definitions of the commands would collide in one process.
+"""
+
+import importlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tomllib
+import traceback
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+OVERRIDE = "--config.eval.batches=2"  # a field of every experiment's config
+MAX_HELP_LINES = 60
+
+
+def listed_flags(help_text: str) -> list[str]:
+  """The example of each row of the help's flag listing (`--name=VALUE`, as argv items)."""
+  lines = help_text.splitlines()
+  start = next((i for i, l in enumerate(lines) if l.startswith("Flags")), len(lines))
+  return [_first_word(l) for l in lines[start + 1:] if l.startswith("  --")]
+
+
+def _first_word(line: str) -> str:
+  """The first shell word of `line` (the rest, the flag's help, need not be shell)."""
+  lexer = shlex.shlex(line, posix=True)
+  lexer.whitespace_split = True
+  return lexer.get_token()
+
+
+def _parse_only():
+  """Stop each command right after its flags are parsed (absl's app.run, lm-eval's CLI;
+  lev-lm-eval's check of the tasks' data is skipped)."""
+  from absl import app
+  from lm_eval._cli import harness
+  from lev_jax.cli import lm_eval as lm_eval_cli
+  def run(main, argv=None, flags_parser=None):
+    flags_parser(sys.argv)
+    sys.exit(0)
+
+  app.run = run
+  harness.HarnessCLI.execute = lambda self, args: None
+  lm_eval_cli.data_problem = lambda tasks, include_path: None
+
+
+def _attempt(entry, prog: str, argv: list[str], parse_only: bool) -> tuple[int, str]:
+  """(exit status, stdout + stderr) of `entry()` with sys.argv = [prog, *argv], forked."""
+  read, write = os.pipe()
+  pid = os.fork()
+  if pid == 0:  # the child: run the command, report through the pipe
+    os.close(read)
+    os.dup2(write, 1)
+    os.dup2(write, 2)
+    code = 0
+    try:
+      if parse_only:
+        _parse_only()
+      sys.argv = [prog, *argv]
+      entry()
+    except SystemExit as e:
+      code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # pylint: disable=broad-except
+      traceback.print_exc()
+      code = 99
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  os.close(write)
+  with os.fdopen(read, errors="replace") as f:
+    out = f.read()
+  _, status = os.waitpid(pid, 0)
+  return os.waitstatus_to_exitcode(status), out
+
+
+def _drive() -> dict:
+  """For each console script: its --help, a parse of every flag it lists, and the same
+  with a --config.<section>.<field> override."""
+  entries = {}
+  for prog, target in SCRIPTS.items():
+    module, func = target.split(":")
+    entries[prog] = getattr(importlib.import_module(module), func)
+  results = {}
+  for prog, entry in entries.items():
+    code, text = _attempt(entry, prog, ["--help"], parse_only=False)
+    listed = listed_flags(text) if code == 0 else []
+    listed_parse = _attempt(entry, prog, listed, parse_only=True)
+    # With the listed flags when they parse (a command may require some), else alone.
+    context = listed if listed and listed_parse[0] == 0 else []
+    results[prog] = {
+        "help_code": code, "help": text, "listed": listed, "listed_parse": listed_parse,
+        "override_parse": _attempt(entry, prog, [*context, OVERRIDE], parse_only=True)}
+  return results
+
+
+@pytest.fixture(scope="module")
+def helps():
+  proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True,
+                        cwd=REPO, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("prog", sorted(SCRIPTS))
+def test_help_lists_only_flags_the_command_accepts(prog, helps):
+  r = helps[prog]
+  text = r["help"]
+  assert r["help_code"] == 0, text[-3000:]
+  accepts_config = r["override_parse"][0] == 0
+  if not accepts_config:
+    assert "Traceback" not in r["override_parse"][1], r["override_parse"][1][-2000:]
+  assert ("--config.<section>.<field>" in text) == accepts_config, (
+      f"{prog} {'accepts' if accepts_config else 'rejects'} {OVERRIDE}, but its --help "
+      f"{'does not mention' if accepts_config else 'promises'} --config.<section>.<field>")
+  assert len(text.strip().splitlines()) < MAX_HELP_LINES, text
+  assert r["listed"], f"{prog} --help lists no flags as examples (--name=VALUE):\n{text}"
+  code, out = r["listed_parse"]
+  assert code == 0, f"{prog} rejects the flags its --help lists {r['listed']}:\n{out[-2000:]}"
+
+
+def test_eval_help_does_not_dump_the_config(helps):
+  text = helps["lev-eval"]["help"]
+  assert "freq_bucket_edges:" not in text and "cache_dir:" not in text, text
+
+
+if __name__ == "__main__":
+  print(json.dumps(_drive()))

@@ -1,0 +1,157 @@
+"""lev-export: export -> load gives the same logits; LEV materialised; HF copy; refusals."""
+
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl import flags
+from flax import nnx
+
+from conftest import byte_config
+from lev_jax import inference
+from lev_jax.cli import export
+from lev_jax.data.tokenizer import ByteTokenizer
+from lev_jax.model import Decoder
+
+IDS = jnp.asarray(np.random.default_rng(1).integers(0, 259, (2, 9)), jnp.int32)
+
+
+@nnx.jit
+def logits(model):
+  return model(IDS)
+
+
+def lev_export(*args):
+  """Runs lev-export's main in this process on fresh flags; returns what it printed."""
+  fv = flags.FlagValues()
+  export.define_flags(fv)
+  fv(["lev-export", *args])
+  export.main(["lev-export"], fv)
+
+
+def snapshot(folder):
+  return sorted((os.path.relpath(os.path.join(d, f), folder),
+                 os.stat(os.path.join(d, f)).st_mtime_ns, os.stat(os.path.join(d, f)).st_size)
+                for d, _, files in os.walk(folder) for f in files)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+  """A Leviathan inference export (step 5) to export from, and its in-memory model."""
+  c = byte_config("lev")
+  im = inference.InferenceModel(Decoder(c, rngs=nnx.Rngs(0)), c, ByteTokenizer(), step=5,
+                                token_counts_V=np.arange(259, dtype=np.int64))
+  path = tmp_path_factory.mktemp("src") / "lev"
+  inference.save(im, path)
+  return path, im
+
+
+def test_export_then_load_gives_identical_logits(source, tmp_path, capsys):
+  path, im = source
+  before = snapshot(path)
+  lev_export(f"--checkpoint={path}", f"--output={tmp_path / 'out'}")
+  printed = capsys.readouterr().out
+  assert f"step 5 of {path} (lev) -> {tmp_path / 'out'}" in printed
+  assert "float32" in printed and " MB" in printed and "token_counts.npy" in printed
+  again = inference.load(tmp_path / "out")
+  assert again.step == 5 and again.config.model.embedding == "lev"
+  np.testing.assert_array_equal(logits(again.model), logits(im.model))
+  np.testing.assert_array_equal(again.token_counts_V, im.token_counts_V)
+  assert snapshot(path) == before  # the source is only read
+
+
+def test_materialised_lev_and_hf_copy(source, tmp_path, capsys):
+  safetensors_numpy = pytest.importorskip("safetensors.numpy")
+  path, im = source
+  out = tmp_path / "mat"
+  lev_export(f"--checkpoint={path}", f"--output={out}", "--materialize_lev", "--hf")
+  printed = capsys.readouterr().out
+  assert "lev -> materialised table" in printed and f"hf      {out / 'hf'}" in printed
+  mat = inference.load(out)
+  assert mat.config.model.embedding == "untied"
+  lev_rows_VxD = np.asarray(nnx.jit(lambda lev: lev(jnp.arange(384)))(im.model.embedding.lev))
+  table_VxD = np.asarray(mat.model.embedding.table[...])
+  np.testing.assert_allclose(table_VxD, lev_rows_VxD, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(logits(mat.model), logits(im.model), rtol=1e-5, atol=1e-5)
+  tensors = safetensors_numpy.load_file(str(out / "hf" / "model.safetensors"))
+  np.testing.assert_allclose(tensors["model.embed_tokens.weight"], table_VxD[:259],
+                             rtol=1e-6, atol=1e-7)
+  assert (out / "hf" / "config.json").exists() and (out / "hf" / "lev_tokenizer").is_dir()
+
+
+def test_bad_inputs_are_one_line_exit_2(source, tmp_path, capsys):
+  path, _ = source
+
+  def fails(*args, match):
+    with pytest.raises(SystemExit) as e:
+      lev_export(*args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("lev-export: error: ")
+    assert match in err, err
+
+  fails(f"--checkpoint={tmp_path / 'nowhere'}", f"--output={tmp_path / 'o'}",
+        match=f"{tmp_path / 'nowhere'}: no such checkpoint folder")
+  fails(f"--checkpoint={path}", match="--output is required")
+  (tmp_path / "full").mkdir()
+  (tmp_path / "full" / "keep.txt").write_text("mine")
+  fails(f"--checkpoint={path}", f"--output={tmp_path / 'full'}",
+        match="is not empty; pass --overwrite")
+  assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+  before = snapshot(path)
+  fails(f"--checkpoint={path}", f"--output={path / 'inside'}", "--overwrite",
+        match="the source is never modified")
+  fails(f"--checkpoint={path}", f"--output={path.parent}", "--overwrite",
+        match="the source is never modified")
+  fails(f"--checkpoint={path}", f"--output={tmp_path / 't'}", "--materialize_lev",
+        "--step=4", match="holds step 5, not step 4")
+  assert snapshot(path) == before and not (tmp_path / "t").exists()
+  lev_export(f"--checkpoint={path}", f"--output={tmp_path / 'full'}", "--overwrite",
+             "--dtype=bfloat16")
+  assert inference.load(tmp_path / "full").dtype == "bfloat16"
+  assert not (tmp_path / "full" / "keep.txt").exists()
+
+
+def test_command_line_error_is_one_line(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "lev_jax.cli.export",
+                         f"--checkpoint={tmp_path / 'missing'}", f"--output={tmp_path / 'o'}"],
+                        capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      f"lev-export: error: {tmp_path / 'missing'}: no such checkpoint folder"]
+
+
+def test_an_export_to_an_output_another_export_is_writing_is_refused(source, tmp_path,
+                                                                     capsys):
+  from lev_jax import lock
+  path, _ = source
+  out = tmp_path / "out"
+  with lock.hold(out, prog="lev-export", inside=False):
+    with pytest.raises(SystemExit) as e:
+      lev_export(f"--checkpoint={path}", f"--output={out}")
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count("\n") == 1, err
+  assert err.startswith(f"lev-export: error: {out} is in use by lev-export (pid "
+                        f"{os.getpid()}, host "), err
+  assert not out.exists() and sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_every_exported_file_honours_the_umask(source, tmp_path, capsys, umask, mode):
+  pytest.importorskip("safetensors.numpy")
+  path, _ = source
+  out = tmp_path / "out"
+  old = os.umask(umask)
+  try:
+    lev_export(f"--checkpoint={path}", f"--output={out}", "--hf")
+  finally:
+    os.umask(old)
+  capsys.readouterr()
+  modes = {os.path.relpath(os.path.join(d, f), out): oct(os.stat(os.path.join(d, f)).st_mode
+                                                         & 0o777)
+           for d, _, files in os.walk(out) for f in files}
+  assert "hf/model.safetensors" in modes
+  assert {p: m for p, m in modes.items() if m != oct(mode)} == {}

@@ -1,0 +1,313 @@
+"""`lev-train` and `lev-params` as a user runs them: subprocesses, real flags."""
+
+import json
+import re
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ctrl_c_not_ignored
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = str(REPO / "experiments" / "smoke.py")
+TINY = ["--config.model.vocab_size=512", "--config.model.d_model=32",
+        "--config.model.n_heads=2", "--config.model.n_kv_heads=2", "--config.model.head_dim=16",
+        "--config.model.d_ff=64", "--config.train.seq_len=32", "--config.train.global_batch_size=4",
+        "--config.eval.batches=1", "--config.eval.batch_size=2", "--config.optim.warmup_steps=1"]
+
+
+def lev(tool, *args, timeout=240):
+  module = {"train": "lev_jax.cli.train", "params": "lev_jax.cli.params", "eval": "lev_jax.cli.eval"}[tool]
+  return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                        timeout=timeout, cwd=REPO, env=dict(os.environ))
+
+
+def assert_clean_error(proc, *needles):
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  for n in needles:
+    assert n in proc.stderr, proc.stderr[-3000:]
+
+
+def test_bad_config_value_is_one_clear_message(tmp_path):
+  proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path}", "--config.train.steps=-1")
+  assert_clean_error(proc, "config.train.steps = -1: expected a positive number")
+
+
+def test_missing_data_file_is_named(tmp_path, data_cache):
+  missing = tmp_path / "nowhere" / "*.jsonl.zst"
+  proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path / 'run'}",
+             "--config.data.source=jsonl", f"--config.data.train_files=('{missing}',)",
+             f"--config.data.cache_dir={data_cache}")
+  assert_clean_error(proc, "config.data.train_files", str(missing))
+
+
+def test_malformed_jsonl_line_strict_names_file_and_line(tmp_path, data_cache):
+  shard = tmp_path / "shard.jsonl"
+  good = json.dumps({"text": "some text " * 50, "meta": {"pile_set_name": "Pile-CC"}})
+  shard.write_text(f"{good}\n{good}\n{{not json\n{good}\n")
+  proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path / 'run'}",
+             "--config.data.source=jsonl", f"--config.data.train_files=('{shard}',)",
+             "--config.data.strict=True", f"--config.data.cache_dir={data_cache}")
+  assert_clean_error(proc, f"{shard}:3")
+
+
+def test_kill_9_mid_run_then_rerun_continues_from_last_complete_checkpoint(tmp_path, data_cache):
+  """On a tied model (what a kill interrupts does not depend on the embedding; the
+  Leviathan model's kills are drilled by benchmarks/drills.py)."""
+  workdir = tmp_path / "run"
+  args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY,
+          "--config.train.steps=400", "--config.train.checkpoint_every=3",
+          "--config.train.eval_every=1000", f"--config.data.cache_dir={data_cache}"]
+  proc = subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *args], cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  ckpts = workdir / "checkpoints"
+  deadline = time.time() + 180
+  while time.time() < deadline:  # wait until two checkpoints are complete
+    done = [p for p in ckpts.glob("*") if p.name.isdigit()] if ckpts.exists() else []
+    if len(done) >= 2:
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  completed = sorted(int(p.name) for p in ckpts.glob("*") if p.name.isdigit())
+  assert len(completed) >= 2, "the run never wrote two checkpoints"
+  # Restart with a nearer end; it must resume (not start over) and finish.
+  end = completed[-1] + 3
+  rerun = lev("train", *args[:-4], f"--config.train.steps={end}", "--config.train.checkpoint_every=3",
+              "--config.train.eval_every=1000", f"--config.data.cache_dir={data_cache}")
+  # train.steps changed, so the schedule differs; shapes do not, so the restore is allowed.
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  resumed_steps = [r["step"] for r in rows if "train/loss" in r]
+  assert max(resumed_steps) == end
+  assert f"step {end}" in rerun.stdout
+  assert "resumed from step" in rerun.stderr
+
+
+def test_lev_params_prints_parts_and_the_lev_difference():
+  proc = lev("params", f"--config={REPO / 'experiments' / 'ladder.py'}:leviathan_1.2b")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = proc.stdout
+  assert re.search(r"^  lev +2,252,928$", out, re.M), out
+  assert "leviathan - tied = 2,252,928 (LEV closed form 2,252,928; 0.183% of tied)" in out
+  assert "+2.66% of the label" in out
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_cache):
+  """Preemption notice (SIGTERM): checkpoint the current step, exit 143 (not finished),
+  also when --stop_at_step was given (a later step than the one reached)."""
+  workdir = tmp_path / "run"
+  args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY, "--stop_at_step=90000",
+          "--config.train.steps=100000", "--config.train.checkpoint_every=100000",
+          "--config.train.eval_every=100000", "--config.train.log_every=1",
+          f"--config.data.cache_dir={data_cache}"]
+  proc = subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *args], cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  metrics = workdir / "metrics.jsonl"
+  deadline = time.time() + 180
+  while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 143, stderr[-3000:]
+  steps = [int(p.name) for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
+  assert len(steps) == 1 and 2 <= steps[0] < 100000, steps
+  assert f"stopped at step {steps[0]} (SIGTERM)" in stderr and "re-run to resume" in stderr
+
+
+@pytest.mark.parametrize("config,needle,extra", [
+    ("experiments/nope.py", "No such file or directory: 'experiments/nope.py'", ()),
+    (f"{SMOKE}:nonexistent", "unknown variant 'nonexistent'; expected one of tied, untied, leviathan", ()),
+    # With an override, ml_collections fails while applying it: still one line.
+    ("experiments/nope.py", "--config=experiments/nope.py: no such file",
+     ("--config.train.steps=20",)),
+    ("/", "--config=/: is a folder", ("--config.train.steps=20",)),
+])
+def test_bad_config_file_or_variant_is_one_line(config, needle, extra, tmp_path):
+  proc = lev("train", f"--config={config}", f"--workdir={tmp_path}", *extra)
+  assert_clean_error(proc, needle)
+  assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("module,prog", [("lev_jax.cli.prepare_data", "lev-prepare-data"),
+                                         ("lev_jax.cli.train", "lev-train"),
+                                         ("lev_jax.cli.params", "lev-params")])
+def test_help_shows_the_commands_own_docstring(module, prog, capsys):
+  import importlib
+  from lev_jax.cli import common as cli
+  importlib.import_module(module)
+  with pytest.raises(SystemExit) as exit_info:
+    cli.flags_parser(prog, module)([prog, "--help"])
+  assert exit_info.value.code == 0
+  out = capsys.readouterr().out
+  assert out.startswith(f"`{prog}`")  # the flags it lists: tests/test_cli_common.py
+
+
+@pytest.mark.parametrize("module,prog", [("lev_jax.cli.train", "lev-train"),
+                                         ("lev_jax.cli.eval", "lev-eval"),
+                                         ("lev_jax.cli.export", "lev-export"),
+                                         ("lev_jax.cli.sample", "lev-sample"),
+                                         ("lev_jax.cli.prepare_data", "lev-prepare-data")])
+def test_ctrl_c_in_a_command_is_one_line_and_exit_130(module, prog):
+  """Ctrl-C while a command runs (Python's KeyboardInterrupt; lev-train's trainer
+  handles it itself from the first step on): one line, exit 130, no traceback."""
+  code = (f"import os, signal, sys, time\nimport {module} as command\n"
+          "def interrupted(argv):\n"
+          "  os.kill(os.getpid(), signal.SIGINT)\n"
+          "  time.sleep(30)\n"
+          "command.main = interrupted\n"
+          f"sys.argv = [{prog!r}]\n"
+          "command.run()\n")
+  with ctrl_c_not_ignored():
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+  assert proc.returncode == 130, proc.stderr[-3000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"{prog}: interrupted (Ctrl-C)"), lines
+
+
+SECTIONS = "data, eval, lev, mesh, model, optim, train"
+
+
+@pytest.mark.parametrize("tool,args,line", [
+    ("train", ["--config.train.stepz=5"], "lev-train: error: --config.train.stepz: the config "
+     "has no field 'stepz' (did you mean 'steps'?)"),
+    ("train", [f"--config={SMOKE}:tied", "--config.nosuch.x=1"], "lev-train: error: "
+     f"--config.nosuch.x: the config has no section 'nosuch' (the config's sections: {SECTIONS})"),
+    ("train", [f"--config={SMOKE}:tied", "--config.trian.steps=1"], "lev-train: error: "
+     "--config.trian.steps: the config has no section 'trian' (did you mean 'train'?)"),
+    ("eval", ["--config.train.stepz=5"], "lev-eval: error: --config.train.stepz: the config "
+     "has no field 'stepz' (did you mean 'steps'?)"),
+    ("eval", ["--config.nosuch.x=1"], "lev-eval: error: --config.nosuch.x: the config has no "
+     f"section 'nosuch' (the config's sections: {SECTIONS})"),
+])
+def test_unknown_config_field_is_one_line_with_the_nearest_name(tool, args, line, tmp_path):
+  proc = lev(tool, *args, *([f"--workdir={tmp_path / 'run'}"] if tool == "train" else []))
+  assert_clean_error(proc)
+  assert proc.stderr.strip().splitlines() == [line]
+  assert not (tmp_path / "run").exists()
+
+
+def test_config_file_with_a_syntax_error_is_one_line_naming_file_and_line(tmp_path):
+  bad = tmp_path / "bad.py"
+  bad.write_text("import ml_collections\n\ndef get_config(variant=None):\n  c = (\n"
+                 "  return c\n")
+  proc = lev("train", f"--config={bad}:tied", f"--workdir={tmp_path / 'run'}")
+  assert_clean_error(proc)
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"lev-train: error: {bad}:4: "), lines
+  assert lines[0].endswith("(a Python syntax error in the config file)"), lines
+
+
+@pytest.mark.parametrize("step", ["-5", "0"])
+def test_stop_at_step_below_one_is_refused_before_anything_runs(step, tmp_path):
+  proc = lev("train", f"--stop_at_step={step}", f"--workdir={tmp_path / 'run'}")
+  assert_clean_error(proc)
+  assert proc.stderr.strip().splitlines() == [
+      f"lev-train: error: flag --stop_at_step={step}: {step} is not a positive integer"]
+  assert not (tmp_path / "run").exists()
+
+
+def test_invalid_config_writes_nothing_not_even_the_workdir(tmp_path):
+  proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path / 'run'}", *TINY,
+             "--config.train.steps=2", "--config.optim.lr=nan")
+  assert_clean_error(proc)
+  assert proc.stderr.strip().splitlines() == [
+      "lev-train: error: config.optim.lr = nan: expected a finite number"]
+  assert not (tmp_path / "run").exists()
+
+
+def test_second_run_on_a_workdir_is_refused_and_a_killed_runs_lock_taken_over(tmp_path,
+                                                                             data_cache):
+  workdir = tmp_path / "run"
+  args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY,
+          "--config.train.steps=100000", "--config.train.checkpoint_every=100000",
+          "--config.train.eval_every=100000", "--config.train.log_every=1",
+          f"--config.data.cache_dir={data_cache}"]
+  first = subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *args], cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  lock = workdir / ".lock"
+  try:
+    deadline = time.time() + 120
+    while time.time() < deadline and f'"pid": {first.pid}' not in (
+        lock.read_text() if lock.exists() else ""):
+      assert first.poll() is None, "the first run ended early"
+      time.sleep(0.05)
+    started = json.loads(lock.read_text())["started"]
+    first.send_signal(signal.SIGSTOP)  # still holding the lock; leaves the CPUs to `second`
+    second = lev("train", *args, timeout=120)
+  finally:
+    first.send_signal(signal.SIGKILL)  # kill -9: its lock file stays, its flock goes
+    first.wait()
+  assert_clean_error(second)
+  assert second.stderr.strip().splitlines()[-1:] == [  # after the INFO line naming it
+      f"lev-train: error: {workdir} is in use by lev-train (pid {first.pid}, host "
+      f"{socket.gethostname()}, started {started}); lock file {lock}. Wait for it to "
+      "finish or stop it"]
+  assert json.loads(lock.read_text())["pid"] == first.pid
+  # The third run takes the lock over, then stops on a missing data file (quicker than
+  # training) and releases the lock on that exit too.
+  missing = tmp_path / "nowhere.jsonl"
+  third = lev("train", *args, "--config.data.source=jsonl",
+              f"--config.data.train_files=('{missing}',)")
+  assert_clean_error(third, "config.data.train_files", str(missing))
+  assert (f"taking over the lock left by lev-train (pid {first.pid}, host "
+          f"{socket.gethostname()}, started {started}): it is no longer running"
+          in third.stderr), third.stderr[-3000:]
+  assert not lock.exists()
+
+
+def _checkpoint_steps(workdir):
+  ckpts = workdir / "checkpoints"
+  return sorted(int(p.name) for p in ckpts.glob("*") if p.name.isdigit()) if ckpts.exists() else []
+
+
+def test_ctrl_c_saves_the_current_step_and_the_rerun_matches_a_straight_run(tmp_path,
+                                                                            data_cache):
+  """Ctrl-C (SIGINT) as SIGTERM: a checkpoint of the step reached, one line, exit 130, no
+  traceback; re-running to a later step gives the loss and params of a straight run."""
+  from conftest import metrics, saved_state
+  import numpy as np
+  import jax
+  args = [f"--config={SMOKE}:tied", *TINY, "--config.train.steps=100000",
+          "--config.train.checkpoint_every=100000", "--config.train.eval_every=100000",
+          "--config.train.log_every=1", f"--config.data.cache_dir={data_cache}"]
+  workdir = tmp_path / "run"
+  with ctrl_c_not_ignored():
+    proc = subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *args,
+                             f"--workdir={workdir}"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+  rows = workdir / "metrics.jsonl"
+  deadline = time.time() + 180
+  while time.time() < deadline and not (rows.exists() and rows.read_text().count("\n") >= 2):
+    time.sleep(0.05)
+  os.kill(proc.pid, signal.SIGINT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 130, stderr[-3000:]
+  assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+  after = stderr[stderr.index("Ctrl-C: saving a checkpoint"):].splitlines()
+  assert len([l for l in after if l.strip() and not l.startswith(("smoke_tied:", "W"))]) == 2, (
+      stderr)
+  steps = _checkpoint_steps(workdir)
+  assert len(steps) == 1 and steps[0] >= 2, steps
+  assert not list((workdir / "checkpoints").glob("*.orbax-checkpoint-tmp*"))
+  assert stderr.strip().splitlines()[-1] == (
+      f"lev-train: smoke_tied stopped at step {steps[0]} (SIGINT) after a checkpoint; "
+      "re-run to resume")
+  end = [f"--stop_at_step={steps[0] + 3}"]
+  rerun = lev("train", *args, f"--workdir={workdir}", *end)
+  assert rerun.returncode == 0 and f"resumed from step {steps[0]}" in rerun.stderr, (
+      rerun.stderr[-3000:])
+  straight = lev("train", *args, f"--workdir={tmp_path / 'straight'}", *end)
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  loss = lambda w: [r["train/loss"] for r in metrics(w) if r["step"] == steps[0] + 3]
+  assert loss(workdir) == loss(tmp_path / "straight")
+  a, b = (saved_state(w, steps[0] + 3)["params"] for w in (workdir, tmp_path / "straight"))
+  jax.tree.map(np.testing.assert_array_equal, a, b)

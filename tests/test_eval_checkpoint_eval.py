@@ -1,0 +1,253 @@
+"""lev-eval: perplexity and frequency buckets of a checkpoint, overrides, baseline, CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import byte_config, write_workdir
+from lev_jax import inference
+from lev_jax.cli import eval as eval_cli
+from lev_jax.eval import checkpoint_eval
+from lev_jax.config import ConfigError
+
+
+def eval_config(embedding, cache_dir):
+  c = byte_config(embedding)
+  c.data.cache_dir = str(cache_dir)
+  c.train.seq_len = 32
+  c.eval.batches = 2
+  c.eval.batch_size = 4
+  return c
+
+
+@pytest.fixture(scope="module")
+def workdirs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("runs")
+  for embedding in ("tied", "lev"):
+    write_workdir(root / embedding, eval_config(embedding, root / "cache"), steps=(3,))
+  return root
+
+
+def test_perplexity_buckets_recombine_under_both_schemes(workdirs):
+  im = inference.load(workdirs / "lev")
+  out = checkpoint_eval.perplexity(im, im.config)
+  v, m = out["validation"], out["validation_equal_mass"]
+  assert v["bucket_scheme"] == "log" and m["bucket_scheme"] == "equal_mass"
+  assert v["tokens"] == m["tokens"] == 2 * 4 * 32
+  assert v["loss"] == pytest.approx(m["loss"], rel=1e-9)
+  for r in (v, m):  # bucket losses recombine, token-weighted, to the overall loss
+    total = sum(b["loss"] * b["tokens"] for b in r["buckets"] if b["tokens"])
+    assert total / r["tokens"] == pytest.approx(r["loss"], rel=1e-9)
+  assert len(m["bucket_edges"]) == 3  # 4 equal-mass buckets
+
+
+def test_overrides_apply_to_data_and_eval_but_never_to_the_shape(workdirs):
+  im = inference.load(workdirs / "tied")
+  c = checkpoint_eval.apply_overrides(im.config, {"eval.batches": 1, "eval.downstream.piqa": "p"})
+  assert c.eval.batches == 1 and c.eval.downstream.piqa == "p"
+  with pytest.raises(ConfigError, match="model.d_model: the model's shape"):
+    checkpoint_eval.apply_overrides(im.config, {"model.d_model": 64})
+  with pytest.raises(ConfigError, match="eval.batches"):
+    checkpoint_eval.apply_overrides(im.config, {"eval.batches": 0})
+
+
+def test_cli_writes_results_and_compares_with_a_baseline(workdirs, tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  cmd = [sys.executable, "-m", "lev_jax.cli.eval", "--config.eval.batches=1"]
+  base = subprocess.run(cmd + ["--checkpoint=tied"], env=env, cwd=workdirs,
+                        capture_output=True, text=True)
+  assert base.returncode == 0, base.stderr[-2000:]
+  wrote = lambda proc: [l for l in proc.stderr.splitlines() if "wrote" in l]
+  assert wrote(base) == ["lev-eval: wrote tied/lev_eval.json"]  # once, as the user gave it
+  run = subprocess.run(cmd + [f"--checkpoint={workdirs / 'lev'}",
+                              f"--baseline={workdirs / 'tied'}",
+                              f"--output={tmp_path / 'r.json'}"],
+                       env=env, capture_output=True, text=True)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert wrote(run) == [f"lev-eval: wrote {tmp_path / 'r.json'}"]
+  out = json.loads((tmp_path / "r.json").read_text())
+  tied = json.loads((workdirs / "tied" / "lev_eval.json").read_text())
+  assert out["step"] == 3 and out["embedding"] == "lev"
+  rows = out["relative_change"]["validation_equal_mass"]
+  for row, a, b in zip(rows, tied["validation_equal_mass"]["buckets"],
+                       out["validation_equal_mass"]["buckets"]):
+    assert row["change"] == pytest.approx(b["perplexity"] / a["perplexity"] - 1)
+  assert "validation loss" in run.stdout and "vs baseline" in run.stdout
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(checkpoint="/nonexistent/run"), "/nonexistent/run: no such checkpoint folder"),
+    (dict(overrides={"model.n_layers": 4}), "cannot be overridden"),
+    (dict(split="test"), "config.data.test_files is empty"),
+    (dict(baseline="/nonexistent.json"), "--baseline=/nonexistent.json"),
+])
+def test_bad_input_names_what_is_wrong(kwargs, message, workdirs):
+  kwargs = dict(dict(checkpoint=workdirs / "lev"), **kwargs)
+  with pytest.raises(ValueError, match=message):
+    checkpoint_eval.evaluate_checkpoint(**kwargs)
+
+
+def test_cli_error_is_one_line_and_exit_2():
+  run = subprocess.run([sys.executable, "-m", "lev_jax.cli.eval", "--checkpoint=/nonexistent"],
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                       text=True)
+  assert run.returncode == 2 and run.stderr.strip() == (
+      "lev-eval: error: /nonexistent: no such checkpoint folder"), run.stderr[-2000:]
+
+
+def test_an_unwritable_output_folder_is_one_line(tmp_path, monkeypatch, capsys):
+  """lev-eval's main runs this check before loading or evaluating anything."""
+  (tmp_path / "run").mkdir()
+  monkeypatch.setattr(os, "access", lambda path, mode: False)  # a read-only mount (CI: root)
+  with pytest.raises(SystemExit) as e:
+    eval_cli._check_output_writable(None, str(tmp_path / "run"))
+  assert e.value.code == 2
+  assert capsys.readouterr().err.strip() == (
+      f"lev-eval: error: --output (default {tmp_path / 'run' / 'lev_eval.json'}): "
+      f"{tmp_path / 'run'} is not writable; pass --output=PATH in a writable folder")
+
+
+def test_a_checkpoint_that_is_a_file_is_named_as_such(tmp_path, capsys):
+  (tmp_path / "afile").write_text("x")
+  with pytest.raises(SystemExit) as e:
+    eval_cli._check_output_writable(None, str(tmp_path / "afile"))
+  assert e.value.code == 2
+  assert capsys.readouterr().err.strip() == (
+      f"lev-eval: error: --checkpoint={tmp_path / 'afile'}: is a file, not a folder "
+      "(expected a lev-train workdir or a lev-export folder)")
+
+
+def test_downstream_tasks_from_config_paths(workdirs, tmp_path):
+  arc = tmp_path / "ARC-Easy-Test.jsonl"
+  arc.write_text("\n".join(json.dumps(
+      {"id": f"q{i}", "question": {"stem": f"What is {i}?", "choices": [
+          {"text": "one", "label": "A"}, {"text": "two", "label": "B"}]},
+       "answerKey": "AB"[i % 2]}) for i in range(4)) + "\n")
+  piqa = tmp_path / "valid.jsonl"
+  piqa.write_text("\n".join(json.dumps({"goal": f"g{i}", "sol1": "a", "sol2": "bb"})
+                            for i in range(3)) + "\n")
+  (tmp_path / "valid-labels.lst").write_text("0\n1\n1\n")
+  out = checkpoint_eval.evaluate_checkpoint(
+      workdirs / "lev", perplexity_too=False,
+      overrides={"eval.downstream.arc_easy": str(arc), "eval.downstream.piqa": str(piqa)})
+  assert "validation" not in out
+  assert out["downstream"]["arc_easy"]["n"] == 4 and out["downstream"]["piqa"]["n"] == 3
+  assert 0 <= out["downstream"]["arc_easy"]["acc"] <= 1
+  piqa.write_text('{"goal": "g", "sol1": "a"}\n')
+  (tmp_path / "valid-labels.lst").write_text("0\n")
+  with pytest.raises(ValueError, match=r"valid.jsonl:1.*sol2"):
+    checkpoint_eval.evaluate_checkpoint(workdirs / "lev", perplexity_too=False,
+                                 overrides={"eval.downstream.piqa": str(piqa)})
+  # Issue 13.9b's sibling: labels without the data file would be ignored.
+  with pytest.raises(ConfigError, match=r"^--config.eval.downstream.piqa_labels=.*lst: "
+                     r"config.eval.downstream.piqa is empty; give the PIQA data file too$"):
+    checkpoint_eval.evaluate_checkpoint(workdirs / "lev", overrides={
+        "eval.downstream.piqa_labels": str(tmp_path / "valid-labels.lst")})
+
+
+def test_other_validation_files_need_no_data_source_and_the_summary_prints_lambada(
+    workdirs, tmp_path, capsys):
+  import numpy as np
+  from lev_jax.data.files import npy_bytes, write_bytes_atomic
+  lev = tmp_path / "lev"
+  import shutil
+  shutil.copytree(workdirs / "lev", lev)
+  write_bytes_atomic(lev / "token_counts.npy", npy_bytes(np.arange(259, dtype=np.int64)))
+  val = tmp_path / "val.jsonl"
+  val.write_text("\n".join(json.dumps({"text": "some held-out text " * 20})
+                           for _ in range(8)) + "\n")
+  lambada = tmp_path / "lambada_test.jsonl"
+  lambada.write_text("\n".join(json.dumps({"text": f"a b c word{i}"}) for i in range(3)))
+  out = checkpoint_eval.evaluate_checkpoint(lev, overrides={
+      "data.validation_files": (str(val),), "eval.batches": 1,
+      "eval.downstream.lambada": str(lambada)})
+  assert out["validation"]["tokens"] == 4 * 32 and out["embedding"] == "lev"
+  assert out["downstream"]["lambada"]["acc_norm"] is None
+  eval_cli._print_summary(out)
+  printed = capsys.readouterr().out
+  assert "lambada: acc 0.0000 ± 0.0000, perplexity" in printed and "(n=3)" in printed
+
+
+def test_split_test_of_the_embedded_source_is_its_held_out_shard(tmp_path):
+  # A two-way embedded cache as write_embedded_corpus leaves it (synthetic documents).
+  from lev_jax.data.embedded import cache_name
+  folder = tmp_path / f"{cache_name()}-val0.05"
+  folder.mkdir()
+  from lev_jax.data.splits import is_validation
+  texts = [f"document {i}" for i in range(200)]
+  lines = [json.dumps({"text": t}) + "\n" for t in texts if not is_validation(t, 0.05)]
+  (folder / "train.jsonl").write_text("".join(lines))
+  (folder / "validation.jsonl").write_text(
+      "".join(json.dumps({"text": t}) + "\n" for t in texts if is_validation(t, 0.05)))
+  c = byte_config()
+  c.data.cache_dir = str(tmp_path)
+  with pytest.raises(ConfigError, match=r"test_files is empty and config.data.test_fraction = 0"):
+    checkpoint_eval.heldout_test_files(c)
+  c.data.test_fraction = 0.1
+  (path,) = checkpoint_eval.heldout_test_files(c)
+  assert path == str(tmp_path / f"{folder.name}-test0.1" / "test.jsonl")
+  held_out = open(path).read().splitlines(keepends=True)
+  assert held_out and set(held_out) < set(lines)
+  c.data.test_files = ("other.jsonl",)  # explicit files win
+  assert checkpoint_eval.heldout_test_files(c) == ("other.jsonl",)
+
+
+def test_the_record_says_what_was_evaluated_and_the_summary_prints_it(workdirs, capsys):
+  """Issue 13.9f: "evaluated N of M tokens" (recorded and printed) when eval.batches
+  takes only the start of the split; 13.9d: each bucket's target tokens beside it."""
+  from lev_jax.data.corpus import read_documents
+  im = inference.load(workdirs / "lev")
+  out = checkpoint_eval.evaluate_model(im, overrides={"eval.batches": 1})
+  data = out["data"]
+  assert data["split"] == "validation" and data["batches"] == 1
+  assert data["tokens_evaluated"] == 4 * 33 and len(data["sha256"]) == 64
+  texts, _ = read_documents(data["files"])
+  total = sum(len(im.tokenizer.encode(t)) + 1 for t in texts)
+  assert data["tokens_in_split"] == total > 10 * 4 * 33
+  eval_cli._print_summary(out)
+  printed = capsys.readouterr().out
+  assert f"evaluated 132 of {total:,} validation tokens" in printed, printed
+  assert "raise eval.batches to evaluate more of it" in printed
+  for b in out["validation"]["buckets"]:
+    if b["perplexity"] is not None:
+      assert f"{b['range']} {b['perplexity']:.1f} ({b['tokens']:,} tokens)" in printed
+
+
+def test_a_baseline_evaluated_on_other_data_is_refused_unless_allowed(workdirs, tmp_path):
+  """Issue 13.8: lev_eval.json records its data; a baseline evaluated on other data, or
+  recording none, is refused before evaluating, unless --allow_different_data."""
+  tied = checkpoint_eval.evaluate_checkpoint(workdirs / "tied", overrides={"eval.batches": 1})
+  base = tmp_path / "base.json"
+  base.write_text(json.dumps(tied))
+  same = checkpoint_eval.evaluate_checkpoint(workdirs / "lev", baseline=base,
+                                      overrides={"eval.batches": 1})
+  assert same["relative_change"]["same_data"] and same["data"] == tied["data"]
+  with pytest.raises(ConfigError, match=(
+      r"--baseline=.*base.json: evaluated on other data than this run \(baseline: "
+      r"validation of .*validation.jsonl, 132 tokens evaluated, sha256 \w{12}; this run: "
+      r"validation of .*, 264 tokens evaluated, .*pass --allow_different_data$")):
+    checkpoint_eval.evaluate_checkpoint(workdirs / "lev", baseline=base,
+                                 overrides={"eval.batches": 2})
+  allowed = checkpoint_eval.evaluate_checkpoint(workdirs / "lev", baseline=base,
+                                         overrides={"eval.batches": 2},
+                                         allow_different_data=True)
+  assert allowed["relative_change"]["same_data"] is False
+  old = tmp_path / "old.json"
+  old.write_text(json.dumps({k: v for k, v in tied.items() if k != "data"}))
+  with pytest.raises(ConfigError, match=(
+      r"--baseline=.*old.json: it does not record the data it was evaluated on .*; "
+      r"re-run lev-eval on the baseline, or pass --allow_different_data")):
+    checkpoint_eval.evaluate_checkpoint("/not/even/loaded", baseline=old)
+  # The command: one line, exit 2, nothing written.
+  run = subprocess.run([sys.executable, "-m", "lev_jax.cli.eval",
+                        f"--checkpoint={workdirs / 'lev'}", f"--baseline={base}",
+                        "--config.eval.batches=2", f"--output={tmp_path / 'r.json'}"],
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                       text=True)
+  assert run.returncode == 2, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines()[-1].startswith(
+      f"lev-eval: error: --baseline={base}: evaluated on other data than this run")
+  assert not (tmp_path / "r.json").exists()

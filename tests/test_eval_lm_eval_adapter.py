@@ -1,0 +1,299 @@
+"""The lm-eval model "lev_jax": real lm_eval Instances give the Scorer's numbers, the
+model loads from model_args, and one offline simple_evaluate on a local task."""
+
+import json
+import os
+import random
+
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.registry import get_model  # noqa: E402
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
+
+from conftest import byte_config  # noqa: E402
+from lev_jax import inference  # noqa: E402
+from lev_jax.cli import lm_eval as lm_eval_cli  # noqa: E402
+from lev_jax.eval import lm_eval_adapter  # noqa: E402
+from lev_jax.data.tokenizer import ByteTokenizer  # noqa: E402
+from lev_jax.eval.lm_eval_adapter import LevJaxLM  # noqa: E402
+from lev_jax.eval.scoring import Scorer, windows  # noqa: E402
+from lev_jax.train import create_model  # noqa: E402
+from test_eval_downstream import Bigram  # noqa: E402
+
+TOK = ByteTokenizer()
+
+
+def instances(kind, args):
+  return [Instance(kind, {}, a, i) for i, a in enumerate(args)]
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+  """A tiny Decoder over bytes, written as a lev-export folder at step 7."""
+  config = byte_config("tied")
+  model = create_model(config)
+  path = tmp_path_factory.mktemp("lm_eval") / "export"
+  inference.save(inference.InferenceModel(model, config, TOK, 7), path)
+  return path, model, config
+
+
+def test_windows_equal_lm_eval_rolling_windows():
+  rng = random.Random(0)
+  for n in [1, 3, 4, 5, 9, 16, 17, 40]:
+    for max_len in [1, 2, 4, 7, 16]:
+      ids = [rng.randrange(3, 259) for _ in range(n)]
+      want = [make_disjoint_window(w) for w in
+              get_rolling_token_windows(ids, prefix_token=1, max_seq_len=max_len,
+                                        context_len=1)]
+      assert windows([1], ids, max_len) == [tuple(w) for w in want], (n, max_len)
+
+
+def test_instances_give_the_scorers_numbers():
+  lm = LevJaxLM(model=Bigram(), tokenizer=TOK, max_len=16, batch_size=3)
+  scorer = Scorer(Bigram(), TOK, max_len=16, batch_size=2)
+  pairs = [("the aq", " zzz"), ("", "abc"), ("x ", "y"), ("q" * 30, " zz")]
+  got = lm.loglikelihood(instances("loglikelihood", pairs))
+  want = scorer.loglikelihood(pairs)
+  assert [g for _, g in got] == [w for _, w in want] == [True, False, False, True]
+  assert [ll for ll, _ in got] == pytest.approx([ll for ll, _ in want], abs=1e-5)
+  texts = ["zzzz " * 9, "a"]
+  got = lm.loglikelihood_rolling(instances("loglikelihood_rolling", [(t,) for t in texts]))
+  assert got == pytest.approx(scorer.loglikelihood_rolling(texts), abs=1e-4)
+
+
+def test_model_args_load_the_checkpoint_and_generate(export):
+  path, model, config = export
+  # lm-eval's CLI always adds batch_size=1; model_args' batch_size wins, no TypeError.
+  lm = get_model("lev_jax").create_from_arg_string(
+      f"checkpoint={path},batch_size=2,dtype=float32",
+      {"batch_size": 1, "max_batch_size": None, "device": "cpu"})
+  assert isinstance(lm, LevJaxLM) and lm.step == 7 and lm.scorer.batch_size == 2
+  assert lm.scorer.max_len == config.train.seq_len
+  pytest.importorskip("lev_jax.decode")
+  reqs = [("Once", {"until": ["\n"], "max_gen_toks": 4}), ("ab", {"max_gen_toks": 4})]
+  got = lm.generate_until(instances("generate_until", reqs))
+  assert got == lm.scorer.generate_until(reqs)  # Scorer.generate_until: test_scoring.py
+  assert all(isinstance(g, str) and "\n" not in g for g in got)
+
+
+def test_construction_errors():
+  with pytest.raises(ValueError, match="give checkpoint=PATH"):
+    LevJaxLM()
+  with pytest.raises(ValueError, match="give checkpoint=PATH"):
+    LevJaxLM(checkpoint="x", model=Bigram(), tokenizer=TOK)
+  with pytest.raises(ValueError, match="batch_size = 'big'"):
+    LevJaxLM(model=Bigram(), tokenizer=TOK, max_len=8, batch_size="big")
+  assert LevJaxLM(model=Bigram(), tokenizer=TOK, max_len=8,
+                  batch_size="auto").scorer.batch_size == lm_eval_adapter.DEFAULT_BATCH_SIZE
+
+
+def test_run_adds_the_model_and_calls_lm_evals_cli(monkeypatch):
+  import lm_eval.__main__ as cli
+  seen = []
+  monkeypatch.setattr(cli, "cli_evaluate", lambda: seen.append(list(os.sys.argv)))
+  monkeypatch.setattr(lm_eval_cli, "data_problem", lambda tasks, include_path: None)
+  monkeypatch.setattr(os.sys, "argv", ["x"])
+  lm_eval_cli.run(["--model_args", "checkpoint=runs/a", "--tasks", "piqa"])
+  lm_eval_cli.run(["ls", "tasks"])
+  assert seen == [["lm-eval", "--model_args", "checkpoint=runs/a", "--tasks", "piqa",
+                   "--model", "lev_jax"], ["lm-eval", "ls", "tasks"]]
+
+
+def test_simple_evaluate_on_a_local_task_offline(export, tmp_path, monkeypatch):
+  """Registry name + model_args string + a task read from a local JSON file: no network
+  (datasets / hub offline; the datasets cache in tmp_path; only this task is indexed)."""
+  import datasets.config
+  import huggingface_hub.constants
+  from lm_eval.tasks import TaskManager
+  # datasets reads its environment at import (lm_eval has imported it): patch the values.
+  monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+  monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+  path, model, config = export
+  rows = [{"q": "Question: one\nAnswer:", "choices": ["yes", "no way"], "gold": 0},
+          {"q": "Question: two\nAnswer:", "choices": ["abc", "b"], "gold": 1},
+          {"q": "Question: three\nAnswer:", "choices": ["x", "yz", "w"], "gold": 2}]
+  data = tmp_path / "mini.jsonl"
+  data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (tmp_path / "tasks").mkdir()
+  (tmp_path / "tasks" / "mini.yaml").write_text(f"""task: lev_mini
+dataset_path: json
+dataset_kwargs:
+  cache_dir: {tmp_path / "hf"}
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{q}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{gold}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+""")
+  tm = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
+  out = lm_eval.simple_evaluate(model="lev_jax", model_args=f"checkpoint={path}",
+                                tasks=["lev_mini"], batch_size=2, task_manager=tm,
+                                log_samples=True, bootstrap_iters=0)
+  # lm-eval's per-choice log-likelihoods are the Scorer's on the in-memory model, and
+  # its acc / acc_norm follow from them.
+  scorer = Scorer(model, TOK, config=config)
+  acc, acc_norm = [], []
+  for sample in sorted(out["samples"]["lev_mini"], key=lambda s: s["doc_id"]):
+    r = rows[sample["doc_id"]]
+    lls = [ll for ll, _ in scorer.loglikelihood([(r["q"], " " + c) for c in r["choices"]])]
+    assert [float(resp[0][0]) for resp in sample["resps"]] == pytest.approx(lls, abs=1e-5)
+    norm = [ll / len(c) for ll, c in zip(lls, r["choices"])]
+    acc.append(lls.index(max(lls)) == r["gold"])
+    acc_norm.append(norm.index(max(norm)) == r["gold"])
+  res = out["results"]["lev_mini"]
+  assert res["acc,none"] == pytest.approx(sum(acc) / 3)
+  assert res["acc_norm,none"] == pytest.approx(sum(acc_norm) / 3)
+
+
+# --- lev_jax/lm_eval_tasks: the six benchmarks over their released files, offline -----
+
+ARC_ROW = {"id": "a", "question": {"stem": "Which?", "choices": [
+    {"text": "one", "label": "A"}, {"text": "two", "label": "B"},
+    {"text": "three", "label": "C"}]}, "answerKey": "B"}
+# A numeric-label item answered by letter (ARC-Challenge has such rows): gold "3".
+ARC_DIGITS = {"id": "b", "question": {"stem": "Why?", "choices": [
+    {"text": "x", "label": "1"}, {"text": "y", "label": "2"}, {"text": "z", "label": "3"},
+    {"text": "w", "label": "4"}]}, "answerKey": "C"}
+RELEASED = {  # file under LEV_LM_EVAL_DATA: rows, as the benchmarks release them
+    "lambada_test.jsonl": [{"text": "the cat sat on the mat"},
+                           {"text": "she saw her friend"}, {"text": "a b"}],
+    "hellaswag_val.jsonl": [{"ind": 1, "activity_label": "Roof", "ctx_a": "A man sits.",
+                             "ctx_b": "he", "label": 3, "split": "val",
+                             "endings": ["a [title] b.", "c.", "d.", "e."]}],
+    "piqa/valid.jsonl": [{"goal": "g1", "sol1": "s1", "sol2": "s2"},
+                         {"goal": "g2", "sol1": "t1", "sol2": "t2"}],
+    "ARC-Easy/ARC-Easy-Test.jsonl": [ARC_ROW],
+    "ARC-Challenge/ARC-Challenge-Test.jsonl": [ARC_ROW, ARC_DIGITS],
+    "winogrande_1.1/dev.jsonl": [{"qID": "q", "sentence": "Sarah helped Maria so _ won.",
+                                  "option1": "Sarah", "option2": "Maria", "answer": "2"}],
+}
+# task: (docs, requests, gold of each doc)
+EXPECTED = {"lambada_openai_local": (3, 3, None), "hellaswag_local": (1, 4, [3]),
+            "piqa_local": (2, 4, [1, 0]), "arc_easy_local": (1, 3, [1]),
+            "arc_challenge_local": (2, 7, [1, 2]), "winogrande_local": (1, 2, [1])}
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+  """HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set (in the environment and in the values
+  datasets and huggingface_hub read at import), an empty datasets cache."""
+  import datasets.config
+  import huggingface_hub.constants
+  for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+    monkeypatch.setenv(var, "1")
+  monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+  monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+  monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture
+def released(tmp_path, monkeypatch):
+  """LEV_LM_EVAL_DATA: a folder of tiny files in the released formats."""
+  root = tmp_path / "benchmarks"
+  for name, rows in RELEASED.items():
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
+    (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (root / "piqa" / "valid-labels.lst").write_text("1\n0\n")
+  monkeypatch.setenv("LEV_LM_EVAL_DATA", str(root))
+  return root
+
+
+def test_shipped_tasks_read_the_released_files_offline(offline, released):
+  from lm_eval.tasks import TaskManager
+  from lev_jax.lm_eval_tasks import TAG, TASKS_DIR
+  tm = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+  assert set(tm.all_tasks) >= set(EXPECTED) | {TAG}
+  tasks = tm.load([TAG])["tasks"]
+  assert set(tasks) == set(EXPECTED)
+  for name, task in tasks.items():
+    docs, requests, gold = EXPECTED[name]
+    task.build_all_requests(limit=None, rank=0, world_size=1)
+    eval_docs = list(task.eval_docs)
+    assert (len(eval_docs), len(task.instances)) == (docs, requests), name
+    # lm-eval's winogrande gives the answer's index as doc_to_text (partial evaluation)
+    answer = task.doc_to_text if name == "winogrande_local" else task.doc_to_target
+    if gold is not None:
+      assert [answer(d) for d in eval_docs] == gold, name
+  lambada = tasks["lambada_openai_local"]
+  lambada.build_all_requests(limit=None, rank=0, world_size=1)
+  assert lambada.instances[0].args == ("the cat sat on the", " mat")
+  hellaswag = tasks["hellaswag_local"]  # lm-eval's preprocessing: " [title]" -> ". "
+  assert hellaswag.doc_to_choice(list(hellaswag.eval_docs)[0])[0] == "a. b."
+
+
+def test_shipped_tasks_are_package_data():
+  import tomllib
+  from pathlib import Path
+  from lev_jax.lm_eval_tasks import LOCAL_TWIN, TASKS_DIR
+  pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+  assert "*.yaml" in pyproject["tool"]["setuptools"]["package-data"]["lev_jax.lm_eval_tasks"]
+  assert {p.stem for p in TASKS_DIR.glob("*.yaml")} == set(LOCAL_TWIN.values())
+
+
+def _run_fails_at_once(argv, capsys, monkeypatch):
+  """stderr of lm_eval_cli.run(argv), which must stop (status 2) before lm-eval."""
+  import time
+  import lm_eval.__main__ as cli
+  monkeypatch.setattr(cli, "cli_evaluate", lambda: pytest.fail("lm-eval was started"))
+  start = time.monotonic()
+  with pytest.raises(SystemExit) as exit_info:
+    lm_eval_cli.run(argv)
+  elapsed = time.monotonic() - start
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert len(err.strip().splitlines()) == 1, err
+  assert elapsed < 5, f"{elapsed:.1f} s"
+  return err
+
+
+def test_hub_task_offline_is_one_fast_line_pointing_to_the_local_tasks(offline, capsys,
+                                                                       monkeypatch):
+  from lev_jax.lm_eval_tasks import TASKS_DIR
+  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks",
+                            "hellaswag,arc_easy"], capsys, monkeypatch)
+  assert err.startswith("lev-lm-eval: error: task hellaswag reads Rowan/hellaswag from the "
+                        "Hugging Face Hub, which is offline"), err
+  assert f"--tasks hellaswag_local,arc_easy_local --include_path {TASKS_DIR}" in err
+  assert "LEV_LM_EVAL_DATA" in err
+
+
+def test_unreachable_hub_is_found_by_a_short_probe(capsys, monkeypatch, tmp_path):
+  import datasets.config
+  monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+  monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
+  probes, probe = [], lm_eval_cli._hub_reachable
+  monkeypatch.setattr(lm_eval_cli, "_hub_reachable", lambda url: probes.append(url))
+  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks", "piqa"], capsys,
+                           monkeypatch)
+  assert len(probes) == 1 and "which is unreachable" in err and "--tasks piqa_local" in err
+  (tmp_path / "baber___piqa").mkdir()  # in the datasets cache: lm-eval may go ahead
+  assert lm_eval_cli.data_problem(["piqa"], None) is None
+  # a refused connection answers at once; the probe never waits longer than its timeout
+  assert probe("http://127.0.0.1:9", timeout_s=0.5) is False
+
+
+def test_local_task_without_its_files_is_one_line_naming_the_file(offline, capsys,
+                                                                   monkeypatch, released):
+  from lev_jax.lm_eval_tasks import TASKS_DIR
+  (released / "piqa" / "valid-labels.lst").unlink()
+  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks", "lev_local",
+                            "--include_path", str(TASKS_DIR)], capsys, monkeypatch)
+  assert f"{released / 'piqa' / 'valid-labels.lst'}: no such file" in err
+  monkeypatch.delenv("LEV_LM_EVAL_DATA")
+  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks", "piqa_local",
+                            "--include_path", str(TASKS_DIR)], capsys, monkeypatch)
+  assert "LEV_LM_EVAL_DATA is not set" in err

@@ -1,0 +1,34 @@
+"""lev_jax/experiments.py: the repo's experiment files, imported by path."""
+
+import pytest
+
+from lev_jax.experiments import ExperimentImportError, experiments_dir, load_experiment
+
+
+def test_every_shipped_experiment_file_loads_and_builds_its_default_config():
+  files = sorted(experiments_dir().glob("*.py"))
+  assert {f.name for f in files} >= {"smoke.py", "ladder.py", "smoke_ladder.py",
+                                     "smoke_study.py", "fidelity_study.py"}
+  for f in files:
+    module = load_experiment(f)
+    assert module.get_config().model.vocab_size > 0, f.name
+
+
+def test_each_load_is_a_fresh_module():
+  a = load_experiment(experiments_dir() / "smoke.py")
+  b = load_experiment(experiments_dir() / "smoke.py")
+  assert a is not b and a.get_config("tied").to_dict() == b.get_config("tied").to_dict()
+
+
+def test_a_missing_file_is_named():
+  with pytest.raises(FileNotFoundError, match=r"nope\.py: no such experiment file"):
+    load_experiment(experiments_dir() / "nope.py")
+
+
+def test_a_file_that_fails_to_import_names_itself_and_chains_its_error(tmp_path):
+  bad = tmp_path / "bad.py"
+  bad.write_text("x = 1\nraise RuntimeError('boom')\n")
+  with pytest.raises(ExperimentImportError, match=r"bad\.py: failed to import: RuntimeError: "
+                     r"boom") as info:
+    load_experiment(bad)
+  assert isinstance(info.value.__cause__, RuntimeError)

@@ -1,0 +1,446 @@
+"""lev-ladder's collection and analysis on synthetic workdirs with known curves.
+
+No training: each rung's metrics.jsonl / eval.json is written from closed-form curves,
+    eval loss(tokens) = c_N + B * (s * tokens)^-beta,   s = 1 (tied), 2.1 (Leviathan)
+with c_N chosen so that the tied final losses lie exactly on L(N) = E + A N^-alpha over
+the rungs' real parameter counts. The analysis must give back 2.1 and (E, A, alpha).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+
+from lev_jax.ladder import runs as ladder_lib
+from lev_jax.ladder.runs import LadderError, analyse, collect, load_ladder
+from lev_jax.cli import ladder as ladder_cli
+from lev_jax.ladder.report import markdown, provenance
+
+REPO = Path(__file__).resolve().parent.parent
+E, A, ALPHA = 1.5, 40.0, 0.3     # the tied rungs' power law in N
+B, BETA = 20.0, 0.3              # every rung's loss-vs-tokens curve
+SHIFT = 2.1                      # Leviathan = tied at 2.1x the tokens
+STEPS, EVAL_EVERY, LOG_EVERY = 100, 2, 10
+TOKENS_PER_STEP = 4 * 16         # global_batch_size * seq_len of the ladder below
+EDGES = [1, 10, 100]
+TIED_BUCKET_PPL = [None, 400.0, 100.0, 20.0]
+LEV_BUCKET_PPL = [None, 200.0, 95.0, 20.0]
+
+LADDER_SOURCE = '''
+from lev_jax.config import base_config
+
+SIZES = {sizes!r}
+RUNGS = tuple(f"{{kind}}_{{size}}" for size in SIZES for kind in ("tied", "leviathan"))
+
+
+def get_config(variant):
+  kind, _, size = variant.partition("_")
+  if kind not in ("tied", "leviathan") or size not in SIZES:
+    raise ValueError(f"unknown variant {{variant!r}}")
+  c = base_config()
+  c.name = variant
+  c.model.embedding = {{"tied": "tied", "leviathan": "lev"}}[kind]
+  c.model.vocab_size = 300
+  c.model.d_model = SIZES[size]
+  c.model.n_layers = 1
+  c.model.n_heads = 2
+  c.model.n_kv_heads = 2
+  c.model.head_dim = 8
+  c.model.d_ff = 2 * SIZES[size]
+  c.lev.d_seed = 8
+  c.lev.n_heads = 2
+  c.lev.n_knots = 6
+  c.lev.rank = 4
+  c.train.steps = {steps}
+  c.train.seq_len = 16
+  c.train.global_batch_size = 4
+  c.optim.warmup_steps = 2
+  return c
+'''
+
+SIZES4 = {"a": 16, "b": 32, "c": 48, "d": 64}
+
+
+def write_ladder(path: Path, sizes=None, steps=STEPS) -> Path:
+  path.write_text(LADDER_SOURCE.format(sizes=sizes or SIZES4, steps=steps))
+  return path
+
+
+def tied_final_loss(n_params) -> float:
+  return E + A * n_params ** -ALPHA
+
+
+def _eval_result(loss: float, step: int, bucket_ppl) -> dict:
+  labels = ["[0,1)", "[1,10)", "[10,100)", "[100,inf)"]
+  buckets = [{"range": r, "tokens": 0 if p is None else 100 * (i + 1), "ids": 10,
+              "loss": None if p is None else math.log(p), "perplexity": p}
+             for i, (r, p) in enumerate(zip(labels, bucket_ppl))]
+  return {"loss": loss, "perplexity": math.exp(loss), "tokens": 600, "buckets": buckets,
+          "bucket_edges": EDGES, "step": step}
+
+
+def write_rung(root: Path, variant: str, c_n: float, *, shift: float = 1.0,
+               last_step: int = STEPS, bucket_ppl=TIED_BUCKET_PPL, lev_eval=None,
+               resume_at: int | None = None) -> dict:
+  """A workdir as lev-train leaves it (metrics.jsonl, eval.json); returns the eval curve.
+
+  resume_at: rows of steps resume_at..resume_at+10 are written twice, the first copy
+  with a wrong loss (+1), as a resumed run re-logs them: the later row must win.
+  """
+  wd = root / variant
+  wd.mkdir(parents=True)
+  loss_at = lambda step: c_n + B * (shift * step * TOKENS_PER_STEP) ** -BETA
+  rows = []
+  for step in range(1, last_step + 1):
+    if step % LOG_EVERY == 0:
+      # Train loss above eval loss by an offset that differs between the twins: the
+      # token efficiency must come from the eval curves, not these.
+      rows.append({"step": step, "time": 0.0, "train/loss": loss_at(step) + 0.1 * shift,
+                   "train/tokens_seen": float(step * TOKENS_PER_STEP)})
+    if step % EVAL_EVERY == 0:
+      rows.append({"step": step, "time": 0.0, "eval/loss": loss_at(step),
+                   "eval/perplexity": math.exp(loss_at(step))})
+  if resume_at is not None:
+    stale = [dict(r) for r in rows if resume_at <= r["step"] <= resume_at + 10]
+    for r in stale:
+      for k in ("train/loss", "eval/loss"):
+        if k in r:
+          r[k] += 1.0
+    i = next(i for i, r in enumerate(rows) if r["step"] >= resume_at)
+    rows[i:i] = stale
+  (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  final_step = last_step - last_step % EVAL_EVERY
+  (wd / "eval.json").write_text(json.dumps(_eval_result(loss_at(final_step), final_step,
+                                                        bucket_ppl)))
+  if lev_eval is not None:
+    (wd / "lev_eval.json").write_text(json.dumps(lev_eval))
+  return {"tokens": [s * TOKENS_PER_STEP for s in range(EVAL_EVERY, last_step + 1, EVAL_EVERY)],
+          "loss": [loss_at(s) for s in range(EVAL_EVERY, last_step + 1, EVAL_EVERY)]}
+
+
+def params_of(ladder_path: Path) -> dict:
+  module = load_ladder(ladder_path)
+  return {v: ladder_lib._param_counts(module.get_config(v))["total"] for v in module.RUNGS}
+
+
+def build_ladder(tmp_path: Path, sizes=None, skip=(), unfinished=(), no_metrics=(),
+                 downstream=True) -> tuple[Path, Path, dict]:
+  """A ladder file and ROOT with a workdir per rung; returns (ladder, root, params)."""
+  sizes = sizes or SIZES4
+  ladder = write_ladder(tmp_path / "synthetic_ladder.py", sizes)
+  root = tmp_path / "root"
+  root.mkdir()
+  params = params_of(ladder)
+  t_final = STEPS * TOKENS_PER_STEP
+  for size in sizes:
+    # c_N: the tied curve ends exactly on the power law at N = the tied rung's params.
+    c_n = tied_final_loss(params[f"tied_{size}"]) - B * t_final ** -BETA
+    for kind, shift, ppl in (("tied", 1.0, TIED_BUCKET_PPL), ("leviathan", SHIFT, LEV_BUCKET_PPL)):
+      variant = f"{kind}_{size}"
+      if variant in skip:
+        continue
+      if variant in no_metrics:
+        (root / variant).mkdir()
+        continue
+      lev_eval = None
+      if downstream and size == "a":
+        acc = 0.60 if kind == "tied" else 0.64
+        lev_eval = {"step": STEPS, "validation": {},
+                    "downstream": {"piqa": {"acc": acc, "acc_stderr": 0.011, "acc_norm": acc + 0.01,
+                                            "acc_norm_stderr": 0.011, "n": 1838}}}
+      write_rung(root, variant, c_n, shift=shift, bucket_ppl=ppl, lev_eval=lev_eval,
+                 last_step=40 if variant in unfinished else STEPS,
+                 resume_at=30 if variant == "tied_b" else None)
+  return ladder, root, params
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+  ladder, root, params = build_ladder(tmp_path_factory.mktemp("full"))
+  return ladder, root, params, analyse(collect(ladder, root))
+
+
+def test_analysis_recovers_the_token_efficiency_and_the_power_law(full):
+  ladder, root, params, analysis = full
+  assert [r["status"] for r in analysis["rungs"]] == ["finished"] * 8
+  assert analysis["missing"] == []
+  assert [p["size"] for p in analysis["pairs"]] == list(SIZES4)
+  for p in analysis["pairs"]:
+    eff = p["efficiency"]
+    assert eff["ratio"] == pytest.approx(SHIFT, rel=0.01), p["size"]
+    assert eff["reason"] is None and eff["bound"] is None
+    assert eff["tied_tokens"] == STEPS * TOKENS_PER_STEP
+    assert eff["target"] == pytest.approx(tied_final_loss(params[p["tied"]]), abs=1e-9)
+    assert p["ppl_change"] == pytest.approx(math.exp(p["leviathan_loss"] - p["tied_loss"]) - 1)
+  fit = analysis["fit"]
+  assert fit["ok"] and fit["n_points"] == 4 and fit["reason"] is None
+  assert fit["E"] == pytest.approx(E, rel=1e-3)
+  assert fit["A"] == pytest.approx(A, rel=1e-2)
+  assert fit["alpha"] == pytest.approx(ALPHA, rel=1e-3)
+  assert set(fit["stderr"]) == {"E", "A", "alpha"}
+  assert [pt["N"] for pt in fit["points"]] == [params[f"tied_{s}"] for s in SIZES4]
+  for e in analysis["effective"]:
+    expected = (A / (e["loss"] - E)) ** (1 / ALPHA)
+    assert e["n_eff"] == pytest.approx(expected, rel=0.01)
+    assert e["N"] == params[e["variant"]]
+    assert e["ratio"] == pytest.approx(e["n_eff"] / e["N"])
+    assert e["lo"] <= e["n_eff"] <= e["hi"]
+    assert e["ratio"] > 1  # Leviathan's lower loss is worth more parameters
+  by_size = {p["size"]: p for p in analysis["pairs"]}
+  changes = [r["change"] for r in by_size["a"]["buckets"]["rows"]]
+  assert changes[0] is None and changes[1:] == pytest.approx([-0.5, -0.05, 0.0])
+  assert by_size["a"]["downstream"]["piqa"]["leviathan"]["acc"] == 0.64
+  assert by_size["b"]["downstream"] == {}
+  assert analysis["downstream_tasks"] == ["piqa"]
+  json.dumps(analysis)  # JSON-ready
+
+
+def test_curves_take_the_later_row_of_a_resumed_step_and_tokens_from_the_config(full):
+  ladder, root, params, analysis = full
+  tied_b = next(r for r in analysis["rungs"] if r["variant"] == "tied_b")
+  tokens, losses = tied_b["eval_curve"]["tokens"], tied_b["eval_curve"]["loss"]
+  assert tokens == [s * TOKENS_PER_STEP for s in range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)]
+  assert all(b > a for a, b in zip(losses[1:], losses[:-1]))  # no stale +1 rows left
+  assert tied_b["tokens"] == STEPS * TOKENS_PER_STEP and tied_b["config_source"] == "ladder"
+  assert tied_b["non_embedding_params"] < tied_b["params"]
+
+
+def test_missing_and_unfinished_rungs_are_reported_and_the_rest_summarised(tmp_path):
+  ladder, root, _ = build_ladder(tmp_path, skip=("leviathan_b",), no_metrics=("leviathan_c",),
+                                 unfinished=("leviathan_d",))
+  analysis = analyse(collect(ladder, root))
+  missing = {m["variant"]: m for m in analysis["missing"]}
+  assert set(missing) == {"leviathan_b", "leviathan_c", "leviathan_d"}
+  assert missing["leviathan_b"]["status"] == "missing"
+  assert missing["leviathan_b"]["reason"] == f"no workdir {root / 'leviathan_b'}"
+  assert missing["leviathan_c"]["reason"].startswith("no metrics:")
+  assert missing["leviathan_d"]["status"] == "unfinished"
+  assert missing["leviathan_d"]["reason"] == f"not finished: step 40 of {STEPS}"
+  pairs = {p["size"]: p for p in analysis["pairs"]}
+  assert pairs["a"]["efficiency"]["ratio"] == pytest.approx(SHIFT, rel=0.01)
+  for size in "bcd":
+    assert pairs[size]["ppl_change"] is None and pairs[size]["efficiency"] is None
+    assert f"leviathan_{size}" in pairs[size]["reason"]
+    assert pairs[size]["tied_ppl"] is not None  # the finished twin is still shown
+  assert analysis["fit"]["ok"]  # all four tied rungs finished
+  assert [e["variant"] for e in analysis["effective"]] == ["leviathan_a"]
+
+
+def test_too_few_tied_rungs_say_so_and_everything_else_is_produced(tmp_path):
+  ladder, root, _ = build_ladder(tmp_path, sizes={"a": 16, "b": 32, "c": 48})
+  analysis = analyse(collect(ladder, root))
+  fit = analysis["fit"]
+  assert not fit["ok"] and "needs at least 4 rungs" in fit["reason"] and "got 3" in fit["reason"]
+  assert "E" not in fit
+  for e in analysis["effective"]:
+    assert e["n_eff"] is None and e["reason"].startswith("no power-law fit: ")
+  for p in analysis["pairs"]:
+    assert p["efficiency"]["ratio"] == pytest.approx(SHIFT, rel=0.01)
+
+
+def test_leviathan_that_never_reaches_the_target_has_no_ratio_and_a_reason(tmp_path):
+  ladder = write_ladder(tmp_path / "l.py", {"a": 16})
+  root = tmp_path / "root"
+  write_rung(root, "tied_a", 2.0)
+  write_rung(root, "leviathan_a", 2.5, shift=SHIFT)  # worse everywhere
+  pair = analyse(collect(ladder, root))["pairs"][0]
+  eff = pair["efficiency"]
+  assert eff["ratio"] is None and eff["leviathan_tokens"] is None
+  assert "never reached" in eff["reason"] and "tied_a" in eff["reason"]
+  assert pair["ppl_change"] > 0
+
+
+def test_stored_checkpoint_config_decides_steps_and_tokens(tmp_path):
+  """A rung trained with --config.train.steps=40: the checkpoint's config says so."""
+  ladder = write_ladder(tmp_path / "l.py", {"a": 16})
+  root = tmp_path / "root"
+  write_rung(root, "tied_a", 2.0, last_step=40)
+  stored = load_ladder(ladder).get_config("tied_a")
+  stored.train.steps = 40
+  meta = root / "tied_a" / "checkpoints" / "40" / "config" / "metadata"
+  meta.parent.mkdir(parents=True)
+  meta.write_text(json.dumps(stored.to_dict()))
+  (root / "tied_a" / "checkpoints" / "40.orbax-checkpoint-tmp-1").mkdir()  # ignored
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "finished" and rung.steps == 40 and rung.config_source == "checkpoint"
+  assert rung.eval_curve["tokens"][-1] == 40 * TOKENS_PER_STEP
+
+
+def test_a_broken_metrics_line_is_reported_with_file_and_line(tmp_path):
+  ladder = write_ladder(tmp_path / "l.py", {"a": 16})
+  root = tmp_path / "root"
+  write_rung(root, "tied_a", 2.0)
+  path = root / "tied_a" / "metrics.jsonl"
+  lines = path.read_text().splitlines()
+  lines[2] = '{"step": "unterminated'
+  lines.append(json.dumps({"step": STEPS, "eval/loss": "nan"}))  # non-finite: left out
+  path.write_text("\n".join(lines) + "\n")
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "unreadable"  # issue 13.9a's sibling: the column, not a bare "at"
+  assert rung.reason == f"{path}:3: not JSON (Unterminated string starting at: column 10)"
+  lines[2] = json.dumps({"step": 1, "train/loss": 9.0})
+  path.write_text("\n".join(lines) + "\n")
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "finished"
+  assert any("1 non-finite eval/loss" in n for n in rung.notes)
+  assert math.isfinite(rung.eval_curve["loss"][-1])
+
+
+@pytest.mark.parametrize("source,match", [
+    (None, "no such file"),
+    ("def get_config(v):\n  return None\n", "expected a module-level RUNGS tuple"),
+    ("RUNGS = ('tied_a', 'tied_a')\ndef get_config(v):\n  return None\n", "twice"),
+    ("RUNGS = ('tied_a',)\n", "no get_config"),
+    ("import no_such_module_xyz\n", "failed to import: ModuleNotFoundError"),
+])
+def test_bad_ladder_files_are_named(tmp_path, source, match):
+  path = tmp_path / "bad.py"
+  if source is not None:
+    path.write_text(source)
+  with pytest.raises(LadderError, match=match):
+    load_ladder(path)
+
+
+def test_get_config_failure_names_the_variant(tmp_path):
+  path = tmp_path / "bad.py"
+  path.write_text("RUNGS = ('tied_a',)\ndef get_config(v):\n  raise ValueError('nope')\n")
+  with pytest.raises(LadderError, match=r"get_config\('tied_a'\) failed: ValueError: nope"):
+    collect(path, tmp_path)
+
+
+def test_repo_ladders_have_rungs_that_build():
+  for name in ("ladder.py", "smoke_ladder.py"):
+    module = load_ladder(REPO / "experiments" / name)
+    assert len(module.RUNGS) == 8
+    assert sum(v.startswith("tied_") for v in module.RUNGS) >= 4  # enough for a fit
+    for v in module.RUNGS:
+      assert module.get_config(v).model.embedding == ("tied" if v.startswith("tied") else "lev")
+  with pytest.raises(ValueError, match="unknown variant 'huge_l'; expected one of tied_xs"):
+    load_ladder(REPO / "experiments" / "smoke_ladder.py").get_config("huge_l")
+
+
+# ---------------------------------------------------------------------------- the command
+
+def test_rung_commands_per_launcher_are_what_lev_train_and_launch_accept(tmp_path):
+  smoke = str(REPO / "experiments" / "smoke_ladder.py")
+  local = ladder_cli.rung_commands("local", smoke, ["tied_xs"], "/r", train_flags=["--x=1"])
+  assert local == [("tied_xs", [sys.executable, "-m", "lev_jax.cli.train",
+                                f"--config={smoke}:tied_xs", "--workdir=/r/tied_xs", "--x=1"])]
+  printed = ladder_cli.rung_commands("print", "experiments/smoke_ladder.py", ["leviathan_s"],
+                                     "gs://b/root/")
+  assert printed[0][1] == ["lev-train", "--config=experiments/smoke_ladder.py:leviathan_s",
+                           "--workdir=gs://b/root/leviathan_s"]
+  (_, slurm), = ladder_cli.rung_commands(
+      "slurm", smoke, ["tied_m"], "/shared/runs", launcher_flags=["--nodes=2"])
+  assert slurm[1] == str(REPO / "launch" / "slurm.py")
+  from launch import slurm as slurm_launch
+  out = StringIO()
+  assert slurm_launch.main([*slurm[2:slurm.index("--")], "--dry-run",
+                            *slurm[slurm.index("--"):]], out=out) == 0
+  assert "--job-name=lev-tied_m" in out.getvalue()
+  assert f"--workdir=/shared/runs/tied_m --config={smoke}:tied_m" in out.getvalue()
+  (_, tpu), = ladder_cli.rung_commands(
+      "tpu", smoke, ["tied_m"], "gs://b/runs",
+      launcher_flags=["--name=lev", "--zone=us-east5-a", "--accelerator_type=v5p-16"])
+  from launch import tpu as tpu_launch
+  job, _, _ = tpu_launch.job_from_argv(tpu[2:])
+  assert job.workdir == "gs://b/runs/tied_m"
+  assert job.train_args == ("--config=experiments/smoke_ladder.py:tied_m",)  # repo-relative
+  with pytest.raises(ValueError, match="put the ladder file inside it"):
+    ladder_cli.rung_commands("tpu", str(tmp_path / "l.py"), ["tied_m"], "gs://b")
+  with pytest.raises(ValueError, match="--workdir is set by lev-ladder"):
+    ladder_cli.rung_commands("local", smoke, ["tied_m"], "/r", train_flags=["--workdir=/x"])
+
+
+def test_a_failing_rung_is_reported_and_the_next_still_runs():
+  ran = []
+  runner = lambda argv: ran.append(argv[0]) or (3 if argv[0] == "bad" else 0)
+  out = StringIO()
+  failed = ladder_cli.train_rungs([("tied_a", ["bad"]), ("leviathan_a", ["good"])], "local",
+                                  runner=runner, out=out)
+  assert failed == {"tied_a": 3} and ran == ["bad", "good"]
+  assert "tied_a: exited with status 3; continuing" in out.getvalue()
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "lev_jax.cli.ladder", *args], capture_output=True,
+                        text=True, cwd=REPO, timeout=120, env=dict(os.environ))
+
+
+def test_cli_print_launcher_prints_the_commands_of_unfinished_rungs_and_writes_nothing(
+    tmp_path):
+  ladder, root, _ = build_ladder(tmp_path, skip=("leviathan_d",))
+  before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+  proc = _cli(f"--ladder={ladder}", f"--root={root}", "--run", "--launcher=print")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  # stdout is the plan only: one lev-train command per unfinished rung, ready for a shell
+  assert proc.stdout == f"lev-train --config={ladder}:leviathan_d --workdir={root}/leviathan_d\n"
+  assert "1 of 8 rungs would be trained" in proc.stderr and "nothing written" in proc.stderr
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no report
+  proc = _cli(f"--ladder={ladder}", f"--root={root}")  # report only
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"7 of 8 rungs finished; report {root}/report/report.md" in proc.stdout
+  assert "2.10x" in proc.stdout and "missing leviathan_d: no workdir" in proc.stdout
+  assert (root / "report" / "report.md").exists()
+  bad = _cli(f"--ladder={tmp_path / 'nope.py'}", f"--root={root}")
+  assert bad.returncode == 2 and "Traceback" not in bad.stderr
+  assert bad.stderr.strip() == f"lev-ladder: error: ladder {tmp_path / 'nope.py'}: no such file; " \
+      "expected an experiment file with RUNGS and get_config(variant), e.g. " \
+      "experiments/smoke_ladder.py"
+
+
+def test_a_fit_pinned_at_its_bound_is_flagged_not_trusted(tmp_path):
+  """Tied final losses as measured on the smoke ladder (nearly flat, no floor): the fit
+  converges with E at its bound 0 and errors larger than the values, and the analysis
+  says so instead of presenting its effective parameters as findings."""
+  ladder = write_ladder(tmp_path / "l.py")
+  root = tmp_path / "root"
+  t_final = STEPS * TOKENS_PER_STEP
+  for size, final in zip(SIZES4, (6.234, 6.162, 5.970, 5.911)):
+    c_n = final - B * t_final ** -BETA
+    write_rung(root, f"tied_{size}", c_n)
+    write_rung(root, f"leviathan_{size}", c_n, shift=SHIFT)
+  analysis = analyse(collect(ladder, root))
+  fit = analysis["fit"]
+  assert fit["ok"] and fit["E"] == pytest.approx(0.0, abs=1e-5)
+  assert any("lower bound 0" in w for w in fit["warnings"])
+  assert any(w.startswith("stderr(alpha)") for w in fit["warnings"])
+  assert "not meaningful" in fit["warnings"][-1]
+  assert all(e["n_eff"] is not None for e in analysis["effective"])  # shown, flagged
+  md = markdown(analysis, provenance())
+  assert "**Warning: E = " in md and "not meaningful" in md
+
+
+def test_a_rung_trained_to_the_end_without_its_final_evaluation_says_so(tmp_path):
+  ladder, root, _ = build_ladder(tmp_path)
+  (root / "tied_a" / "eval.json").unlink()
+  missing = {m["variant"]: m for m in analyse(collect(ladder, root))["missing"]}
+  assert missing["tied_a"]["status"] == "unfinished"
+  assert missing["tied_a"]["reason"] == (
+      f"step {STEPS} of {STEPS} reached but {root / 'tied_a' / 'eval.json'} is missing: "
+      "re-run lev-train on it to evaluate")
+
+
+def test_bucket_changes_of_twins_evaluated_on_other_data_are_refused(tmp_path):
+  """Issue 13.8's sibling: eval.json records its data; twins evaluated on other batches
+  get no per-bucket change, and a reason naming both."""
+  ladder, root, _ = build_ladder(tmp_path, sizes={"a": 16, "b": 32}, downstream=False)
+  for variant, sha in (("tied_a", "a" * 64), ("leviathan_a", "b" * 64),
+                       ("tied_b", "c" * 64), ("leviathan_b", "c" * 64)):
+    path = root / variant / "eval.json"
+    result = json.loads(path.read_text())
+    result["data"] = {"split": "validation", "files": ["val.jsonl"], "sha256": sha,
+                      "tokens_evaluated": 600, "tokens_in_split": 6000}
+    path.write_text(json.dumps(result))
+  by_size = {p["size"]: p for p in analyse(collect(ladder, root))["pairs"]}
+  assert by_size["a"]["buckets"]["rows"] == []
+  assert by_size["a"]["buckets"]["reason"] == (
+      "evaluated on other data: tied_a: validation of val.jsonl, 600 tokens evaluated, "
+      "sha256 aaaaaaaaaaaa; leviathan_a: validation of val.jsonl, 600 tokens evaluated, "
+      "sha256 bbbbbbbbbbbb")
+  assert by_size["b"]["buckets"]["rows"] and by_size["b"]["buckets"]["reason"] is None

@@ -1,0 +1,37 @@
+"""lev-study's report (lev_jax/ladder/study_report.py) on a hand-made analysis: a bucket under
+report.MIN_BUCKET_TARGETS test targets is n/a in report.md and not drawn."""
+
+import math
+
+from matplotlib.container import BarContainer
+
+from lev_jax.ladder import report, study_report
+from lev_jax.ladder.study import SCHEMES
+from test_ladder_report import assert_texts_apart_and_inside, drawn_figure
+
+
+def analysis_with_a_tiny_bucket():
+  rows = [{"range": "[0,10)", "targets": 2.0, "ids": 5, "tied_ppl": 100.0, "other_ppl": 190.0,
+           "change": {"mean": 0.9, "lo": 0.5, "hi": 1.3}},
+          {"range": "[10,inf)", "targets": 500.0, "ids": 250, "tied_ppl": 20.0,
+           "other_ppl": 18.0, "change": {"mean": -0.1, "lo": -0.2, "hi": 0.0}}]
+  comp = {"label": "leviathan V=259", "baseline": "tied V=259", "reason": None, "vocab": 259,
+          "variant": "leviathan", "options": "default",
+          "buckets": {"test": {s: {"rows": rows, "reason": None} for s in SCHEMES}}}
+  return {"cells": [], "comparisons": [comp], "final": [comp["label"]]}
+
+
+def test_a_bucket_under_the_minimum_count_is_neither_drawn_nor_reported(tmp_path,
+                                                                        monkeypatch):
+  analysis = analysis_with_a_tiny_bucket()
+  md = "\n".join(study_report._bucket_section(analysis))
+  assert f"n/a (2 test targets < {report.MIN_BUCKET_TARGETS})" in md
+  assert "+90.0 %" not in md and "-10.0 % [-20.0, +0.0]" in md
+  fig = drawn_figure(study_report.plot_freq_buckets, analysis, tmp_path / "b.png",
+                     monkeypatch)
+  assert_texts_apart_and_inside(fig)
+  for ax in fig.axes:
+    (bars,) = [c for c in ax.containers if isinstance(c, BarContainer)]
+    tiny, kept = (p.get_height() for p in bars.patches)
+    assert math.isnan(tiny) and kept == -10.0
+    assert str(report.MIN_BUCKET_TARGETS) in ax.get_xlabel()
