@@ -23,6 +23,27 @@ def test_only_checkpoint_uses_orbax():
   assert users == [os.path.join("lev_jax", "checkpoint.py")]
 
 
+def test_no_run_folder_name_is_spelled_outside_workdir():
+  """Code names a run folder's files through workdir's constants (prose may spell them);
+  the prepared-data folder's own layout lives in data/prepared.py."""
+  # (workdir.TOKENIZER, "tokenizer", is also a config field and a JSON key: not checked.)
+  names = [workdir.CHECKPOINTS, workdir.TOKEN_COUNTS, workdir.EVAL_JSON, workdir.METRICS,
+           workdir.LEV_EVAL_JSON, workdir.DATA_REPORT, workdir.TENSORBOARD]
+  literal = re.compile(r"([\"'])(?:" + "|".join(map(re.escape, names)) + r")\1")
+  allowed = {os.path.join("lev_jax", "workdir.py"), os.path.join("lev_jax", "data", "prepared.py")}
+  spelled = [f"{path}:{i}" for path, text in _sources() if path not in allowed
+             for i, line in enumerate(text.splitlines(), 1) if literal.search(line)]
+  assert not spelled
+
+
+def test_no_library_module_imports_a_command():
+  importers = [path for path, text in _sources()
+               if path.startswith("lev_jax") and not path.startswith(os.path.join("lev_jax", "cli"))
+               and re.search(r"^\s*(from lev_jax\.cli\b|from lev_jax import .*\bcli\b|"
+                             r"import lev_jax\.cli\b)", text, re.M)]
+  assert not importers
+
+
 def test_write_json_atomic_writes_indented_json_and_no_temporary(tmp_path):
   path = tmp_path / workdir.EVAL_JSON
   workdir.write_json_atomic(path, {"step": 2, "when": {1, 2}}, default=sorted)

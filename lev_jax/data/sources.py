@@ -203,8 +203,8 @@ def _prepared(config, report: dict) -> DataBundle:
   report.update(prepared_dir=os.fspath(d.prepared_dir), preparation=dataset.report,
                 train=splits.get("train"), validation=splits.get("validation"),
                 train_tokens=int(dataset.token_counts_V.sum()),
-                tokenizer_path=os.fspath(epath.Path(d.prepared_dir) / "tokenizer"),
-                counts_path=os.fspath(epath.Path(d.prepared_dir) / "token_counts.npy"))
+                tokenizer_path=os.fspath(epath.Path(d.prepared_dir) / prepared.TOKENIZER_DIR),
+                counts_path=os.fspath(epath.Path(d.prepared_dir) / prepared.COUNTS_FILE))
   logging.info("Data (prepared %s): %d train / %d validation documents, %d train tokens "
                "(eos included); tokenizer %s.", d.prepared_dir, dataset.splits["train"],
                dataset.splits["validation"], report["train_tokens"], tokenizer.name)
