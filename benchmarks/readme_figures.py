@@ -140,7 +140,7 @@ def run_section(name: str, root: Path, out) -> int:
       status = status or p.returncode
   minutes = (time.perf_counter() - start) / 60
   out(f"\n## {name} ({minutes:.1f} min{'' if status == 0 else f'; exit status {status}'})\n")
-  if name in ("commands", "step_time", "drills"):
+  if name in ("commands", "ladder", "step_time", "drills"):  # ladder: lev-ladder's summary
     out("```console\n" + "\n".join(text).rstrip() + "\n```")
   for path in outputs(root):
     out(f"{path.relative_to(root)}:\n\n" + (_tables(path.read_text()) if path.exists()
