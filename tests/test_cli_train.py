@@ -150,12 +150,15 @@ def test_help_shows_the_commands_own_docstring(module, prog, capsys):
   assert out.startswith(f"`{prog}`")  # the flags it lists: tests/test_cli_common.py
 
 
-@pytest.mark.parametrize("module,prog", [("lev_jax.cli.train", "lev-train"),
-                                         ("lev_jax.cli.eval", "lev-eval"),
-                                         ("lev_jax.cli.export", "lev-export"),
-                                         ("lev_jax.cli.sample", "lev-sample"),
-                                         ("lev_jax.cli.prepare_data", "lev-prepare-data")])
-def test_ctrl_c_in_a_command_is_one_line_and_exit_130(module, prog):
+@pytest.mark.parametrize("module,prog,args", [
+    ("lev_jax.cli.train", "lev-train", []),
+    ("lev_jax.cli.eval", "lev-eval", []),
+    ("lev_jax.cli.export", "lev-export", []),
+    ("lev_jax.cli.sample", "lev-sample", []),
+    ("lev_jax.cli.prepare_data", "lev-prepare-data", []),
+    ("lev_jax.cli.ladder", "lev-ladder", ["--ladder=experiments/smoke_ladder.py", "--root=r"]),
+    ("lev_jax.cli.study", "lev-study", ["--study=experiments/smoke_study.py", "--root=r"])])
+def test_ctrl_c_in_a_command_is_one_line_and_exit_130(module, prog, args):
   """Ctrl-C while a command runs (Python's KeyboardInterrupt; lev-train's trainer
   handles it itself from the first step on): one line, exit 130, no traceback."""
   code = (f"import os, signal, sys, time\nimport {module} as command\n"
@@ -163,7 +166,7 @@ def test_ctrl_c_in_a_command_is_one_line_and_exit_130(module, prog):
           "  os.kill(os.getpid(), signal.SIGINT)\n"
           "  time.sleep(30)\n"
           "command.main = interrupted\n"
-          f"sys.argv = [{prog!r}]\n"
+          f"sys.argv = {[prog, *args]!r}\n"
           "command.run()\n")
   with ctrl_c_not_ignored():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -36,7 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
 from lev_jax.cli import common
 from lev_jax.experiments import experiments_dir
@@ -210,8 +210,6 @@ def main(argv):
       print(f"{PROG}: every rung of {f.ladder} is finished under {f.root}; nothing to train")
     try:
       failed = train_rungs(commands, f.launcher)
-    except KeyboardInterrupt:
-      common.fail(PROG, "interrupted; re-run the same command to resume the unfinished rungs")
     except OSError as e:
       common.fail(PROG, f"cannot start {commands[0][1][0]}: {e.strerror}")
     result = ladder_lib.collect(module, f.root)
@@ -230,7 +228,8 @@ def main(argv):
 
 def run():
   _define_flags()
-  app.run(main, flags_parser=common.flags_parser(PROG, __name__))
+  common.run(PROG, main, __name__, interrupted="interrupted (Ctrl-C); re-run the same "
+             "command to resume the unfinished rungs")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ One preparation per folder: it holds PARENT/.NAME.lock beside the folder
 from __future__ import annotations
 
 import contextlib
-import sys
 
 from absl import flags, logging
 from ml_collections import config_flags
@@ -86,17 +85,14 @@ def main(argv):
                        workers=flags.FLAGS.workers, overwrite=flags.FLAGS.overwrite)
   except (ConfigError, DataError, workdir_lock.WorkdirLockError) as e:
     common.fail(PROG, str(e))
-  except KeyboardInterrupt:
-    print(f"{PROG}: interrupted; finished shards are kept: run the same command again to "
-          "resume", file=sys.stderr)
-    sys.exit(130)
   logging.info("%s: report %s/report.json", PROG, report["output_dir"])
   print(summary(report))
 
 
 def run():
   common.define_or_exit("lev-prepare-data", _define_flags)
-  common.run(PROG, main, __name__)
+  common.run(PROG, main, __name__, interrupted="interrupted (Ctrl-C); finished shards are "
+             "kept: run the same command again to resume")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
 from lev_jax.cli import common
 from lev_jax.workdir import JAX_CACHE, REPORT
@@ -208,8 +208,6 @@ def main(argv):
         command=shlex.join([PROG, *sys.argv[1:]]))
   except (runs.LadderError, ConfigError, StudyError, ValueError) as e:
     common.fail(PROG, str(e))
-  except KeyboardInterrupt:
-    common.fail(PROG, "interrupted; re-run the same command to resume the unfinished runs")
   print(summary(analysis, paths))
   if failed:
     sys.exit(1)
@@ -217,7 +215,8 @@ def main(argv):
 
 def run():
   _define_flags()
-  app.run(main, flags_parser=common.flags_parser(PROG, __name__))
+  common.run(PROG, main, __name__, interrupted="interrupted (Ctrl-C); re-run the same "
+             "command to resume the unfinished runs")
 
 
 if __name__ == "__main__":
