@@ -123,7 +123,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_cache):
 
 
 @pytest.mark.parametrize("config,needle,extra", [
-    ("experiments/nope.py", "No such file or directory: 'experiments/nope.py'", ()),
+    # The same line with or without overrides.
+    ("experiments/nope.py", "--config=experiments/nope.py: no such file (expected a Python "
+     "config file and variant, e.g. experiments/smoke.py:leviathan)", ()),
     (f"{SMOKE}:nonexistent", "unknown variant 'nonexistent'; expected one of tied, untied, leviathan", ()),
     # With an override, ml_collections fails while applying it: still one line.
     ("experiments/nope.py", "--config=experiments/nope.py: no such file",

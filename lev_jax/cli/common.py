@@ -311,15 +311,20 @@ def config_file_error(error: BaseException, argv) -> str | None:
   return f"{path}:{line}: {type(error).__name__}: {first_line(error)}"
 
 
+def _not_a_config_file(path: str | None) -> str | None:
+  """`--config=PATH: no such file (...)` (or `is a folder`) when PATH is not a file;
+  None when it is one, or no path was given."""
+  if not path or os.path.isfile(os.path.expanduser(path)):
+    return None
+  what = "is a folder" if os.path.isdir(os.path.expanduser(path)) else "no such file"
+  return (f"--config={path}: {what} (expected a Python config file and variant, "
+          "e.g. experiments/smoke.py:leviathan)")
+
+
 def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
   """Ends with one line for an unknown `--config.<field>` or a config file that does not
   load; re-raises anything else (a bug deserves its traceback)."""
-  message = config_file_error(error, argv)
-  path = _config_file(argv)
-  if message is None and path and not os.path.isfile(os.path.expanduser(path)):
-    what = "is a folder" if os.path.isdir(os.path.expanduser(path)) else "no such file"
-    message = (f"--config={path}: {what} (expected a Python config file and variant, "
-               "e.g. experiments/smoke.py:leviathan)")
+  message = config_file_error(error, argv) or _not_a_config_file(_config_file(argv))
   if message is None and isinstance(error, (AttributeError, LookupError)) and _overrides(argv):
     config = _config_being_overridden(error)
     message = unknown_override(config, argv) if config is not None else None
@@ -337,8 +342,9 @@ def config_or_exit(prog: str):
     config.get("name")  # a file that failed to load raises on first use
     return config
   except Exception as e:  # config_flags defers file errors until first access
-    fail(prog, f"--config={flags.FLAGS['config'].serialize().split('=', 1)[-1]}: "
-               f"{_last_line(e)}")
+    given = flags.FLAGS["config"].serialize().split("=", 1)[-1]
+    fail(prog, _not_a_config_file(given.split(":", 1)[0]) or
+         f"--config={given}: {_last_line(e)}")
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
