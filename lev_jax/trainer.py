@@ -17,7 +17,6 @@ checkpoint exists, so re-running the same command continues the run. Outputs:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -44,7 +43,7 @@ from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
 from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, EVAL_JSON, METRICS, RUN_OUTPUTS,
-                             TOKEN_COUNTS, TOKENIZER, write_json_atomic)
+                             TOKEN_COUNTS, TOKENIZER, loads_json, write_json_atomic)
 
 
 class _StopSignals:
@@ -208,7 +207,7 @@ def _finished_eval(path: epath.Path, step: int) -> dict | None:
   if not path.exists():
     return None
   try:
-    finished = json.loads(path.read_text())
+    finished = loads_json(path.read_text())
   except ValueError as e:
     logging.warning("%s is unreadable (%s); evaluating again", path, e)
     return None

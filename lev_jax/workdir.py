@@ -42,12 +42,15 @@ A ladder or study root (`lev-ladder` / `lev-study --root=ROOT`):
   ROOT/jax_cache/            JAX_CACHE: the compilation cache the study's runs share
 
 Names are relative; join them to a folder (`epath.Path(workdir) / EVAL_JSON`). JSON
-files are written whole through a temporary (`write_json_atomic`).
+files are written whole through a temporary (`write_json_atomic`), as strict JSON: a
+non-finite number is the text "nan", "inf" or "-inf" (as in metrics.jsonl; `loads_json`
+reads it back), null a value not computed.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 DEFAULT_ROOT = "runs"  # lev-train's workdir without --workdir: runs/<config.name>
 
@@ -88,9 +91,53 @@ def default_workdir(name: str) -> str:
   return f"{DEFAULT_ROOT}/{name}"
 
 
+def finite_json(value):
+  """`value` with every non-finite float (Python or NumPy) replaced by its text: "nan",
+  "inf" or "-inf", as metrics.jsonl writes them; `None` stays null (a value not
+  computed, e.g. an empty bucket). Strict JSON has no NaN: readers take the text back
+  with float(). Containers are copied (dicts, lists, tuples -> lists); other values are
+  returned as they are."""
+  if isinstance(value, dict):
+    return {k: finite_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [finite_json(v) for v in value]
+  if isinstance(value, float) or type(value).__name__ in ("float32", "float64", "float16"):
+    v = float(value)
+    return v if math.isfinite(v) else str(v)
+  return value
+
+
+_NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def loads_json(text: str):
+  """`json.loads(text)` with the texts "nan", "inf" and "-inf" (`finite_json`'s) read
+  back as floats, anywhere in the value.
+
+  Raises:
+    json.JSONDecodeError (a ValueError): not JSON.
+  """
+  def back(value):
+    if isinstance(value, dict):
+      return {k: back(v) for k, v in value.items()}
+    if isinstance(value, list):
+      return [back(v) for v in value]
+    return _NONFINITE.get(value, value) if isinstance(value, str) else value
+  return back(json.loads(text))
+
+
+def json_text(value, *, default=None, indent: int | None = 1) -> str:
+  """Strict JSON of `value` (non-finite floats as text, `finite_json`).
+
+  Raises:
+    TypeError: a value json cannot write and `default` does not convert.
+  """
+  return json.dumps(finite_json(value), indent=indent, default=default, allow_nan=False)
+
+
 def write_json_atomic(path, value, *, default=None) -> None:
-  """Writes `value` as JSON (indent 1) to `path` through a temporary name
-  (`data.files.write_bytes_atomic`): a reader never sees a partial file.
+  """Writes `value` as strict JSON (indent 1; `json_text`) to `path` through a temporary
+  name (`data.files.write_bytes_atomic`): a reader never sees a partial file.
 
   Args:
     path: str or path-like (local or gs://).
@@ -100,4 +147,4 @@ def write_json_atomic(path, value, *, default=None) -> None:
     TypeError / ValueError: `value` is not JSON-serialisable (nothing written).
   """
   from lev_jax.data.files import write_bytes_atomic  # imports grain: only when writing
-  write_bytes_atomic(path, json.dumps(value, indent=1, default=default).encode())
+  write_bytes_atomic(path, json_text(value, default=default).encode())

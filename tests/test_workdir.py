@@ -4,6 +4,8 @@ import json
 import os
 import re
 
+import pytest
+
 from lev_jax import workdir
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,3 +57,18 @@ def test_default_workdir_and_run_outputs():
   assert workdir.default_workdir("smoke_tied") == "runs/smoke_tied"
   assert {n for n, is_dir in workdir.RUN_OUTPUTS.items() if is_dir} == {
       "checkpoints", "tokenizer", "tensorboard"}
+
+
+def test_json_files_are_strict_and_non_finite_numbers_round_trip_as_text(tmp_path):
+  import numpy as np
+  value = {"loss": float("nan"), "ppl": np.float32("inf"), "low": -float("inf"),
+           "buckets": [{"perplexity": None}, {"perplexity": 2.5}], "name": "nan-free"}
+  path = tmp_path / workdir.EVAL_JSON
+  workdir.write_json_atomic(path, value)
+  text = path.read_text()
+  assert "NaN" not in text and "Infinity" not in text
+  json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+  back = workdir.loads_json(text)
+  assert np.isnan(back["loss"]) and back["ppl"] == float("inf") and back["low"] == -float("inf")
+  assert back["buckets"] == [{"perplexity": None}, {"perplexity": 2.5}]
+  assert back["name"] == "nan-free"

@@ -21,7 +21,7 @@ from etils import epath
 
 from lev_jax.checkpoint import SHAPE_FIELDS
 from lev_jax.config import ConfigError, validate
-from lev_jax.workdir import LEV_EVAL_JSON, TOKEN_COUNTS
+from lev_jax.workdir import LEV_EVAL_JSON, TOKEN_COUNTS, loads_json
 
 
 def apply_overrides(config, overrides: dict):
@@ -101,7 +101,7 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
   if path.is_dir():
     path = path / LEV_EVAL_JSON
   try:
-    base = json.loads(path.read_text())
+    base = loads_json(path.read_text())
   except (OSError, json.JSONDecodeError) as e:
     raise ConfigError(f"--baseline={baseline_path}: cannot read a {LEV_EVAL_JSON} ({e}); "
                       "run lev-eval on the baseline first") from e
