@@ -291,7 +291,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     config: a validated-on-entry experiment config.
     workdir: outputs and checkpoints (local or gs://).
     stop_at_step: for time-sliced jobs: stop after this step with a checkpoint (the
-      schedule still spans train.steps).
+      schedule still spans train.steps); a run resumed at or past it trains nothing
+      and returns `Stopped(resumed step, "stop_at_step")`.
     restore_fallback: resume from the latest intact checkpoint when the latest one is
       corrupt or unreadable (a warning names it); without it, that is an error.
 
@@ -468,6 +469,10 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
 
   try:
     stopped = None
+    if stop_at_step is not None and step >= stop_at_step and step < t.steps:
+      logging.warning("resumed at step %d, at or past --stop_at_step=%d: nothing to train",
+                      step, stop_at_step)
+      return Stopped(step, "stop_at_step")
     while step < t.steps:
       batch = feed(next(train_iter))
       state, metrics = train_step(state, batch)

@@ -59,6 +59,10 @@ def test_stop_and_resume_equals_straight_run_bitwise(embedding, data_cache, tmp_
   train_and_evaluate(c, straight)
   assert train_and_evaluate(c, sliced, stop_at_step=4) == Stopped(4, "stop_at_step")
   assert (sliced / "checkpoints" / "4").exists() and not (sliced / "checkpoints" / "8").exists()
+  n_rows = len(metrics(sliced))
+  for at_or_before in (4, 2):  # resumed at 4: nothing to train, nothing written
+    assert train_and_evaluate(c, sliced, stop_at_step=at_or_before) == Stopped(4, "stop_at_step")
+  assert len(metrics(sliced)) == n_rows and not (sliced / "checkpoints" / "5").exists()
   train_and_evaluate(c, sliced)
   a, b = saved_state(straight, 8), saved_state(sliced, 8)
   for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
