@@ -25,7 +25,8 @@ Where things live (library first; commands only in cli/, which no library module
               tasks from released files), checkpoint_eval (what lev-eval computes),
               lm_eval_adapter (the lm-eval model "lev_jax")
   ladder/     runs (collect and analyse a ladder), scaling (power-law fits), report
-              (plots, CSV, Markdown), study and study_report (seeded studies)
+              (CSV, Markdown) and plots (PNGs), study, study_report and study_plots
+              (seeded studies), reporting (text, tables, provenance both reports share)
   cli/        common (flags, one-line errors, --help) and one module per command:
               train (lev-train), params, prepare_data, eval, ladder, study, export,
               sample, lm_eval

@@ -19,7 +19,8 @@ import pytest
 from lev_jax.ladder import runs as ladder_lib
 from lev_jax.ladder.runs import LadderError, analyse, collect, load_ladder
 from lev_jax.cli import ladder as ladder_cli
-from lev_jax.ladder.report import markdown, provenance
+from lev_jax.ladder.report import markdown
+from lev_jax.ladder.reporting import provenance
 
 REPO = Path(__file__).resolve().parent.parent
 E, A, ALPHA = 1.5, 40.0, 0.3     # the tied rungs' power law in N

@@ -40,7 +40,7 @@ from absl import app, flags
 
 from lev_jax.cli import common
 from lev_jax.experiments import experiments_dir
-from lev_jax.ladder.report import ratio_text
+from lev_jax.ladder.reporting import ratio_text
 from lev_jax.workdir import REPORT
 
 PROG = "lev-ladder"
