@@ -24,7 +24,8 @@ Where things live (library first; commands only in cli/, which no library module
   eval/       evaluate (perplexity, frequency buckets), scoring, downstream (zero-shot
               tasks from released files), checkpoint_eval (what lev-eval computes),
               lm_eval_adapter (the lm-eval model "lev_jax")
-  ladder/     runs (collect and analyse a ladder), scaling (power-law fits), report
+  ladder/     runs (read a ladder's run folders), analysis (the paper's comparisons),
+              scaling (power-law fits), report
               (CSV, Markdown) and plots (PNGs), study, study_report and study_plots
               (seeded studies), reporting (text, tables, provenance both reports share)
   cli/        common (flags, one-line errors, --help) and one module per command:

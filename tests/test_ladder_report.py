@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from lev_jax.ladder import plots, reporting
-from lev_jax.ladder.runs import analyse, collect
+from lev_jax.ladder.analysis import analyse
+from lev_jax.ladder.runs import collect
 from lev_jax.ladder.report import CSV_COLUMNS, write_report
 from test_ladder_plots import DOCS_ANALYSIS, assert_texts_apart_and_inside, drawn_figure
 from test_ladder_runs import SHIFT, build_ladder

@@ -9,7 +9,7 @@
   plot_freq_buckets(analysis, "freq_buckets.png")      # relative perplexity change per
                                                        # frequency bucket, per size
 
-`analysis` is lev_jax.ladder.runs.analyse's dict. Colour = size throughout; buckets under
+`analysis` is lev_jax.ladder.analysis.analyse's dict. Colour = size throughout; buckets under
 MIN_BUCKET_TARGETS validation targets are not drawn. `figure` and `count_axis` are shared
 with the study's plots (lev_jax/ladder/study_plots.py).
 

@@ -272,7 +272,7 @@ def write_report(analysis: dict, out_dir, *, command: str | None = None) -> dict
   """Writes report.md, ladder.csv, analysis.json and three PNGs into out_dir.
 
   Args:
-    analysis: lev_jax.ladder.runs.analyse's result.
+    analysis: lev_jax.ladder.analysis.analyse's result.
     out_dir: folder (created if needed; local).
     command: the command line to cite under "How this was produced".
 
