@@ -15,7 +15,8 @@ Where things live (library first; commands only in cli/, which no library module
   optimizer   AdamW, clipping, warm-up + cosine schedule, parameter groups
   train       train state, jitted train and eval steps;  trainer: the training loop
   flops       model FLOPs and MFU;  params: parameter counts by part
-  checkpoint  all Orbax I/O: state, data iterator, config, params-only restore, exports
+  checkpoint  all Orbax I/O: state, data iterator, config, params-only restore, exports;
+              checkpoint_checks: checksum manifest, stored-config checks, quarantine
   metrics     metrics.jsonl and TensorBoard writers;  distributed: multi-host set-up
   inference   a workdir or export loaded for inference;  decode: KV-cached generation
   hf_export   Hugging Face LLaMA export (safetensors + config)
