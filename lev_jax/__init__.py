@@ -15,7 +15,8 @@ Where things live (library first; commands only in cli/, which no library module
   optimizer   AdamW, clipping, warm-up + cosine schedule, parameter groups
   train       train state, jitted train and eval steps;  trainer: the training loop
   flops       model FLOPs and MFU;  params: parameter counts by part
-  checkpoint  all Orbax I/O: state, data iterator, config, params-only restore, exports
+  checkpoint  all Orbax I/O: state, data iterator, config, params-only restore, exports;
+              checkpoint_checks: checksum manifest, stored-config checks, quarantine
   metrics     metrics.jsonl and TensorBoard writers;  distributed: multi-host set-up
   inference   a workdir or export loaded for inference;  decode: KV-cached generation
   hf_export   Hugging Face LLaMA export (safetensors + config)
@@ -24,8 +25,10 @@ Where things live (library first; commands only in cli/, which no library module
   eval/       evaluate (perplexity, frequency buckets), scoring, downstream (zero-shot
               tasks from released files), checkpoint_eval (what lev-eval computes),
               lm_eval_adapter (the lm-eval model "lev_jax")
-  ladder/     runs (collect and analyse a ladder), scaling (power-law fits), report
-              (plots, CSV, Markdown), study and study_report (seeded studies)
+  ladder/     runs (read a ladder's run folders), analysis (the paper's comparisons),
+              scaling (power-law fits), report
+              (CSV, Markdown) and plots (PNGs), study, study_report and study_plots
+              (seeded studies), reporting (text, tables, provenance both reports share)
   cli/        common (flags, one-line errors, --help) and one module per command:
               train (lev-train), params, prepare_data, eval, ladder, study, export,
               sample, lm_eval

@@ -40,8 +40,9 @@ from etils import epath
 from flax import nnx
 
 from lev_jax import checkpoint
-from lev_jax.checkpoint import (SHAPE_FIELDS, CheckpointCorruptError, config_differences,
-                                error_line, verify_manifest)
+from lev_jax.checkpoint import error_line
+from lev_jax.checkpoint_checks import (SHAPE_FIELDS, CheckpointCorruptError, config_differences,
+                                       verify_manifest)
 from lev_jax.config import DTYPES, ConfigError, from_dict
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer import load_tokenizer, save_tokenizer
@@ -153,7 +154,7 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
     where = f"checkpoint {ckpt_dir / str(step)}"
     others = [s for s in steps if s != step]
     hint = f"; other steps: {others} (--step)" if others else ""
-    try:  # the checksums written at save (checkpoint.MANIFEST), then the config item
+    try:  # the checksums written at save (checkpoint_checks.MANIFEST), then the config item
       verify_manifest(ckpt_dir / str(step))
       saved = reader.saved_config(step)
     except CheckpointCorruptError as e:
@@ -213,7 +214,7 @@ def load(path, *, step: int | None = None, dtype: str | None = None,
     step: the checkpoint step (workdir); for an export, must equal its step.
     dtype: "float32" | "bfloat16" | "float16" for the parameters; None keeps them.
     expect_config: when given, the checkpoint's model shape must equal this config's
-      (`checkpoint.SHAPE_FIELDS`).
+      (`checkpoint_checks.SHAPE_FIELDS`).
   Returns:
     InferenceModel.
   Raises:

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from lev_jax import checkpoint
+from lev_jax import checkpoint, checkpoint_checks
 from lev_jax.checkpoint import (CheckpointCorruptError, CheckpointMismatchError,
                                 CheckpointWriteError)
 from lev_jax.trainer import train_and_evaluate
@@ -23,16 +23,17 @@ def run(finished_tied_run, tmp_path):
 
 
 def _largest_file(step_dir):
-  files = [p for p in step_dir.rglob("*") if p.is_file() and p.name != checkpoint.MANIFEST]
+  files = [p for p in step_dir.rglob("*") if p.is_file() and p.name != checkpoint_checks.MANIFEST]
   return max(files, key=lambda p: p.stat().st_size)
 
 
 def test_every_saved_step_has_a_manifest_that_verifies(run):
   _, workdir = run
   for step in (2, 4):
-    manifest = json.loads((workdir / "checkpoints" / str(step) / checkpoint.MANIFEST).read_text())
+    manifest = json.loads(
+        (workdir / "checkpoints" / str(step) / checkpoint_checks.MANIFEST).read_text())
     assert any(name.startswith("state/") for name in manifest["sha256"])
-    assert checkpoint.verify_manifest(workdir / "checkpoints" / str(step))
+    assert checkpoint_checks.verify_manifest(workdir / "checkpoints" / str(step))
 
 
 def test_flipped_bytes_are_refused_and_fallback_resumes_from_the_intact_step(run, caplog):
@@ -65,7 +66,7 @@ def test_a_damaged_latest_step_is_one_error_and_fallback_skips_it(run, damage, m
   else:
     shutil.rmtree(workdir / "checkpoints" / "4" / "config")
     if damage.endswith("no_manifest"):
-      (workdir / "checkpoints" / "4" / checkpoint.MANIFEST).unlink()
+      (workdir / "checkpoints" / "4" / checkpoint_checks.MANIFEST).unlink()
   with pytest.raises(CheckpointMismatchError, match=match):
     train_and_evaluate(c, workdir)
   c.train.steps = 5
@@ -111,5 +112,5 @@ def test_the_reader_and_latest_config_file_read_the_trained_config(run):
     saved = reader.saved_config(4)
   assert path == workdir / "checkpoints" / "4" / "config" / "metadata"
   assert json.loads(path.read_text()) == saved
-  assert checkpoint.config_differences(saved, c) == []
+  assert checkpoint_checks.config_differences(saved, c) == []
   assert checkpoint.latest_config_file(workdir / "none") is None

@@ -107,7 +107,7 @@ def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
     ("delete_unsigned", r"checkpoints/2 cannot be read: it is incomplete or corrupt .*"),
 ])
 def test_a_damaged_step_is_named_with_the_steps_that_remain(tmp_path, damage, match):
-  from lev_jax.checkpoint import MANIFEST
+  from lev_jax.checkpoint_checks import MANIFEST
   write_workdir(tmp_path, byte_config("tied"), steps=(1, 2))
   target = tmp_path / "checkpoints" / "2" / "state" / "manifest.ocdbt"
   if damage == "flip":

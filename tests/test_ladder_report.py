@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lev_jax.ladder.runs import analyse, collect
+from lev_jax.ladder import plots, reporting
+from lev_jax.ladder.analysis import analyse
+from lev_jax.ladder.runs import collect
 from lev_jax.ladder.report import CSV_COLUMNS, write_report
+from test_ladder_plots import DOCS_ANALYSIS, assert_texts_apart_and_inside, drawn_figure
 from test_ladder_runs import SHIFT, build_ladder
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -100,76 +103,7 @@ def test_too_few_points_and_no_downstream_still_give_a_full_report(tmp_path):
   assert len(rows) == 6 and all(r["n_eff"] == "" for r in rows)
 
 
-# --- figures: no text over text or outside its axes; tiny buckets not drawn ------------
-
-DOCS_ANALYSIS = Path(__file__).resolve().parent.parent / "docs" / "smoke_ladder" / "analysis.json"
-
-
-def drawn_figure(plot, analysis, path, monkeypatch):
-  """The matplotlib Figure `plot(analysis, path)` draws (its module's `_figure`, captured:
-  lev_jax.ladder.report's, which lev_jax.ladder.study_report imports)."""
-  import sys
-  module = sys.modules[plot.__module__]
-  made = []
-  make = module._figure
-  monkeypatch.setattr(module, "_figure", lambda *a: made.append(make(*a)) or made[-1])
-  plot(analysis, path)
-  assert len(made) == 1
-  made[0].canvas.draw()
-  return made[0]
-
-
-def text_boxes(fig):
-  """[(text, window extent)] of every visible, non-empty text artist `fig` draws (a tick
-  label beyond its axis' view limits is an artist matplotlib does not draw)."""
-  from matplotlib.text import Text
-  renderer = fig.canvas.get_renderer()
-  undrawn = set()
-  for ax in fig.axes:
-    for axis in (ax.xaxis, ax.yaxis):
-      lo, hi = sorted(axis.get_view_interval())
-      for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
-        if not lo <= tick.get_loc() <= hi:
-          undrawn |= {id(tick.label1), id(tick.label2)}
-  return [(t.get_text(), t.get_window_extent(renderer)) for t in fig.findobj(Text)
-          if t.get_visible() and t.get_text().strip() and id(t) not in undrawn]
-
-
-def assert_texts_apart_and_inside(fig):
-  boxes = text_boxes(fig)
-  figure_box = fig.bbox
-  for i, (text, box) in enumerate(boxes):
-    assert (box.x0 >= figure_box.x0 - 1 and box.x1 <= figure_box.x1 + 1 and
-            box.y0 >= figure_box.y0 - 1 and box.y1 <= figure_box.y1 + 1), (text, box)
-    for other, other_box in boxes[i + 1:]:
-      assert not box.overlaps(other_box), f"{text!r} overlaps {other!r}"
-  renderer = fig.canvas.get_renderer()
-  for ax in fig.axes:  # free text in an axes (annotations, bar labels) stays inside it
-    inside = ax.get_window_extent(renderer)
-    for t in ax.texts:
-      if t.get_visible() and t.get_text().strip():
-        box = t.get_window_extent(renderer)
-        assert (box.x0 >= inside.x0 and box.x1 <= inside.x1 and box.y0 >= inside.y0 and
-                box.y1 <= inside.y1), f"{t.get_text()!r} leaves its axes"
-
-
-def test_scaling_fit_labels_neither_overlap_nor_cross_the_plot(tmp_path, monkeypatch):
-  """The smoke ladder's analysis (docs/): two Leviathan rungs' n_eff close together, one
-  at the right edge, and the fit line through them."""
-  from lev_jax.ladder import report
-  analysis = json.loads(DOCS_ANALYSIS.read_text())
-  fig = drawn_figure(report.plot_scaling_fit, analysis, tmp_path / "fit.png", monkeypatch)
-  assert_texts_apart_and_inside(fig)
-  renderer = fig.canvas.get_renderer()
-  (ax,) = fig.axes
-  legends = [*fig.legends, *([ax.get_legend()] if ax.get_legend() else [])]
-  assert legends
-  for legend in legends:  # nothing drawn in the axes can cross the legend's text
-    assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
-  legend_text = " ".join(t for t, _ in text_boxes(fig))
-  for e in analysis["effective"]:  # which point is which is still said
-    assert f"{e['size']}: n_eff = {report.ratio_text(e['ratio'])} N" in legend_text
-
+# --- tiny buckets: neither drawn nor reported ---------------------------------------
 
 def test_a_bucket_under_the_minimum_count_is_neither_drawn_nor_reported(tmp_path,
                                                                         monkeypatch):
@@ -177,8 +111,8 @@ def test_a_bucket_under_the_minimum_count_is_neither_drawn_nor_reported(tmp_path
   analysis = json.loads(DOCS_ANALYSIS.read_text())
   tiny = analysis["pairs"][-1]["buckets"]["rows"][3]  # l, [100,1000)
   tiny.update(tokens=1, change=0.9)  # one target: the tallest bar of all, were it drawn
-  assert 1 < report.MIN_BUCKET_TARGETS
-  fig = drawn_figure(report.plot_freq_buckets, analysis, tmp_path / "b.png", monkeypatch)
+  assert 1 < reporting.MIN_BUCKET_TARGETS
+  fig = drawn_figure(plots.plot_freq_buckets, analysis, tmp_path / "b.png", monkeypatch)
   assert_texts_apart_and_inside(fig)
   (ax,) = fig.axes
   ranges = [t.get_text() for t in ax.get_xticklabels()]
@@ -186,8 +120,8 @@ def test_a_bucket_under_the_minimum_count_is_neither_drawn_nor_reported(tmp_path
              for bars in ax.containers for j, patch in enumerate(bars.patches)}
   assert math.isnan(heights.get(("l", tiny["range"]), math.nan))
   assert max(abs(h) for h in heights.values() if not math.isnan(h)) < 90
-  assert str(report.MIN_BUCKET_TARGETS) in ax.get_xlabel()  # says why a bar is missing
+  assert str(reporting.MIN_BUCKET_TARGETS) in ax.get_xlabel()  # says why a bar is missing
   md = "\n".join(report._bucket_section(analysis))
-  assert f"n/a (1 validation targets < {report.MIN_BUCKET_TARGETS})" in md
+  assert f"n/a (1 validation targets < {reporting.MIN_BUCKET_TARGETS})" in md
   assert "+90.0 %" not in md
   assert "-40.3 %" in md  # a bucket of 344 targets is reported

@@ -1,13 +1,14 @@
-"""lev-study's report (lev_jax/ladder/study_report.py) on a hand-made analysis: a bucket under
-report.MIN_BUCKET_TARGETS test targets is n/a in report.md and not drawn."""
+"""lev-study's report (lev_jax/ladder/study_report.py, study_plots.py) on a hand-made
+analysis: a bucket under reporting.MIN_BUCKET_TARGETS test targets is n/a in report.md and
+not drawn."""
 
 import math
 
 from matplotlib.container import BarContainer
 
-from lev_jax.ladder import report, study_report
+from lev_jax.ladder import reporting, study_plots, study_report
 from lev_jax.ladder.study import SCHEMES
-from test_ladder_report import assert_texts_apart_and_inside, drawn_figure
+from test_ladder_plots import assert_texts_apart_and_inside, drawn_figure
 
 
 def analysis_with_a_tiny_bucket():
@@ -25,13 +26,13 @@ def test_a_bucket_under_the_minimum_count_is_neither_drawn_nor_reported(tmp_path
                                                                         monkeypatch):
   analysis = analysis_with_a_tiny_bucket()
   md = "\n".join(study_report._bucket_section(analysis))
-  assert f"n/a (2 test targets < {report.MIN_BUCKET_TARGETS})" in md
+  assert f"n/a (2 test targets < {reporting.MIN_BUCKET_TARGETS})" in md
   assert "+90.0 %" not in md and "-10.0 % [-20.0, +0.0]" in md
-  fig = drawn_figure(study_report.plot_freq_buckets, analysis, tmp_path / "b.png",
+  fig = drawn_figure(study_plots.plot_freq_buckets, analysis, tmp_path / "b.png",
                      monkeypatch)
   assert_texts_apart_and_inside(fig)
   for ax in fig.axes:
     (bars,) = [c for c in ax.containers if isinstance(c, BarContainer)]
     tiny, kept = (p.get_height() for p in bars.patches)
     assert math.isnan(tiny) and kept == -10.0
-    assert str(report.MIN_BUCKET_TARGETS) in ax.get_xlabel()
+    assert str(reporting.MIN_BUCKET_TARGETS) in ax.get_xlabel()

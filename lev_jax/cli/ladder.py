@@ -22,10 +22,10 @@ that is not finished is trained (resumed when it has a checkpoint), one after an
           (writes and submits an sbatch script; re-run lev-ladder for the report later)
 Put --dry-run in --launcher_flags to have launch/ print its plan instead.
 
-Then it reads every workdir, analyses the ladder (lev_jax/ladder/runs.py: perplexity, token
-efficiency, power-law fit, effective parameters, frequency buckets, downstream), writes
-the report (lev_jax/ladder/report.py) into --report_dir (default ROOT/report) and prints its
-path and one line per size. Missing or unfinished rungs are listed, never invented.
+Then it reads every workdir (lev_jax/ladder/runs.py), analyses the ladder
+(lev_jax/ladder/analysis.py: perplexity, token efficiency, power-law fit, effective
+parameters, frequency buckets, downstream), writes the report (lev_jax/ladder/report.py)
+into --report_dir (default ROOT/report) and prints its path and one line per size. Missing or unfinished rungs are listed, never invented.
 Exit status: 0; 1 when a rung trained here failed; 2 for a bad flag or ladder file.
 """
 
@@ -40,7 +40,7 @@ from absl import flags
 
 from lev_jax.cli import common
 from lev_jax.experiments import experiments_dir
-from lev_jax.ladder.report import ratio_text
+from lev_jax.ladder.reporting import ratio_text
 from lev_jax.workdir import REPORT
 
 PROG = "lev-ladder"
@@ -179,7 +179,8 @@ def main(argv):
   if len(argv) > 1:
     common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
   common.quiet_library_logs()
-  from lev_jax.ladder import runs as ladder_lib, report  # after flags: keeps --help fast
+  # after flags: keeps --help fast
+  from lev_jax.ladder import analysis as ladder_analysis, report, runs as ladder_lib
   f = flags.FLAGS
   if "://" in f.root and not f.report_dir:
     common.fail(PROG, f"--root={f.root} is remote: give a local --report_dir for the report")
@@ -218,7 +219,7 @@ def main(argv):
     rung = result.rung(variant)
     if rung is not None and not rung.finished:
       rung.reason = f"{rung.reason}; {f.launcher} run exited with status {status}"
-  analysis = ladder_lib.analyse(result)
+  analysis = ladder_analysis.analyse(result)
   command = shlex.join([PROG, *sys.argv[1:]])
   paths = report.write_report(analysis, report_dir, command=command)
   print(summary(analysis, paths))

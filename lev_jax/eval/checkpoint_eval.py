@@ -19,7 +19,7 @@ import os
 
 from etils import epath
 
-from lev_jax.checkpoint import SHAPE_FIELDS
+from lev_jax.checkpoint_checks import SHAPE_FIELDS
 from lev_jax.config import ConfigError, validate
 from lev_jax.workdir import LEV_EVAL_JSON, TOKEN_COUNTS, loads_json
 
@@ -28,7 +28,7 @@ def apply_overrides(config, overrides: dict):
   """The checkpoint's config with `overrides` applied; shape fields are refused.
 
   Raises:
-    ConfigError: an override of a field in checkpoint.SHAPE_FIELDS, or an invalid
+    ConfigError: an override of a field in checkpoint_checks.SHAPE_FIELDS, or an invalid
       resulting config (the field named).
   """
   shape = {f"{section}.{f}" for section, fields in SHAPE_FIELDS.items() for f in fields}

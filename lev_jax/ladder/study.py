@@ -42,7 +42,7 @@ from etils import epath
 from scipy import stats
 
 from lev_jax.eval import evaluate
-from lev_jax.ladder import runs
+from lev_jax.ladder import analysis as ladder_analysis, runs
 from lev_jax.workdir import STUDY_EVAL_JSON, write_json_atomic
 
 # Config fields a study's runs may differ in, and the factor each belongs to.
@@ -278,7 +278,7 @@ def _bucket_rows(base_evals, other_evals, split, scheme) -> dict:
 
 
 def _efficiency(base_rungs, other_rungs) -> dict:
-  per_seed = [runs.rung_efficiency(t, o) for t, o in zip(base_rungs, other_rungs)]
+  per_seed = [ladder_analysis.rung_efficiency(t, o) for t, o in zip(base_rungs, other_rungs)]
   reached = [e for e in per_seed if e["ratio"] is not None]
   return {"per_seed": per_seed, "n": len(per_seed), "n_reached": len(reached),
           "target": mean_se([e["target"] for e in per_seed]),

@@ -17,20 +17,19 @@ Writes into out_dir (created if needed):
   freq_buckets.png    relative perplexity change per bucket on the test split with the
                       95 % intervals, per vocabulary and scheme
 
-Formatting, provenance and the Agg canvas are lev_jax/ladder/report.py's (`lev-ladder`).
-Paper figures quoted are from arXiv 2601.22040 via ../shared/LEV.md.
+The plots are lev_jax/ladder/study_plots.py's; number text, tables, provenance and the
+paper's figures (arXiv 2601.22040 via ../shared/LEV.md) are lev_jax/ladder/reporting.py's,
+shared with the ladder report (`lev-ladder`).
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import math
 from pathlib import Path
 
-from lev_jax.ladder import report
-from lev_jax.ladder.report import (MIN_BUCKET_TARGETS, PAPER, _count, _count_axis, _csv_value,
-                            _figure, _table, provenance)
+from lev_jax.ladder import study_plots
+from lev_jax.ladder.reporting import (MIN_BUCKET_TARGETS, PAPER, begin_report, count,
+                                      csv_value, num, provenance_lines, table,
+                                      too_few_targets, write_csv)
 from lev_jax.ladder.study import SCHEMES, SPLITS
 from lev_jax.workdir import (ANALYSIS_JSON, BUCKETS_CSV, FREQ_BUCKETS_PNG, LOSS_VS_TOKENS_PNG,
                              REPORT_MD, STUDY_CSV)
@@ -103,7 +102,7 @@ def _final_section(analysis) -> list[str]:
         else f"n/a ({comp['reason'] if comp else 'no comparison'})")
     rows.append([label, f"{len(c['seeds'])} / {c['n_runs']}", pm(c["test"]["perplexity"]),
                  change, pm(c["validation"]["perplexity"])])
-  return out + _table(["cell", "seeds done", "test ppl", f"change vs tied ({conf} CI)",
+  return out + table(["cell", "seeds done", "test ppl", f"change vs tied ({conf} CI)",
                        "validation ppl"], rows) + [""]
 
 
@@ -122,7 +121,7 @@ def _selection_section(analysis) -> list[str]:
                    interval(comp["perplexity"].get("validation")) if comp and not comp["reason"]
                    else "n/a",
                    "**selected**" if cand["label"] == s["selected"] else (s["reason"] or "")])
-  return out + _table(["vocab", "options", "validation ppl", "change vs tied (95 % CI)",
+  return out + table(["vocab", "options", "validation ppl", "change vs tied (95 % CI)",
                        ""], rows) + [""]
 
 
@@ -137,7 +136,7 @@ def _validation_section(analysis) -> list[str]:
     rows.append([c["label"], f"{len(c['seeds'])} / {c['n_runs']}",
                  pm(c["validation"]["loss"], 4), pm(c["validation"]["perplexity"]), change])
   return (["## Every cell (validation split)", ""]
-          + _table(["cell", "seeds done", "validation loss", "validation ppl",
+          + table(["cell", "seeds done", "validation loss", "validation ppl",
                     "change vs tied (95 % CI)"], rows) + [""])
 
 
@@ -163,18 +162,18 @@ def _bucket_section(analysis) -> list[str]:
       if b["reason"]:
         out += [f"{scheme}: n/a ({b['reason']})", ""]
         continue
-      out += _table([f"{scheme} bucket", "test targets", "ids", "tied ppl", "other ppl",
+      out += table([f"{scheme} bucket", "test targets", "ids", "tied ppl", "other ppl",
                      "change (95 % CI)"],
-                    [[r["range"], _count(r["targets"]), str(r["ids"]),
-                      report.num(r["tied_ppl"], 2), report.num(r["other_ppl"], 2),
+                    [[r["range"], count(r["targets"]), str(r["ids"]),
+                      num(r["tied_ppl"], 2), num(r["other_ppl"], 2),
                       _bucket_change(r)] for r in b["rows"]]) + [""]
   return out + [f"![frequency buckets]({FREQ_BUCKETS_PNG})", ""]
 
 
 def _bucket_change(row: dict) -> str:
   """A bucket's change with its interval, or n/a under MIN_BUCKET_TARGETS test targets."""
-  if report.too_few_targets(row["targets"]):
-    return f"n/a ({_count(row['targets'])} test targets < {MIN_BUCKET_TARGETS})"
+  if too_few_targets(row["targets"]):
+    return f"n/a ({count(row['targets'])} test targets < {MIN_BUCKET_TARGETS})"
   return interval(row["change"])
 
 
@@ -187,7 +186,7 @@ def _efficiency_section(analysis) -> list[str]:
       continue
     tokens = e["tokens_to_target"]
     rows.append([comp["label"], pm(e["target"], 4), f"{e['n_reached']} / {e['n']}",
-                 (f"{_count(tokens['mean'])}" + (f" ± {_count(tokens['se'])}"
+                 (f"{count(tokens['mean'])}" + (f" ± {count(tokens['se'])}"
                                                  if tokens["se"] is not None else ""))
                  if tokens["mean"] is not None else "not reached",
                  _ratio(e["ratio"])])
@@ -196,17 +195,17 @@ def _efficiency_section(analysis) -> list[str]:
          "(first crossing of eval/loss, interpolated in log tokens; lev_jax.ladder.scaling), and "
          "tied tokens / those tokens; mean ± se over the seeds that reach it. "
          f"Paper: {PAPER['efficiency']}.", ""]
-  out += _table(["cell", "target (tied final loss)", "seeds reaching it", "tokens to target",
+  out += table(["cell", "target (tied final loss)", "seeds reaching it", "tokens to target",
                  "tokens ratio"], rows)
   return out + ["", f"![loss vs tokens]({LOSS_VS_TOKENS_PNG})", ""]
 
 
 def _runs_section(analysis) -> list[str]:
   rows = [[r["run"], r["status"], f"{r['step'] if r['step'] is not None else '-'} / "
-           f"{r['steps']}", _count(r["tokens"]), f"{r['params']:,}",
-           report.num(r["validation_ppl"], 2), report.num(r["test_ppl"], 2),
+           f"{r['steps']}", count(r["tokens"]), f"{r['params']:,}",
+           num(r["validation_ppl"], 2), num(r["test_ppl"], 2),
            r["reason"] or ""] for r in analysis["runs"]]
-  out = ["## Runs", ""] + _table(["run", "status", "step", "tokens", "N (total)",
+  out = ["## Runs", ""] + table(["run", "status", "step", "tokens", "N (total)",
                                   "validation ppl", "test ppl", "notes"], rows) + [""]
   if analysis["missing"]:
     out += ["### Missing, unfinished or not evaluated", ""]
@@ -221,7 +220,7 @@ def markdown(analysis, produced: dict) -> str:
            "Tied embeddings vs Leviathan (LEV input + untied head; arXiv 2601.22040), the "
            "untied ablation and LEV optimiser options, seeds paired across cells, from "
            f"`{analysis['root']}`: {n_done} of {len(analysis['runs'])} runs finished and "
-           f"evaluated; {_count(tokens) if tokens else 'n/a'} training tokens per run. "
+           f"evaluated; {count(tokens) if tokens else 'n/a'} training tokens per run. "
            "Figures that cannot be computed read n/a with the reason.", ""]
   lines += _final_section(analysis)
   lines += _selection_section(analysis)
@@ -229,7 +228,7 @@ def markdown(analysis, produced: dict) -> str:
   lines += _bucket_section(analysis)
   lines += _efficiency_section(analysis)
   lines += _runs_section(analysis)
-  lines += report.provenance_lines(produced, "lev_jax.ladder.study_report.write_report", [
+  lines += provenance_lines(produced, "lev_jax.ladder.study_report.write_report", [
       f"study: `{analysis['study']}`; root: `{analysis['root']}`",
       f"every figure: `{ANALYSIS_JSON}`; per cell: `{STUDY_CSV}`; per bucket: `{BUCKETS_CSV}`"])
   return "\n".join(lines)
@@ -261,7 +260,7 @@ def cell_rows(analysis) -> list[dict]:
                    tokens_to_target_se=e["tokens_to_target"]["se"],
                    token_ratio=e["ratio"]["mean"], token_ratio_se=e["ratio"]["se"],
                    seeds_reaching_target=e["n_reached"])
-    rows.append({k: _csv_value(row.get(k)) for k in CELL_COLUMNS})
+    rows.append({k: csv_value(row.get(k)) for k in CELL_COLUMNS})
   return rows
 
 
@@ -273,120 +272,13 @@ def bucket_rows(analysis) -> list[dict]:
       for scheme, b in schemes.items():
         for r in b["rows"]:
           ch = r["change"]
-          rows.append({k: _csv_value(v) for k, v in {
+          rows.append({k: csv_value(v) for k, v in {
               "label": comp["label"], "vocab": comp["vocab"], "split": split,
               "scheme": scheme, "range": r["range"], "targets": r["targets"],
               "ids": r["ids"], "tied_ppl": r["tied_ppl"], "other_ppl": r["other_ppl"],
               "change": ch["mean"], "change_lo": ch["lo"], "change_hi": ch["hi"],
               "seeds": ch["n"]}.items()})
   return rows
-
-
-def _write_csv(path, columns, rows) -> None:
-  with open(path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=columns)
-    w.writeheader()
-    w.writerows(rows)
-
-
-# ---------------------------------------------------------------------------- plots
-
-def _series(variant: str, options: str) -> str:
-  """A cell's legend name without its vocabulary: 'leviathan [clip_mode=per_group]'."""
-  return variant if options == "default" else f"{variant} [{options}]"
-
-
-def _colours(labels):
-  from matplotlib import colormaps
-  cmap = colormaps["tab10"]
-  return {label: cmap(i % 10) for i, label in enumerate(labels)}
-
-
-def plot_loss_vs_tokens(analysis, path) -> None:
-  import numpy as np
-  vocabs = sorted({c["vocab"] for c in analysis["cells"]})
-  fig = _figure(4.2 * max(len(vocabs), 1), 4.2)
-  axes = np.atleast_1d(fig.subplots(1, max(len(vocabs), 1)))
-  options = sorted({(c["variant"], c["options"]) for c in analysis["cells"]})
-  colours = _colours([_series(v, o) for v, o in options])
-  for ax, vocab in zip(axes, vocabs):
-    for variant, opts in options:
-      runs = [r for r in analysis["runs"] if r["vocab"] == vocab and r["variant"] == variant
-              and r["options"] == opts and r["eval_curve"]["tokens"]]
-      if not runs:
-        continue
-      colour = colours[_series(variant, opts)]
-      for r in runs:
-        ax.plot(r["eval_curve"]["tokens"], r["eval_curve"]["loss"], "-", color=colour,
-                lw=0.6, alpha=0.3)
-      by_tokens = {}
-      for r in runs:
-        for t, l in zip(r["eval_curve"]["tokens"], r["eval_curve"]["loss"]):
-          by_tokens.setdefault(t, []).append(l)
-      ts = sorted(by_tokens)
-      means = [float(np.mean(by_tokens[t])) for t in ts]
-      ses = [float(np.std(by_tokens[t], ddof=1) / math.sqrt(len(by_tokens[t])))
-             if len(by_tokens[t]) > 1 else 0.0 for t in ts]
-      ax.errorbar(ts, means, yerr=ses, fmt="o-" if variant == "tied" else "s--",
-                  color=colour, ms=3.5, lw=1.4, capsize=2, label=_series(variant, opts))
-    ax.set_xscale("log")
-    _count_axis(ax.xaxis)
-    ax.set_title(f"vocab {vocab}")
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("validation loss (nats / token)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.suptitle("Validation loss vs tokens: mean over seeds ± se (each seed faint)")
-  fig.savefig(path, dpi=110)
-
-
-def plot_freq_buckets(analysis, path):
-  """freq_buckets.png: per comparison, the test-split change per bucket with its 95 %
-  interval; a bucket of fewer than MIN_BUCKET_TARGETS test targets is not drawn (the
-  x label says so). Returns the matplotlib Figure (also saved to `path`)."""
-  import numpy as np
-  _, comps = _by_label(analysis)
-  finals = [comps[l] for l in analysis["final"] if l in comps and not comps[l]["reason"]]
-  vocabs = sorted({c["vocab"] for c in finals})
-  fig = _figure(4.6 * max(len(vocabs), 1), 7.5)
-  axes = np.array(fig.subplots(len(SCHEMES), max(len(vocabs), 1), squeeze=False))
-  if not finals:
-    axes[0, 0].text(0.5, 0.5, "no comparison with finished, evaluated seeds",
-                    ha="center", transform=axes[0, 0].transAxes)
-  colours = _colours(sorted({_series(c["variant"], c["options"]) for c in finals}))
-  for j, vocab in enumerate(vocabs):
-    here = [c for c in finals if c["vocab"] == vocab]
-    for i, scheme in enumerate(SCHEMES):
-      ax = axes[i, j]
-      width = 0.8 / max(len(here), 1)
-      ranges, omitted = [], False
-      for k, comp in enumerate(here):
-        rows = comp["buckets"]["test"][scheme]["rows"]
-        ranges = ranges or [r["range"] for r in rows]
-        omitted = omitted or any(report.too_few_targets(r["targets"]) for r in rows)
-        rows = [r if not report.too_few_targets(r["targets"]) else
-                {**r, "change": {"mean": None, "lo": None, "hi": None}} for r in rows]
-        mean = [100 * r["change"]["mean"] if r["change"]["mean"] is not None else np.nan
-                for r in rows]
-        err = [[100 * (r["change"]["mean"] - r["change"]["lo"]) if r["change"]["lo"]
-                is not None else np.nan for r in rows],  # n = 1: no bar
-               [100 * (r["change"]["hi"] - r["change"]["mean"]) if r["change"]["hi"]
-                is not None else np.nan for r in rows]]
-        key = _series(comp["variant"], comp["options"])
-        ax.bar(np.arange(len(rows)) + (k - (len(here) - 1) / 2) * width, mean, width,
-               yerr=err, capsize=2, color=colours[key], label=key)
-      ax.axhline(0, color="k", lw=0.8)
-      ax.set_xticks(np.arange(len(ranges)), ranges, rotation=30, fontsize=7)
-      if omitted:
-        ax.set_xlabel(f"not drawn: < {MIN_BUCKET_TARGETS} test targets", fontsize=7)
-      ax.set_title(f"vocab {vocab}, {scheme} buckets", fontsize=9)
-      ax.set_ylabel("ppl change vs tied (%)")
-      ax.grid(True, axis="y", alpha=0.3)
-      ax.legend(fontsize=7)
-  fig.suptitle("Per-bucket perplexity change vs tied, test split\n(95 % t-intervals; "
-               "rarest tokens left)", fontsize=10)  # two lines: one vocab is 4.6 in wide
-  fig.savefig(path, dpi=110)
-  return fig
 
 
 def write_report(analysis: dict, out_dir, *, command: str | None = None) -> dict:
@@ -400,16 +292,12 @@ def write_report(analysis: dict, out_dir, *, command: str | None = None) -> dict
   Returns:
     {"report", "csv", "buckets_csv", "json", "loss_vs_tokens", "freq_buckets"}: paths.
   """
-  out = Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  paths = {"report": out / REPORT_MD, "csv": out / STUDY_CSV, "buckets_csv": out / BUCKETS_CSV,
-           "json": out / ANALYSIS_JSON, "loss_vs_tokens": out / LOSS_VS_TOKENS_PNG,
-           "freq_buckets": out / FREQ_BUCKETS_PNG}
-  produced = provenance(command)
-  paths["json"].write_text(json.dumps({**analysis, "produced": produced}, indent=1))
-  _write_csv(paths["csv"], CELL_COLUMNS, cell_rows(analysis))
-  _write_csv(paths["buckets_csv"], BUCKET_COLUMNS, bucket_rows(analysis))
-  plot_loss_vs_tokens(analysis, paths["loss_vs_tokens"])
-  plot_freq_buckets(analysis, paths["freq_buckets"])
+  paths, produced = begin_report(out_dir, {
+      "report": REPORT_MD, "csv": STUDY_CSV, "buckets_csv": BUCKETS_CSV, "json": ANALYSIS_JSON,
+      "loss_vs_tokens": LOSS_VS_TOKENS_PNG, "freq_buckets": FREQ_BUCKETS_PNG}, analysis, command)
+  write_csv(paths["csv"], CELL_COLUMNS, cell_rows(analysis))
+  write_csv(paths["buckets_csv"], BUCKET_COLUMNS, bucket_rows(analysis))
+  study_plots.plot_loss_vs_tokens(analysis, paths["loss_vs_tokens"])
+  study_plots.plot_freq_buckets(analysis, paths["freq_buckets"])
   paths["report"].write_text(markdown(analysis, produced))
   return {k: str(v) for k, v in paths.items()}

@@ -1,0 +1,154 @@
+"""Checks of a checkpoint step that need no Orbax: its checksum manifest, its stored
+config against this run's, and the quarantine of steps that fail them.
+
+  write_manifest(step_dir)     # process 0, once Orbax has finalised the step
+  verify_manifest(step_dir)    # before a restore: True, False (no manifest) or raises
+  config_differences(saved, config, SHAPE_FIELDS)   # ["model.d_model: checkpoint 64, ..."]
+  quarantine(directory, [4])   # DIRECTORY/4 -> DIRECTORY_quarantine/4-<ns>
+
+The manifest, `<step>/checksums.json` (MANIFEST), holds the sha256 and size of every
+file of the step: a flipped bit is CheckpointCorruptError naming the file, never a silent
+restore. lev_jax/checkpoint.py (the only module that imports Orbax) writes and checks
+steps through these; lev_jax/inference.py checks a run's steps before reading them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+
+import ml_collections
+from etils import epath
+
+from lev_jax.workdir import write_json_atomic
+
+# Config sections whose values decide parameter shapes; a restore with any of them
+# changed is refused with the list of differences.
+SHAPE_FIELDS = {
+    "model": ("embedding", "vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
+              "n_kv_heads", "head_dim", "d_ff", "param_dtype", "scan_layers"),
+    "lev": ("n_coords", "base", "d_seed", "n_heads", "n_knots", "rank", "basis"),
+}
+
+
+# Fields that do not change shapes but change what the restored data position means.
+DATA_FIELDS = {"train": ("seq_len", "global_batch_size"),
+               "data": ("source", "train_files", "prepared_dir", "pile_set_names",
+                        "tokenizer", "seed", "shuffle_buffer", "segment_masking",
+                        "worker_processes")}
+
+
+class CheckpointMismatchError(ValueError):
+  """The checkpoint was written for a different model shape than this config's, or
+  cannot be read."""
+
+
+class CheckpointCorruptError(CheckpointMismatchError):
+  """A file of the checkpoint differs from its checksum manifest (MANIFEST)."""
+
+
+MANIFEST = "checksums.json"
+
+
+def _sha256(path: epath.Path) -> str:
+  digest = hashlib.sha256()
+  with path.open("rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _step_files(step_dir: epath.Path) -> dict[str, epath.Path]:
+  """{path relative to the step folder: path} of every file but the manifest."""
+  out, folders = {}, [step_dir]
+  while folders:  # epath has no recursive glob on every backend (gs://)
+    for p in folders.pop().iterdir():
+      if p.is_dir():
+        folders.append(p)
+      elif p.name != MANIFEST or p.parent != step_dir:
+        out[str(p.relative_to(step_dir))] = p
+  return out
+
+
+def write_manifest(step_dir) -> None:
+  """Writes `step_dir/checksums.json`: {"sha256": {file: hex}, "bytes": {file: size}}."""
+  step_dir = epath.Path(step_dir)
+  files = _step_files(step_dir)
+  manifest = {"sha256": {rel: _sha256(p) for rel, p in sorted(files.items())},
+              "bytes": {rel: p.stat().length for rel, p in sorted(files.items())}}
+  write_json_atomic(step_dir / MANIFEST, manifest)
+
+
+def verify_manifest(step_dir) -> bool:
+  """Checks every file of a step against its manifest.
+
+  Returns:
+    True when verified, False when the step has no manifest (unverifiable).
+  Raises:
+    CheckpointCorruptError: a listed file is missing or its checksum differs (the
+      first such file is named).
+  """
+  step_dir = epath.Path(step_dir)
+  path = step_dir / MANIFEST
+  if not path.exists():
+    return False
+  try:
+    expected = json.loads(path.read_text())["sha256"]
+  except (ValueError, KeyError, TypeError) as e:
+    raise CheckpointCorruptError(f"{path}: the checksum manifest is unreadable ({e})") from e
+  for rel, digest in expected.items():
+    f = step_dir / rel
+    if not f.exists():
+      raise CheckpointCorruptError(f"checkpoint {step_dir}: {rel} is missing")
+    if _sha256(f) != digest:
+      raise CheckpointCorruptError(
+          f"checkpoint {step_dir}: {rel} differs from its checksum (the file was changed "
+          "or damaged after the save)")
+  return True
+
+
+def quarantine(directory, steps) -> epath.Path:
+  """Moves step folders aside, never deleting them: DIRECTORY/<step> to
+  DIRECTORY_quarantine/<step>-<time in ns> (so the run can save those steps again).
+
+  Args:
+    directory: the checkpoints folder (local path or gs://).
+    steps: the steps to move.
+
+  Returns:
+    The quarantine folder (created if needed).
+  """
+  directory = epath.Path(directory)
+  folder = directory.parent / (directory.name + "_quarantine")
+  folder.mkdir(parents=True, exist_ok=True)
+  for bad in steps:
+    (directory / str(bad)).rename(folder / f"{bad}-{time.time_ns()}")
+    logging.warning("moved the unrestorable step %d to %s", bad, folder)
+  return folder
+
+
+def config_differences(saved: dict, config: ml_collections.ConfigDict,
+                       table: dict = SHAPE_FIELDS) -> list[str]:
+  """The fields of `table` (SHAPE_FIELDS or DATA_FIELDS) whose stored value differs.
+
+  Args:
+    saved: a stored config (`saved_config`, JSON: tuples stored as lists).
+    config: this run's config; its `lev` fields count only for model.embedding "lev".
+    table: {section: field names}.
+  Returns:
+    One line per difference: "section.field: checkpoint OLD, this run NEW"; [] if none.
+  """
+  diffs = []
+  for section, fields in table.items():
+    if section == "lev" and config.model.embedding != "lev":
+      continue
+    for f in fields:
+      old = saved.get(section, {}).get(f)
+      new = config[section][f]
+      if isinstance(new, tuple):
+        new = list(new)  # JSON stores tuples as lists
+      if old != new:
+        diffs.append(f"{section}.{f}: checkpoint {old!r}, this run {new!r}")
+  return diffs

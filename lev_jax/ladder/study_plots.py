@@ -1,0 +1,123 @@
+"""The study report's PNGs (lev_jax/ladder/study_report.py).
+
+  plot_loss_vs_tokens(analysis, "loss_vs_tokens.png")  # validation loss over tokens per
+                                                       # vocabulary: mean over seeds with
+                                                       # ± se bars, each seed faint
+  plot_freq_buckets(analysis, "freq_buckets.png")      # relative perplexity change per
+                                                       # bucket on the test split with the
+                                                       # 95 % intervals, per vocabulary
+                                                       # and scheme
+
+`analysis` is lev_jax.ladder.study.analyse's dict. Colour = cell options and variant
+(tab10); buckets under MIN_BUCKET_TARGETS test targets are not drawn. The Agg canvas and
+the token axis are lev_jax/ladder/plots.py's.
+"""
+
+from __future__ import annotations
+
+import math
+
+from lev_jax.ladder.plots import count_axis, figure
+from lev_jax.ladder.reporting import MIN_BUCKET_TARGETS, too_few_targets
+from lev_jax.ladder.study import SCHEMES
+
+
+def _series(variant: str, options: str) -> str:
+  """A cell's legend name without its vocabulary: 'leviathan [clip_mode=per_group]'."""
+  return variant if options == "default" else f"{variant} [{options}]"
+
+
+def _colours(labels):
+  """{legend name: tab10 colour}, in the order given."""
+  from matplotlib import colormaps
+  cmap = colormaps["tab10"]
+  return {label: cmap(i % 10) for i, label in enumerate(labels)}
+
+
+def plot_loss_vs_tokens(analysis, path) -> None:
+  """loss_vs_tokens.png: one panel per vocabulary; per cell, the mean validation loss over
+  seeds at each token count with ± se bars, and each seed's curve faint; saved to `path`."""
+  import numpy as np
+  vocabs = sorted({c["vocab"] for c in analysis["cells"]})
+  fig = figure(4.2 * max(len(vocabs), 1), 4.2)
+  axes = np.atleast_1d(fig.subplots(1, max(len(vocabs), 1)))
+  options = sorted({(c["variant"], c["options"]) for c in analysis["cells"]})
+  colours = _colours([_series(v, o) for v, o in options])
+  for ax, vocab in zip(axes, vocabs):
+    for variant, opts in options:
+      runs = [r for r in analysis["runs"] if r["vocab"] == vocab and r["variant"] == variant
+              and r["options"] == opts and r["eval_curve"]["tokens"]]
+      if not runs:
+        continue
+      colour = colours[_series(variant, opts)]
+      for r in runs:
+        ax.plot(r["eval_curve"]["tokens"], r["eval_curve"]["loss"], "-", color=colour,
+                lw=0.6, alpha=0.3)
+      by_tokens = {}
+      for r in runs:
+        for t, l in zip(r["eval_curve"]["tokens"], r["eval_curve"]["loss"]):
+          by_tokens.setdefault(t, []).append(l)
+      ts = sorted(by_tokens)
+      means = [float(np.mean(by_tokens[t])) for t in ts]
+      ses = [float(np.std(by_tokens[t], ddof=1) / math.sqrt(len(by_tokens[t])))
+             if len(by_tokens[t]) > 1 else 0.0 for t in ts]
+      ax.errorbar(ts, means, yerr=ses, fmt="o-" if variant == "tied" else "s--",
+                  color=colour, ms=3.5, lw=1.4, capsize=2, label=_series(variant, opts))
+    ax.set_xscale("log")
+    count_axis(ax.xaxis)
+    ax.set_title(f"vocab {vocab}")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss (nats / token)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle("Validation loss vs tokens: mean over seeds ± se (each seed faint)")
+  fig.savefig(path, dpi=110)
+
+
+def plot_freq_buckets(analysis, path):
+  """freq_buckets.png: per comparison, the test-split change per bucket with its 95 %
+  interval; a bucket of fewer than MIN_BUCKET_TARGETS test targets is not drawn (the
+  x label says so). Returns the matplotlib Figure (also saved to `path`)."""
+  import numpy as np
+  comps = {c["label"]: c for c in analysis["comparisons"]}
+  finals = [comps[l] for l in analysis["final"] if l in comps and not comps[l]["reason"]]
+  vocabs = sorted({c["vocab"] for c in finals})
+  fig = figure(4.6 * max(len(vocabs), 1), 7.5)
+  axes = np.array(fig.subplots(len(SCHEMES), max(len(vocabs), 1), squeeze=False))
+  if not finals:
+    axes[0, 0].text(0.5, 0.5, "no comparison with finished, evaluated seeds",
+                    ha="center", transform=axes[0, 0].transAxes)
+  colours = _colours(sorted({_series(c["variant"], c["options"]) for c in finals}))
+  for j, vocab in enumerate(vocabs):
+    here = [c for c in finals if c["vocab"] == vocab]
+    for i, scheme in enumerate(SCHEMES):
+      ax = axes[i, j]
+      width = 0.8 / max(len(here), 1)
+      ranges, omitted = [], False
+      for k, comp in enumerate(here):
+        rows = comp["buckets"]["test"][scheme]["rows"]
+        ranges = ranges or [r["range"] for r in rows]
+        omitted = omitted or any(too_few_targets(r["targets"]) for r in rows)
+        rows = [r if not too_few_targets(r["targets"]) else
+                {**r, "change": {"mean": None, "lo": None, "hi": None}} for r in rows]
+        mean = [100 * r["change"]["mean"] if r["change"]["mean"] is not None else np.nan
+                for r in rows]
+        err = [[100 * (r["change"]["mean"] - r["change"]["lo"]) if r["change"]["lo"]
+                is not None else np.nan for r in rows],  # n = 1: no bar
+               [100 * (r["change"]["hi"] - r["change"]["mean"]) if r["change"]["hi"]
+                is not None else np.nan for r in rows]]
+        key = _series(comp["variant"], comp["options"])
+        ax.bar(np.arange(len(rows)) + (k - (len(here) - 1) / 2) * width, mean, width,
+               yerr=err, capsize=2, color=colours[key], label=key)
+      ax.axhline(0, color="k", lw=0.8)
+      ax.set_xticks(np.arange(len(ranges)), ranges, rotation=30, fontsize=7)
+      if omitted:
+        ax.set_xlabel(f"not drawn: < {MIN_BUCKET_TARGETS} test targets", fontsize=7)
+      ax.set_title(f"vocab {vocab}, {scheme} buckets", fontsize=9)
+      ax.set_ylabel("ppl change vs tied (%)")
+      ax.grid(True, axis="y", alpha=0.3)
+      ax.legend(fontsize=7)
+  fig.suptitle("Per-bucket perplexity change vs tied, test split\n(95 % t-intervals; "
+               "rarest tokens left)", fontsize=10)  # two lines: one vocab is 4.6 in wide
+  fig.savefig(path, dpi=110)
+  return fig

@@ -1,0 +1,66 @@
+"""A step's checksum manifest, stored-config checks and quarantine
+(lev_jax/checkpoint_checks.py) on hand-made step folders: no Orbax, no training."""
+
+import json
+
+import pytest
+
+from lev_jax import checkpoint_checks
+from lev_jax.checkpoint_checks import (MANIFEST, CheckpointCorruptError, CheckpointMismatchError,
+                                       config_differences, quarantine, verify_manifest,
+                                       write_manifest)
+from lev_jax.config import base_config
+
+
+def _step(tmp_path, name="4"):
+  step = tmp_path / "checkpoints" / name
+  (step / "state" / "d").mkdir(parents=True)
+  (step / "state" / "d" / "chunk").write_bytes(bytes(range(256)) * 8)
+  (step / "config").mkdir()
+  (step / "config" / "metadata").write_text('{"model": {}}')
+  return step
+
+
+def test_a_manifest_lists_every_file_and_verifies_until_one_changes(tmp_path):
+  step = _step(tmp_path)
+  assert verify_manifest(step) is False  # no manifest: unverifiable, not corrupt
+  write_manifest(step)
+  manifest = json.loads((step / MANIFEST).read_text())
+  assert sorted(manifest["sha256"]) == ["config/metadata", "state/d/chunk"]
+  assert manifest["bytes"]["state/d/chunk"] == 2048
+  assert verify_manifest(step) is True
+  data = bytearray((step / "state" / "d" / "chunk").read_bytes())
+  data[100] ^= 0x01
+  (step / "state" / "d" / "chunk").write_bytes(bytes(data))
+  with pytest.raises(CheckpointCorruptError, match="state/d/chunk differs from its checksum"):
+    verify_manifest(step)
+  (step / "config" / "metadata").unlink()
+  with pytest.raises(CheckpointCorruptError, match="config/metadata is missing"):
+    verify_manifest(step)
+  (step / MANIFEST).write_text("{}")
+  with pytest.raises(CheckpointCorruptError, match="the checksum manifest is unreadable"):
+    verify_manifest(step)
+  assert issubclass(CheckpointCorruptError, CheckpointMismatchError)
+
+
+def test_quarantine_moves_steps_aside_and_deletes_nothing(tmp_path):
+  for name in ("2", "4"):
+    _step(tmp_path, name)
+  folder = quarantine(tmp_path / "checkpoints", [4])
+  assert folder == tmp_path / "checkpoints_quarantine"
+  assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["2"]
+  (moved,) = folder.iterdir()
+  assert moved.name.startswith("4-") and (moved / "state" / "d" / "chunk").exists()
+
+
+def test_config_differences_name_shape_and_data_fields():
+  c = base_config()
+  saved = json.loads(json.dumps(c.to_dict()))  # as stored: tuples become lists
+  assert config_differences(saved, c) == []
+  assert config_differences(saved, c, checkpoint_checks.DATA_FIELDS) == []
+  saved["model"]["d_model"] = c.model.d_model + 16
+  saved["train"]["seq_len"] = c.train.seq_len * 2
+  assert config_differences(saved, c) == [
+      f"model.d_model: checkpoint {c.model.d_model + 16}, this run {c.model.d_model}"]
+  assert config_differences(saved, c, checkpoint_checks.DATA_FIELDS) == [
+      f"train.seq_len: checkpoint {c.train.seq_len * 2}, this run {c.train.seq_len}"]
