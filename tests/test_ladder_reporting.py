@@ -4,6 +4,7 @@ cells, and the opening of a report folder."""
 import csv
 import json
 
+from lev_jax import workdir
 from lev_jax.ladder import reporting
 
 
@@ -36,8 +37,9 @@ def test_begin_report_writes_the_analysis_with_its_provenance(tmp_path):
       tmp_path / "new" / "out", {"json": "analysis.json", "csv": "x.csv"},
       {"x": float("inf")}, "lev-ladder --root=r")
   assert paths["csv"] == tmp_path / "new" / "out" / "x.csv" and not paths["csv"].exists()
-  saved = json.loads(paths["json"].read_text())
-  assert saved == {"x": float("inf"), "produced": produced}
+  text = paths["json"].read_text()  # strict JSON: the infinity is the text "inf"
+  assert json.loads(text)["x"] == "inf"
+  assert workdir.loads_json(text) == {"x": float("inf"), "produced": produced}
   assert produced["command"] == "lev-ladder --root=r" and produced["date"].endswith("+00:00")
   reporting.write_csv(paths["csv"], ["a", "b"],
                       [{"a": reporting.csv_value(None), "b": reporting.csv_value(-float("inf"))}])

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import json
 import math
 import subprocess
 from pathlib import Path
+
+from lev_jax.workdir import json_text
 
 PAPER = {
     "ppl": "-9 % validation perplexity at 1.2B",
@@ -166,5 +167,5 @@ def begin_report(out_dir, names: dict, analysis: dict,
   out.mkdir(parents=True, exist_ok=True)
   paths = {key: out / name for key, name in names.items()}
   produced = provenance(command)
-  paths["json"].write_text(json.dumps({**analysis, "produced": produced}, indent=1))
+  paths["json"].write_text(json_text({**analysis, "produced": produced}))
   return paths, produced

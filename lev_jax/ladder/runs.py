@@ -38,7 +38,7 @@ import ml_collections
 from etils import epath
 
 from lev_jax.experiments import ExperimentImportError, load_experiment
-from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS
+from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS, loads_json
 
 class LadderError(ValueError):
   """A ladder file or root that cannot be read; the message names it and what was
@@ -219,7 +219,7 @@ def _curve(rows: list[dict], key: str, tokens_of) -> tuple[dict, int]:
 
 def _read_json(path: epath.Path, what: str) -> dict:
   try:
-    value = json.loads(path.read_text())
+    value = loads_json(path.read_text())
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise LadderError(f"{path}: {what} is not JSON ({e})") from e
   if not isinstance(value, dict):

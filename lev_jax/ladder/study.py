@@ -43,7 +43,7 @@ from scipy import stats
 
 from lev_jax.eval import evaluate
 from lev_jax.ladder import analysis as ladder_analysis, runs
-from lev_jax.workdir import STUDY_EVAL_JSON, write_json_atomic
+from lev_jax.workdir import STUDY_EVAL_JSON, loads_json, write_json_atomic
 
 # Config fields a study's runs may differ in, and the factor each belongs to.
 FACTOR_FIELDS = {
@@ -190,7 +190,7 @@ def read_eval(workdir) -> dict | None:
   """WORKDIR/study_eval.json, or None when absent or unreadable."""
   path = epath.Path(workdir) / STUDY_EVAL_JSON
   try:
-    return json.loads(path.read_text())
+    return loads_json(path.read_text())
   except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
     return None
 
