@@ -254,8 +254,8 @@ def save_hf_tokenizer(tokenizer, out_dir, *, vocab_multiple: int = 128,
     The paths written.
   Source: transformers models/byt5/tokenization_byt5.py, models/llama/tokenization_llama.py.
   """
-  from lev_jax.data.tokenizer import (UNK_ID, ByteTokenizer, SentencePieceTokenizer,
-                                      save_tokenizer)
+  from lev_jax.data.tokenizer import UNK_ID, ByteTokenizer, SentencePieceTokenizer
+  from lev_jax.data.tokenizer_files import save_tokenizer
   out = Path(os.path.expanduser(os.fspath(out_dir)))
   out.mkdir(parents=True, exist_ok=True)
   save_tokenizer(tokenizer, out / LEV_TOKENIZER_DIR, vocab_multiple)
@@ -295,7 +295,7 @@ def save_hf(model, config: ml_collections.ConfigDict, out_dir, *, dtype: str = "
   Files: `model.safetensors` (metadata format "pt"), `config.json` (`hf_config`),
   and with a tokenizer: `generation_config.json` (eos / pad ids) and the tokenizer
   files of `save_hf_tokenizer` (HF tokenizer files for bytes and SentencePiece;
-  `lev_tokenizer/` for every tokenizer, rebuilt by `lev_jax.data.tokenizer.load_tokenizer`).
+  `lev_tokenizer/` for every tokenizer, rebuilt by `lev_jax.data.tokenizer_files.load_tokenizer`).
 
   Args:
     model: an nnx `Decoder` (lev_jax.model) with tied, untied or lev embedding.

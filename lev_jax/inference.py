@@ -45,7 +45,7 @@ from lev_jax.checkpoint_checks import (SHAPE_FIELDS, CheckpointCorruptError, con
                                        verify_manifest)
 from lev_jax.config import DTYPES, ConfigError, from_dict
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
-from lev_jax.data.tokenizer import load_tokenizer, save_tokenizer
+from lev_jax.data.tokenizer_files import load_tokenizer, save_tokenizer
 from lev_jax.embeddings import input_table
 from lev_jax.model import Decoder
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, TOKEN_COUNTS,

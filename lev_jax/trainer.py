@@ -34,7 +34,7 @@ from lev_jax import data as data_lib
 from lev_jax.checkpoint import Checkpointer
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
-from lev_jax.data.tokenizer import save_tokenizer
+from lev_jax.data.tokenizer_files import save_tokenizer
 from lev_jax.eval.evaluate import coverage, evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)

@@ -6,7 +6,7 @@ A run folder (`lev-train --workdir=WORKDIR`, default runs/<config.name>):
   WORKDIR/checkpoints/       CHECKPOINTS: <step>/{state, data, config} and
                              <step>/checksums.json (lev_jax.checkpoint); steps it could
                              not restore go to checkpoints_quarantine/ beside it
-  WORKDIR/tokenizer/         TOKENIZER: the tokenizer (data.tokenizer.save_tokenizer)
+  WORKDIR/tokenizer/         TOKENIZER: the tokenizer (data.tokenizer_files.save_tokenizer)
   WORKDIR/token_counts.npy   TOKEN_COUNTS: int64 [V] training-split count of each id
   WORKDIR/data_report.json   DATA_REPORT: the data read (source, documents, tokens,
                              skipped lines by reason)

@@ -102,7 +102,8 @@ def write_workdir(path, config, steps=(1, 2)):
   import jax
   import jax.numpy as jnp
   from lev_jax.checkpoint import Checkpointer
-  from lev_jax.data.tokenizer import ByteTokenizer, save_tokenizer
+  from lev_jax.data.tokenizer import ByteTokenizer
+  from lev_jax.data.tokenizer_files import save_tokenizer
   from lev_jax.train import create_train_state
   _, state = create_train_state(config)
   ckpt = Checkpointer(path / "checkpoints", keep=5, async_save=False)
@@ -178,3 +179,20 @@ def ranks_file(tmp_path):
   # The .tiktoken format: one "base64(bytes) rank" line per token.
   path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
   return str(path)
+
+
+# --- A small trained SentencePiece model for the tokenizer and tokenizer-folder tests
+
+SPM_DOCS = [
+    f"Document {i}: the quick brown fox jumps over the lazy dog.\n"
+    f"    def f(x):\n        return x * {i}  # indented code\n\nNumbers 12345 and 'quotes'."
+    for i in range(40)
+]
+
+
+@pytest.fixture(scope="module")
+def trained_spm(tmp_path_factory):
+  """(a 320-id SentencePieceTokenizer trained on SPM_DOCS, its cache folder)."""
+  from lev_jax.data.tokenizer import train_sentencepiece
+  cache = tmp_path_factory.mktemp("spm")
+  return train_sentencepiece(SPM_DOCS, 320, cache), cache

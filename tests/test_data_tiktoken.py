@@ -1,7 +1,7 @@
 """o200k_base adapter with a small ranks file built here (no download, no cache):
-ids, pickling, info / save / load records and make_tokenizer."""
+ids, pickling, fingerprints and make_tokenizer (saved folders:
+test_data_tokenizer_files.py)."""
 
-import os
 import pickle
 
 import numpy as np
@@ -57,22 +57,12 @@ def test_o200k_without_cache_or_file_points_to_tiktoken_file(monkeypatch):
     TiktokenTokenizer("")
 
 
-def test_tiktoken_pickles_saves_and_loads(ranks_file, tmp_path):
+def test_tiktoken_pickles(ranks_file):
   tok = TiktokenTokenizer(ranks_file)
   text = "the thing in the ring!\n"
   restored = pickle.loads(pickle.dumps(tok))
   assert restored.encode(text) == tok.encode(text)
   assert restored.fingerprint == tok.fingerprint and restored.eos_id == tok.eos_id
-  info = tok_lib.tokenizer_info(tok)
-  assert info == {"name": "o200k_base", "vocab_size": 200_019,
-                  "padded_vocab_size": 200_064, "eos_id": 199_999, "pad_id": None,
-                  "fingerprint": tok.fingerprint}
-  folder = tmp_path / "dataset"
-  assert tok_lib.save_tokenizer(tok, folder) == info
-  assert {p.name for p in folder.iterdir()} == {"tokenizer.json", "o200k_base.tiktoken"}
-  os.remove(ranks_file)  # the dataset folder is self-contained
-  loaded = tok_lib.load_tokenizer(folder)
-  assert loaded.encode(text) == tok.encode(text) and loaded.fingerprint == tok.fingerprint
 
 
 def test_tiktoken_fingerprint_follows_the_ranks(ranks_file, tmp_path):
@@ -81,12 +71,6 @@ def test_tiktoken_fingerprint_follows_the_ranks(ranks_file, tmp_path):
   other.write_text("\n".join(lines[:-1]) + "\n")  # one merge fewer
   tok = TiktokenTokenizer(ranks_file)
   assert TiktokenTokenizer(str(other)).fingerprint != tok.fingerprint
-  folder = tmp_path / "dataset"
-  tok_lib.save_tokenizer(tok, folder)
-  (folder / "o200k_base.tiktoken").write_bytes(other.read_bytes())
-  with pytest.raises(DataError, match="dataset: the rebuilt o200k_base tokenizer has "
-                     "fingerprint"):
-    tok_lib.load_tokenizer(folder)
 
 
 def test_tiktoken_from_cache_pickles_by_name(ranks_file, monkeypatch):

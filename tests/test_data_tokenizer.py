@@ -1,32 +1,19 @@
 """Tokenizers: SentencePiece training, ids, round trips, the cache, bytes, pickling,
-info / save / load records and make_tokenizer."""
+the vocab-size check and make_tokenizer (saved folders: test_data_tokenizer_files.py)."""
 
-import json
 import pickle
-import re
 
 import pytest
 import sentencepiece as spm
 
+from conftest import SPM_DOCS as DOCS
 from lev_jax.config import base_config
 from lev_jax.data import tokenizer as tok_lib
 from lev_jax.data.errors import DataError
 
-DOCS = [
-    f"Document {i}: the quick brown fox jumps over the lazy dog.\n"
-    f"    def f(x):\n        return x * {i}  # indented code\n\nNumbers 12345 and 'quotes'."
-    for i in range(40)
-]
 
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  cache = tmp_path_factory.mktemp("spm")
-  return tok_lib.train_sentencepiece(DOCS, 320, cache), cache
-
-
-def test_ids_and_exact_round_trip(trained):
-  tok, _ = trained
+def test_ids_and_exact_round_trip(trained_spm):
+  tok, _ = trained_spm
   assert (tok.vocab_size, tok.pad_id, tok.eos_id) == (320, 0, 2)
   assert tok.id_to_piece(0) == "<pad>" and tok.id_to_piece(1) == "<unk>"
   for text in ["the quick brown fox", "  two  spaces\n\n\tand a tab ", "ünïcödé 日本語 🙂",
@@ -38,14 +25,14 @@ def test_ids_and_exact_round_trip(trained):
   assert tok.encode_batch(["fox", "dog"]) == [tok.encode("fox"), tok.encode("dog")]
 
 
-def test_training_compresses_the_corpus(trained):
-  tok, _ = trained
+def test_training_compresses_the_corpus(trained_spm):
+  tok, _ = trained_spm
   n_bytes = len(DOCS[5].encode())
   assert len(tok.encode(DOCS[5])) < 0.8 * n_bytes  # merges learnt, not just bytes
 
 
-def test_cache_hit_loads_without_training(trained, monkeypatch):
-  tok, cache = trained
+def test_cache_hit_loads_without_training(trained_spm, monkeypatch):
+  tok, cache = trained_spm
 
   def no_training(*args, **kwargs):
     raise AssertionError("trained again instead of loading the cache")
@@ -65,8 +52,8 @@ def test_key_depends_on_docs_and_vocab():
   assert tok_lib.cache_key(["ab", "c"], 320) != tok_lib.cache_key(["a", "bc"], 320)
 
 
-def test_training_is_deterministic(trained, tmp_path):
-  tok, _ = trained
+def test_training_is_deterministic(trained_spm, tmp_path):
+  tok, _ = trained_spm
   other = tok_lib.train_sentencepiece(DOCS, 320, tmp_path)
   assert [other.id_to_piece(i) for i in range(320)] == [tok.id_to_piece(i) for i in range(320)]
 
@@ -87,7 +74,7 @@ def test_no_text_and_bad_model_file(tmp_path):
     tok_lib.SentencePieceTokenizer(tmp_path / "junk.model")
 
 
-# ----------------------------------------------------------- bytes, pickling, info, I/O
+# --------------------------------------------------------------------- bytes, pickling
 
 
 def test_byte_tokenizer_ids_and_exact_round_trip():
@@ -106,8 +93,8 @@ def test_byte_tokenizer_ids_and_exact_round_trip():
   assert tok.encode_batch(["a", "ü"]) == [tok.encode("a"), tok.encode("ü")]
 
 
-def test_pickled_tokenizers_give_identical_ids(trained, tmp_path):
-  spm_tok, _ = trained
+def test_pickled_tokenizers_give_identical_ids(trained_spm, tmp_path):
+  spm_tok, _ = trained_spm
   model = tmp_path / "moved.model"
   model.write_bytes(spm_tok.model_proto)
   moved = tok_lib.SentencePieceTokenizer(model)
@@ -121,64 +108,6 @@ def test_pickled_tokenizers_give_identical_ids(trained, tmp_path):
     assert restored.fingerprint == tok.fingerprint
 
 
-def test_info_is_json_and_fingerprints_tell_models_apart(trained, tmp_path):
-  tok, _ = trained
-  other = tok_lib.train_sentencepiece(DOCS[:20], 320, tmp_path)
-  info = tok_lib.tokenizer_info(tok)
-  assert info == {"name": "sentencepiece", "vocab_size": 320, "padded_vocab_size": 384,
-                  "eos_id": 2, "pad_id": 0, "fingerprint": info["fingerprint"]}
-  assert len(info["fingerprint"]) == 64 and json.loads(json.dumps(info)) == info
-  assert tok_lib.tokenizer_info(other)["fingerprint"] != info["fingerprint"]
-  assert tok_lib.tokenizer_info(tok, vocab_multiple=64)["padded_vocab_size"] == 320
-  byte_info = tok_lib.tokenizer_info(tok_lib.ByteTokenizer())
-  assert (byte_info["vocab_size"], byte_info["padded_vocab_size"], byte_info["eos_id"],
-          byte_info["pad_id"]) == (259, 384, 1, 0)
-  assert byte_info["fingerprint"] != info["fingerprint"]
-
-
-def test_save_load_round_trip(trained, tmp_path):
-  tok, _ = trained
-  for original, files in [(tok, {"tokenizer.json", "spm.model"}),
-                          (tok_lib.ByteTokenizer(), {"tokenizer.json"})]:
-    folder = tmp_path / original.name
-    info = tok_lib.save_tokenizer(original, folder)
-    assert {p.name for p in folder.iterdir()} == files  # no temporary files left
-    assert json.loads((folder / "tokenizer.json").read_text()) == info
-    loaded = tok_lib.load_tokenizer(folder)
-    assert type(loaded) is type(original)
-    assert loaded.encode(DOCS[2] + " 日本") == original.encode(DOCS[2] + " 日本")
-    assert tok_lib.tokenizer_info(loaded) == info
-
-
-def test_load_rejects_tampered_or_mismatched_records(trained, tmp_path):
-  tok, _ = trained
-  folder = tmp_path / "ds"
-  info = tok_lib.save_tokenizer(tok, folder)
-  record = folder / "tokenizer.json"
-  record.write_text(json.dumps({**info, "fingerprint": "0" * 64}))
-  with pytest.raises(DataError, match=re.escape(str(folder)) + ": .*fingerprint .*do not match"):
-    tok_lib.load_tokenizer(folder)
-  record.write_text(json.dumps({**info, "vocab_size": 321}))
-  with pytest.raises(DataError, match="vocab_size = 320 but tokenizer.json records 321"):
-    tok_lib.load_tokenizer(folder)
-  record.write_text("{not json")
-  with pytest.raises(DataError, match="tokenizer.json: cannot read"):
-    tok_lib.load_tokenizer(folder)
-  record.write_text(json.dumps({k: v for k, v in info.items() if k != "eos_id"}))
-  with pytest.raises(DataError, match=r"missing field\(s\) \['eos_id'\]"):
-    tok_lib.load_tokenizer(folder)
-  record.write_text(json.dumps({**info, "name": "wordpiece"}))
-  with pytest.raises(DataError, match="name = 'wordpiece'"):
-    tok_lib.load_tokenizer(folder)
-  other = tok_lib.train_sentencepiece(DOCS[:20], 320, tmp_path / "other")
-  record.write_text(json.dumps(info))
-  (folder / "spm.model").write_bytes(other.model_proto)  # right size, other merges
-  with pytest.raises(DataError, match="fingerprint"):
-    tok_lib.load_tokenizer(folder)
-  with pytest.raises(DataError, match="empty.*tokenizer.json: cannot read"):
-    tok_lib.load_tokenizer(tmp_path / "empty")
-
-
 def test_vocab_agreement_is_one_check_with_one_message():
   tok_lib.check_vocab_agreement(259, "bytes", 259)
   with pytest.raises(DataError, match=r"^config.model.vocab_size = 300 but the bytes tokenizer "
@@ -189,8 +118,8 @@ def test_vocab_agreement_is_one_check_with_one_message():
     tok_lib.check_vocab_agreement(300, "bytes", 259, source="/data/x", hint=" (do this)")
 
 
-def test_make_tokenizer_builds_the_configured_one(trained, tmp_path):
-  tok, cache = trained
+def test_make_tokenizer_builds_the_configured_one(trained_spm, tmp_path):
+  tok, cache = trained_spm
   d = base_config().data
   d.tokenizer = "bytes"
   assert isinstance(tok_lib.make_tokenizer(d, 259), tok_lib.ByteTokenizer)
@@ -214,3 +143,11 @@ def test_make_tokenizer_builds_the_configured_one(trained, tmp_path):
       tmp_path / "tokenizers")
   with pytest.raises(DataError, match="training texts are needed"):
     tok_lib.make_tokenizer(d, 320)
+
+
+def test_make_tokenizer_rejects_an_unknown_name():
+  d = base_config().data
+  d.tokenizer = "wordpiece"
+  with pytest.raises(DataError, match=r"^config.data.tokenizer = 'wordpiece': expected one "
+                     r"of \['bytes', 'o200k_base', 'sentencepiece'\]$"):
+    tok_lib.make_tokenizer(d, 259)

@@ -18,7 +18,8 @@ from flax import nnx
 
 from conftest import tiny_config
 from lev_jax import hf_export
-from lev_jax.data.tokenizer import ByteTokenizer, load_tokenizer
+from lev_jax.data.tokenizer import ByteTokenizer
+from lev_jax.data.tokenizer_files import load_tokenizer
 from lev_jax.model import Decoder
 
 V = 259  # ByteTokenizer's vocab; padded to 384, so the export must slice

@@ -42,7 +42,7 @@ def test_a_few_steps_lower_the_loss_and_write_every_output(embedding, data_cache
   assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
                 if p.name.isdigit()) == [4, 8, 12]
   from lev_jax.data.files import read_npy
-  from lev_jax.data.tokenizer import load_tokenizer
+  from lev_jax.data.tokenizer_files import load_tokenizer
   assert load_tokenizer(tmp_path / "tokenizer").vocab_size == 512
   assert read_npy(tmp_path / "token_counts.npy").sum() == report["train_tokens"]
 

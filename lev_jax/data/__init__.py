@@ -30,9 +30,10 @@ through tiktoken (``data.tiktoken_file``); UTF-8 bytes. Batches are ``{"inputs",
 Modules: `sources` (`load`, `evaluation_batches`), `bundle` (`DataBundle`), `errors`
 (`DataError`), `corpus` (file lists, Pile-format readers), `reports` (read reports),
 `splits` (hash splits), `embedded` (the frozen default corpus; `embedded_build`
-rebuilds it), `stream`, `tokenizer`, `pipeline` (grain), `prepared` / `prepare`
-(ArrayRecord datasets), `files` (atomic writes), `vocabularies` (seqio; imports
-TensorFlow, so it is never imported here). This module only re-exports.
+rebuilds it), `stream`, `tokenizer`, `tokenizer_files` (a tokenizer saved to and
+rebuilt from a folder), `pipeline` (grain), `prepared` / `prepare` (ArrayRecord
+datasets), `files` (atomic writes), `vocabularies` (seqio; imports TensorFlow, so it
+is never imported here). This module only re-exports.
 """
 
 from lev_jax.data.bundle import DataBundle

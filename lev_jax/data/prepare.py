@@ -35,6 +35,7 @@ from lev_jax.data import corpus, embedded
 from lev_jax.data.files import npy_bytes, read_npy, write_bytes_atomic
 from lev_jax.data import prepared
 from lev_jax.data import tokenizer as tokenizer_lib
+from lev_jax.data import tokenizer_files
 from lev_jax.data.errors import DataError
 from lev_jax.data.reports import describe_skipped, new_report
 
@@ -384,8 +385,8 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
   # work behind. Resuming uses the one saved with the data.
   tok_dir = out / prepared.TOKENIZER_DIR
   saved = None
-  if state != "new" and (tok_dir / tokenizer_lib.TOKENIZER_JSON).exists():
-    saved = tokenizer_lib.load_tokenizer(tok_dir)
+  if state != "new" and (tok_dir / tokenizer_files.TOKENIZER_JSON).exists():
+    saved = tokenizer_files.load_tokenizer(tok_dir)
     if tokenizer is not None and saved.fingerprint != tokenizer.fingerprint:
       raise DataError(f"{tok_dir}: holds another tokenizer than config.data names "
                       "(fingerprints differ); remove the folder or pass --overwrite")
@@ -408,8 +409,8 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
     if ".tmp" in p.name:
       p.unlink()
   if saved is None:
-    tokenizer_lib.save_tokenizer(tokenizer, tok_dir, vocab_multiple)
-  tok_info = tokenizer_lib.tokenizer_info(tokenizer, vocab_multiple)
+    tokenizer_files.save_tokenizer(tokenizer, tok_dir, vocab_multiple)
+  tok_info = tokenizer_files.tokenizer_info(tokenizer, vocab_multiple)
 
   todo = sorted((s for s in shards if s.name not in done), key=lambda s: -s.source_bytes)
   n_workers = min(workers or d.prepare_workers or os.cpu_count() or 1, len(todo))

@@ -10,7 +10,8 @@ same layout, a TensorFlow Datasets folder
     lev_text-train.array_record-00000-of-00030   shards, TFDS's name template
     ...                                          {DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y};
     lev_text-validation.array_record-00000-of-00001   one record per document
-    tokenizer/         tokenizer.json (+ spm.model | o200k_base.tiktoken): `load_tokenizer`
+    tokenizer/         tokenizer.json (+ spm.model | o200k_base.tiktoken):
+                       `tokenizer_files.load_tokenizer`
     token_counts.npy   int64 [vocab_size]: occurrences of each id in the train split,
                        eos counted once per document
     report.json        per split: files, documents, characters, tokens, records,
@@ -51,6 +52,7 @@ import tensorflow_datasets as tfds
 
 from lev_jax.data import corpus
 from lev_jax.data import tokenizer as tokenizer_lib
+from lev_jax.data import tokenizer_files
 from lev_jax.data.errors import DataError
 from lev_jax.data.files import read_npy
 from lev_jax.data.reports import merge_reports
@@ -302,7 +304,7 @@ class PreparedDataset:
       DataError: a missing or damaged ``tokenizer/`` folder, or a tokenizer whose
         fingerprint differs from the one in ``metadata.json``.
     """
-    tokenizer = tokenizer_lib.load_tokenizer(self.path / TOKENIZER_DIR)
+    tokenizer = tokenizer_files.load_tokenizer(self.path / TOKENIZER_DIR)
     recorded = (self.metadata.get("tokenizer") or {}).get("fingerprint")
     if recorded and tokenizer.fingerprint != recorded:
       raise DataError(f"{self.path / TOKENIZER_DIR}: tokenizer fingerprint "

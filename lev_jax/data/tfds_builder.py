@@ -20,6 +20,7 @@ import tensorflow_datasets as tfds
 
 from lev_jax.data import corpus
 from lev_jax.data import tokenizer as tokenizer_lib
+from lev_jax.data import tokenizer_files
 from lev_jax.data.errors import DataError
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.prepared import (COUNTS_FILE, DATASET_VERSION, FORMAT_VERSION, REPORT_FILE,
@@ -150,7 +151,7 @@ class LevText(tfds.core.GeneratorBasedBuilder):
     files = manual_files(dl_manager.manual_dir)
     self._files = files
     self._tokenizer = self._make_tokenizer(files)
-    tokenizer_lib.save_tokenizer(self._tokenizer, self.data_path / TOKENIZER_DIR)
+    tokenizer_files.save_tokenizer(self._tokenizer, self.data_path / TOKENIZER_DIR)
     self._reports = {split: new_report() for split in files}
     self._tokens = dict.fromkeys(files, 0)
     self._counter = TokenCounter(self._tokenizer.vocab_size, self._tokenizer.eos_id)
@@ -175,7 +176,7 @@ class LevText(tfds.core.GeneratorBasedBuilder):
   def _download_and_prepare(self, dl_manager, download_config):
     super()._download_and_prepare(dl_manager, download_config)
     c = self.builder_config
-    tok_info = tokenizer_lib.tokenizer_info(self._tokenizer)
+    tok_info = tokenizer_files.tokenizer_info(self._tokenizer)
     sources = {split: describe_files(f) for split, f in self._files.items()}
     identity = run_identity(fmt=c.format, strict=c.strict,
                             pile_set_names=c.pile_set_names,

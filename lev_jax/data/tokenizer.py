@@ -9,10 +9,12 @@ training in memory).
 
 Every tokenizer has ``name`` (one of config.TOKENIZERS), ``vocab_size``, ``eos_id``,
 ``pad_id``, ``fingerprint``, ``encode`` / ``encode_batch`` / ``decode``, and pickles
-(data-preparation worker processes receive it). `tokenizer_info`, `save_tokenizer` and
-`load_tokenizer` record a tokenizer beside prepared data so a model and its data can
-never disagree; `make_tokenizer` builds the one ``config.data`` names. Nothing here
-imports TensorFlow or seqio (see `lev_jax.data.vocabularies` for those).
+(data-preparation worker processes receive it). `make_tokenizer` builds the one
+``config.data`` names and `check_vocab_agreement` is the one check that a model and a
+tokenizer have the same number of ids. How a tokenizer is recorded in a folder and
+rebuilt from it (`save_tokenizer`, `load_tokenizer`, `tokenizer_info`) is
+`lev_jax.data.tokenizer_files`. Nothing here imports TensorFlow or seqio (see
+`lev_jax.data.vocabularies` for those).
 """
 
 from __future__ import annotations
@@ -415,94 +417,6 @@ class ByteTokenizer:
 
 
 Tokenizer = SentencePieceTokenizer | TiktokenTokenizer | ByteTokenizer
-TOKENIZER_JSON = "tokenizer.json"
-_FILES = {"sentencepiece": "spm.model", "o200k_base": "o200k_base.tiktoken", "bytes": None}
-_INFO_KEYS = ("name", "vocab_size", "padded_vocab_size", "eos_id", "pad_id", "fingerprint")
-
-
-def tokenizer_info(tokenizer: Tokenizer, vocab_multiple: int = 128) -> dict:
-  """What identifies a tokenizer's ids, JSON-serialisable; recorded with prepared data.
-
-  Args:
-    tokenizer: a SentencePieceTokenizer, TiktokenTokenizer or ByteTokenizer.
-    vocab_multiple: the model's padding multiple (config.model.vocab_multiple).
-
-  Returns:
-    ``{"name": str, "vocab_size": int, "padded_vocab_size": int (vocab_size rounded up
-    to vocab_multiple, `config.padded_vocab_size`), "eos_id": int, "pad_id": int or
-    None, "fingerprint": sha256 hex str}``; the fingerprint hashes what defines the ids
-    (the SentencePiece model proto; the tiktoken ranks, pattern and special tokens;
-    "bytes-v1").
-  """
-  return {"name": tokenizer.name, "vocab_size": int(tokenizer.vocab_size),
-          "padded_vocab_size": config_lib.padded_vocab_size(tokenizer.vocab_size,
-                                                            vocab_multiple),
-          "eos_id": int(tokenizer.eos_id), "pad_id": tokenizer.pad_id,
-          "fingerprint": tokenizer.fingerprint}
-
-
-def save_tokenizer(tokenizer: Tokenizer, folder, vocab_multiple: int = 128) -> dict:
-  """Writes what rebuilds `tokenizer` into `folder` (local or `etils.epath` URL).
-
-  Files: ``tokenizer.json`` (`tokenizer_info`), plus ``spm.model`` (SentencePiece model
-  proto) or ``o200k_base.tiktoken`` (the ranks, `TiktokenTokenizer.ranks_bytes`), so the
-  folder is self-contained; nothing else for bytes. Each file is written to a temporary
-  name, then renamed into place; ``tokenizer.json`` last.
-
-  Returns:
-    The info written to ``tokenizer.json``.
-  """
-  folder = epath.Path(os.path.expanduser(os.fspath(folder)))
-  folder.mkdir(parents=True, exist_ok=True)
-  info = tokenizer_info(tokenizer, vocab_multiple)
-  files = {TOKENIZER_JSON: (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()}
-  if isinstance(tokenizer, SentencePieceTokenizer):
-    files = {_FILES["sentencepiece"]: tokenizer.model_proto, **files}
-  elif isinstance(tokenizer, TiktokenTokenizer):
-    files = {_FILES["o200k_base"]: tokenizer.ranks_bytes(), **files}
-  for name, data in files.items():  # dicts keep order: tokenizer.json last
-    write_bytes_atomic(folder / name, data)
-  return info
-
-
-def load_tokenizer(folder) -> Tokenizer:
-  """Rebuilds the tokenizer `save_tokenizer` wrote into `folder`.
-
-  Raises:
-    DataError: ``tokenizer.json`` is missing, not JSON or lacks a field; an unknown
-      name; a missing model/ranks file; or the rebuilt tokenizer's fingerprint (or
-      vocab_size / eos_id) differs from the recorded one. The message names the folder.
-  """
-  folder = epath.Path(os.path.expanduser(os.fspath(folder)))
-  path = folder / TOKENIZER_JSON
-  try:
-    info = json.loads(path.read_text())
-  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise DataError(f"{path}: cannot read the tokenizer record ({e}); expected the "
-                    "tokenizer.json written by save_tokenizer") from e
-  missing = [k for k in _INFO_KEYS if not isinstance(info, dict) or k not in info]
-  if missing:
-    raise DataError(f"{path}: missing field(s) {missing}; expected {list(_INFO_KEYS)}")
-  name = info["name"]
-  if name not in _FILES:
-    raise DataError(f"{path}: name = {name!r}; expected one of {sorted(_FILES)}")
-  if name == "bytes":
-    tokenizer = ByteTokenizer()
-  elif name == "sentencepiece":
-    tokenizer = SentencePieceTokenizer(folder / _FILES[name])
-  else:
-    ranks = folder / _FILES[name]
-    if not ranks.exists():
-      raise DataError(f"{folder}: no {_FILES[name]}; expected the ranks file written "
-                      "by save_tokenizer beside tokenizer.json")
-    tokenizer = TiktokenTokenizer(os.fspath(ranks))
-  for key in ("fingerprint", "vocab_size", "eos_id", "pad_id"):
-    if getattr(tokenizer, key) != info[key]:
-      raise DataError(
-          f"{folder}: the rebuilt {name} tokenizer has {key} = {getattr(tokenizer, key)!r} "
-          f"but tokenizer.json records {info[key]!r}: the tokenizer files do not match "
-          "the data they were saved with")
-  return tokenizer
 
 
 def check_vocab_agreement(vocab_size: int, tokenizer_name: str, tokenizer_vocab_size: int,
@@ -575,6 +489,6 @@ def make_tokenizer(data_config, vocab_size: int, train_texts: Sequence[str] | No
         raise DataError(f"config.model.vocab_size: {e}") from e
   else:
     raise DataError(f"config.data.tokenizer = {name!r}: expected one of "
-                    f"{sorted(_FILES)}")
+                    f"{sorted(config_lib.TOKENIZERS)}")
   check_vocab_agreement(vocab_size, tokenizer.name, tokenizer.vocab_size)
   return tokenizer
