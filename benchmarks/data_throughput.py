@@ -47,7 +47,7 @@ from lev_jax import config as config_lib  # noqa: E402
 from lev_jax import flops  # noqa: E402
 from lev_jax.data import corpus, embedded, load  # noqa: E402
 from lev_jax.data.prepare import prepare  # noqa: E402
-from lev_jax.data.tokenizer import TiktokenTokenizer  # noqa: E402
+from lev_jax.data.tiktoken_tokenizer import TiktokenTokenizer  # noqa: E402
 
 SEQ_LEN, GLOBAL_BATCH = 512, 512
 # (chip, chips, chips per host) of the reference clusters for the margin.
