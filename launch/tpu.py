@@ -5,6 +5,13 @@
       --config=experiments/ladder.py:leviathan_1.2b
   python launch/tpu.py ... --dry-run -- ...     # print every command, in order; run nothing
 
+Before any gcloud command (also with --dry-run), the lev-train arguments go through
+lev-train's own checks on this machine (`lev-train --preflight=tpu:HOSTSxDEVICES ...`, see
+launch/common.py), in --repo (or this checkout for a git URL): a bad config file,
+variant or field, or a mesh that does not fit the slice's devices, is one line here and
+nothing is created. --no-preflight skips it (e.g. on a machine without lev_jax's
+dependencies).
+
 Steps (each one gcloud command; `--dry-run` prints them exactly, in this order):
 
 1. `tpu-vm describe NAME` (with --queued also `queued-resources describe NAME`): reuse a
@@ -56,8 +63,8 @@ from typing import TextIO
 if __package__ in (None, ""):  # run as `python launch/tpu.py`
   sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launch.common import (LaunchError, parse, parser, reject_passthrough,  # noqa: E402
-                           run_main, shell_join)
+from launch.common import (LaunchError, add_preflight_flag, parse, parser,  # noqa: E402
+                           preflight, reject_passthrough, run_main, shell_join)
 
 PROG = "launch/tpu.py"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +91,12 @@ class Accelerator:
   family: str
   chips: int
   hosts: int | None  # None: multi-host, count not pinned here (v5litepod/v6e > 8 chips)
+
+  @property
+  def devices(self) -> int:
+    """JAX devices: one per TensorCore on v2 / v3 (2 per chip), one per chip from v4 on
+    (v4 and v5p chips are one "megacore" device; v5e and v6e chips have one core)."""
+    return self.chips * 2 if self.family in ("v2", "v3") else self.chips
 
   @property
   def multi_host(self) -> bool:
@@ -465,25 +478,45 @@ def _parser():
                  help="Seconds between queued-resource state checks (default 60).")
   p.add_argument("--python", default="python3.11",
                  help="Python on the workers (installed with apt if missing).")
+  add_preflight_flag(p)
   return p
 
 
-def job_from_argv(argv: Sequence[str]) -> tuple[TpuJob, list[str], bool]:
-  """(job, warnings, dry_run) from `flags -- lev-train args`.
+def job_from_argv(argv: Sequence[str]) -> tuple[TpuJob, list[str], bool, bool]:
+  """(job, warnings, dry_run, preflight) from `flags -- lev-train args`.
 
   Raises:
     LaunchError: as build_job, or an unknown flag.
   """
   args, rest = parse(_parser(), argv)
   job, warnings = build_job(args, rest)
-  return job, warnings, args.dry_run
+  return job, warnings, args.dry_run, args.preflight
+
+
+def check_train_args(job: TpuJob) -> str:
+  """lev-train's own checks of job.train_args for the slice (common.preflight): hosts x
+  devices per host, one slice; a v5litepod / v6e slice whose host count is not pinned
+  here counts as one process of all its devices. Runs with this Python in --repo (a
+  local checkout) or, for a git URL, in this checkout.
+
+  Returns:
+    lev-train's one-line summary.
+  Raises:
+    LaunchError: lev-train's one-line error.
+  """
+  acc = job.accelerator
+  hosts = acc.hosts or 1
+  return preflight(job.train_args, "tpu", hosts, acc.devices // hosts,
+                   cwd=str(REPO_ROOT) if job.repo_is_url else job.repo)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
   out = sys.stdout if out is None else out
 
   def body() -> int:
-    job, warnings, dry = job_from_argv(sys.argv[1:] if argv is None else argv)
+    job, warnings, dry, check = job_from_argv(sys.argv[1:] if argv is None else argv)
+    if check:
+      print(f"[tpu] {check_train_args(job)}", file=sys.stderr)
     if dry:
       dry_run(job, out, warnings)
       return 0

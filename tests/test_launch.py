@@ -17,13 +17,14 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launch import local, slurm, tpu  # noqa: E402
+from launch import common, local, slurm, tpu  # noqa: E402
 
 V5P = ["--name=lev-v5p", "--zone=us-east5-a", "--accelerator_type=v5p-128", "--queued",
-       "--spot", "--workdir=gs://bucket/runs/ladder", "--max_restarts=7", "--dry-run"]
+       "--spot", "--workdir=gs://bucket/runs/ladder", "--max_restarts=7", "--dry-run",
+       "--no-preflight"]
 TRAIN = ["--config=experiments/ladder.py:leviathan_1.2b", "--config.train.steps=20000"]
 GPU = ["--nodes=4", "--gpus_per_node=8", "--partition=gpu", "--time=24:00:00",
-       "--workdir=/shared/runs/ladder", "--chdir=/shared/lev_jax", "--dry-run"]
+       "--workdir=/shared/runs/ladder", "--chdir=/shared/lev_jax", "--dry-run", "--no-preflight"]
 
 
 def run(main, argv):
@@ -80,7 +81,8 @@ def test_tpu_dry_run_tpu_vm_create_preemptible_git_repo():
   status, out = run(tpu.main, ["--name=t1", "--zone=us-central2-b", "--accelerator_type=v4-32",
                                "--preemptible", "--project=proj",
                                "--repo=https://github.com/me/lev_jax.git",
-                               "--workdir=gs://b/r", "--dry-run", "--", "--config=x.py:tied"])
+                               "--workdir=gs://b/r", "--dry-run", "--no-preflight", "--",
+                               "--config=x.py:tied"])
   assert status == 0
   assert ("gcloud compute tpus tpu-vm create t1 --zone=us-central2-b --project=proj "
           "--accelerator-type=v4-32 --version=tpu-ubuntu2204-base --preemptible") in out
@@ -91,7 +93,7 @@ def test_tpu_dry_run_tpu_vm_create_preemptible_git_repo():
 
 def test_tpu_single_host_allows_local_workdir_with_a_warning():
   status, out = run(tpu.main, ["--name=one", "--zone=us-east5-a", "--accelerator_type=v5p-8",
-                               "--workdir=runs/x", "--dry-run"])
+                               "--workdir=runs/x", "--dry-run", "--no-preflight"])
   assert status == 0 and "warning: --workdir=runs/x is on the TPU VM's disk" in out
 
 
@@ -189,6 +191,7 @@ def test_tpu_runs_gcloud_for_real_with_a_fake_gcloud(tmp_path, monkeypatch):
   gcloud.chmod(0o755)
   monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
   status = tpu.main(["--name=one", "--zone=us-east5-a", "--accelerator_type=v5p-8", "--spot",
+                     "--no-preflight",
                      "--repo=https://example.com/lev_jax.git", "--", "--config=c.py:tied"])
   assert status == 0
   calls = log.read_text().splitlines()
@@ -271,7 +274,8 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
   sbatch.chmod(0o755)
   monkeypatch.setenv("PATH", f"{sbatch.parent}:{os.environ['PATH']}")
   workdir = tmp_path / "runs" / "ladder"
-  assert slurm.main(["--nodes=2", f"--workdir={workdir}", "--", "--config=c.py:x"]) == 0
+  assert slurm.main(["--nodes=2", f"--workdir={workdir}", "--no-preflight", "--",
+                     "--config=c.py:x"]) == 0
   script = tmp_path / "runs" / "ladder.sbatch"
   assert (tmp_path / "sbatch.args").read_text().strip() == str(script)
   assert "#SBATCH --nodes=2" in script.read_text() and not workdir.exists()
@@ -280,7 +284,17 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
 @pytest.mark.parametrize("argv,needle", [
     (["--nodes=0", *GPU[1:]], "--nodes=0: expected at least 1"),
     (GPU[1:], "--nodes is required"),
-    ([*GPU, "--gpus_per_node=0"], "--gpus_per_node=0: expected at least 1"),
+    ([*GPU, "--gpus_per_node=-1"], "--gpus_per_node=-1: expected 0 (CPU nodes) or more"),
+    ([*GPU, "--cpus_per_task=0"], "--cpus_per_task=0: expected at least 1"),
+    ([*GPU, "--mem=lots"], "--mem=lots: expected a size per node such as 200G"),
+    ([*GPU, "--qos=a;b"], "--qos='a;b': expected letters"),
+    ([*GPU, "--constraint=a100 ib"], "--constraint='a100 ib': expected node features"),
+    ([*GPU, "--sbatch_line=--reservation=big"], "--sbatch_line='--reservation=big': expected "
+     "one line starting with '#SBATCH --'"),
+    ([*GPU, "--sbatch_line=#SBATCH --a\n#SBATCH --b"], "expected one line"),
+    ([*GPU, "--env=NCCL_DEBUG"], "--env='NCCL_DEBUG': expected KEY=VALUE"),
+    ([*GPU, "--env=1X=2"], "--env='1X=2': expected KEY=VALUE with KEY letters"),
+    ([*GPU, "--env=COORDINATOR=h:1"], "COORDINATOR is set by the script itself"),
     ([*GPU, "--time=tomorrow"], "--time=tomorrow: expected minutes, MM:SS, HH:MM:SS"),
     ([*GPU, "--time=1"], "--signal_s=120: must be shorter than --time=1 (60 s)"),
     ([x for x in GPU if not x.startswith("--workdir")], "--workdir is required"),
@@ -291,6 +305,52 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
 def test_slurm_bad_inputs(argv, needle, capsys):
   err = error(slurm.main, argv, capsys)
   assert err.startswith("launch/slurm.py: error: ") and needle in err, err
+
+
+def test_slurm_cpu_nodes_use_all_cpus_and_jax_on_cpu(tmp_path):
+  status, script = run(slurm.main, [*GPU, "--gpus_per_node=0", "--", *TRAIN])
+  assert status == 0
+  lines = script.splitlines()
+  assert "gpu" not in script.replace("--partition=gpu", "")  # no GPU request anywhere
+  for line in ["#SBATCH --exclusive", "export JAX_PLATFORMS=cpu",
+               "# Generated by launch/slurm.py: lev-train on 4 CPU nodes,"]:
+    assert line in lines, line
+  srun = next(l for l in lines if l.startswith("srun "))
+  assert srun.startswith('srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" bash')
+  status, script = run(slurm.main, [*GPU, "--gpus_per_node=0", "--cpus_per_task=16"])
+  lines = script.splitlines()
+  assert "#SBATCH --cpus-per-task=16" in lines and "#SBATCH --exclusive" not in lines
+  assert any(l.startswith("srun --ntasks-per-node=1 --cpus-per-task=16 bash") for l in lines)
+  path = tmp_path / "job.sbatch"
+  path.write_text(script)
+  assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_slurm_passes_cluster_options_and_environment_through(tmp_path):
+  status, script = run(slurm.main, [
+      *GPU, "--account=proj", "--qos=high", "--mem=200G", "--exclusive",
+      "--constraint=a100&ib", "--cpus_per_task=32",
+      "--sbatch_line=#SBATCH --reservation=big", "--sbatch_line=#SBATCH --mail-type=END",
+      "--env=NCCL_DEBUG=WARN", "--env=XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true "
+      "--xla_dump_to='/tmp/x y'", "--env=EMPTY=", "--", *TRAIN])
+  assert status == 0
+  lines = script.splitlines()
+  sbatch = [l for l in lines if l.startswith("#SBATCH ")]
+  for option in ["--account=proj", "--qos=high", "--mem=200G", "--exclusive",
+                 "--constraint=a100&ib", "--cpus-per-task=32", "--gpus-per-node=8",
+                 "--reservation=big", "--mail-type=END"]:
+    assert f"#SBATCH {option}" in sbatch, option
+  assert sbatch[-2:] == ["#SBATCH --reservation=big", "#SBATCH --mail-type=END"]
+  assert "JAX_PLATFORMS" not in script  # GPU nodes: JAX picks the GPUs
+  exports = [l for l in lines if l.startswith("export ")]
+  srun = next(i for i, l in enumerate(lines) if l.startswith("srun "))
+  assert all(lines.index(e) < srun for e in exports)
+  assert lines[srun].startswith("srun --ntasks-per-node=1 --gpus-per-node=8 --cpus-per-task=32 ")
+  # The exports, run by bash, give lev-train exactly the values given.
+  prog = "\n".join([*exports[:3], 'printf "%s|" "$NCCL_DEBUG" "$XLA_FLAGS" "$EMPTY"'])
+  out = subprocess.run(["bash", "-c", prog], capture_output=True, text=True).stdout
+  assert out == ("WARN|--xla_gpu_enable_latency_hiding_scheduler=true --xla_dump_to='/tmp/x y'"
+                 "||")
 
 
 def test_scripts_run_from_the_command_line():
@@ -304,6 +364,63 @@ def test_scripts_run_from_the_command_line():
   assert proc.returncode == 2 and proc.stderr == (
       "launch/tpu.py: error: --name is required: the TPU VM (and queued resource) name, "
       "e.g. --name=lev-v5p-128\n")
+
+
+# --- pre-flight: lev-train's own checks before anything is written or submitted ----------
+
+def fake_program(tmp_path, name, body):
+  """An executable `name` in tmp_path/bin running bash `body`; returns the bin folder."""
+  bin_ = tmp_path / "bin"
+  bin_.mkdir(exist_ok=True)
+  (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
+  (bin_ / name).chmod(0o755)
+  return bin_
+
+
+def test_slurm_preflight_stops_a_bad_variant_before_writing_or_submitting(
+    tmp_path, monkeypatch, capsys):
+  bin_ = fake_program(tmp_path, "sbatch", f"echo called > {tmp_path}/sbatch.called")
+  monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+  monkeypatch.chdir(tmp_path)  # the config path is relative to --chdir, not to here
+  workdir = tmp_path / "runs" / "r"
+  status = slurm.main(["--nodes=2", "--gpus_per_node=0", f"--workdir={workdir}",
+                       f"--chdir={REPO}", "--", "--config=experiments/smoke.py:nope"])
+  err = capsys.readouterr().err
+  assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+  assert err == ("launch/slurm.py: error: the lev-train arguments after --: ValueError: "
+                 "experiments/smoke.py: unknown variant 'nope'; expected one of tied, untied, "
+                 "leviathan\n")
+  assert not (tmp_path / "sbatch.called").exists() and not (tmp_path / "runs").exists()
+
+
+def test_tpu_preflight_stops_a_mesh_that_does_not_fit_the_slice(tmp_path, monkeypatch, capsys):
+  bin_ = fake_program(tmp_path, "gcloud", f"echo \"$*\" >> {tmp_path}/gcloud.log")
+  monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+  # v5p-8: one host, 4 chips = 4 JAX devices; a 3-way tensor axis cannot divide them.
+  status = tpu.main(["--name=one", "--zone=us-east5-a", "--accelerator_type=v5p-8", "--",
+                     "--config=experiments/smoke.py:tied", "--config.mesh.tensor=3"])
+  err = capsys.readouterr().err
+  assert status == 2 and err == (
+      "launch/tpu.py: error: the lev-train arguments after --: config.mesh (data, fsdp, "
+      "tensor) = (1, -1, 3) does not divide 4 devices\n"), err
+  assert not (tmp_path / "gcloud.log").exists()
+
+
+def test_preflight_without_lev_jax_says_which_python_and_how_to_skip(tmp_path):
+  python = fake_program(tmp_path, "python", "echo \"ModuleNotFoundError: No module named "
+                        "'absl'\" >&2; exit 1") / "python"
+  with pytest.raises(common.LaunchError) as e:
+    common.preflight(["--config=c.py:x"], "gpu", 2, 8, python=str(python))
+  assert str(e.value) == (f"pre-flight: {python} cannot run lev-train (ModuleNotFoundError: "
+                          "No module named 'absl'); run the launcher with the Python (venv) "
+                          "that has lev_jax installed, or pass --no-preflight")
+
+
+@pytest.mark.parametrize("accelerator,devices,hosts", [
+    ("v5p-128", 64, 16), ("v4-8", 4, 1), ("v3-32", 32, 4), ("v6e-8", 8, 1)])
+def test_tpu_devices_per_accelerator(accelerator, devices, hosts):
+  acc = tpu.parse_accelerator(accelerator)
+  assert (acc.devices, acc.hosts) == (devices, hosts)
 
 
 # --- local -----------------------------------------------------------------------------
