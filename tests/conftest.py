@@ -178,3 +178,22 @@ def ranks_file(tmp_path):
   # The .tiktoken format: one "base64(bytes) rank" line per token.
   path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
   return str(path)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+  """A private one-node SLURM cluster (tests/slurm_cluster.py) for this module's tests,
+  stopped and removed afterwards; skipped when SLURM and MUNGE are not installed or this
+  is not root. Clients reach it with `env=slurm_cluster.env()` (SLURM_CONF)."""
+  from slurm_cluster import LocalSlurm, unavailable
+  reason = unavailable()
+  if reason:
+    pytest.skip(reason)
+  cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+  try:
+    cluster.start()
+  except RuntimeError as e:  # installed but not starting: worth a failure, with the logs
+    pytest.fail(str(e), pytrace=False)
+  yield cluster
+  cluster.stop()
+  shutil.rmtree(cluster.root, ignore_errors=True)
