@@ -4,6 +4,7 @@ local launcher (real processes, and once a real 2-process jax.distributed start-
 
 import io
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -62,15 +63,18 @@ def test_tpu_dry_run_v5p_128_queued_spot():
       f"lev-v5p:lev_jax.tar.gz {where} --worker=all")
   ssh = f"gcloud compute tpus tpu-vm ssh lev-v5p {where} --worker=all "
   assert cmds[6].startswith(ssh + "'--command=rm -rf ~/lev_jax && mkdir -p ~/lev_jax && tar")
-  assert cmds[7].startswith(ssh) and 'pip install -q -e ".[gcs]" "jax[tpu]"' in cmds[7]
-  assert cmds[8] == ssh + shlex.quote("--command=" + train)
-  assert cmds[9] == cmds[0]
-  assert cmds[10] == (f"gcloud compute tpus queued-resources delete lev-v5p {where} "
+  assert cmds[7].startswith(ssh) and 'pip install -q -e ".[gcs]" "jax[tpu]==' in cmds[7]
+  assert cmds[8].startswith(ssh) and "setsid nohup bash -c" in cmds[8]
+  remote = shlex.split(shlex.split(cmds[8])[-1].split("=", 1)[1])
+  assert train in remote[remote.index("-c") + 1]  # inside the detached bash -c
+  assert cmds[9].startswith(ssh) and "tail -n +1 -F train.log" in cmds[9]
+  assert cmds[10] == cmds[0]
+  assert cmds[11] == (f"gcloud compute tpus queued-resources delete lev-v5p {where} "
                       "--force --quiet")
-  assert len(cmds) == 11
+  assert len(cmds) == 12
   assert all("--worker=all" in c for c in cmds if " ssh " in c or " scp " in c)
-  # One ssh --worker=all runs lev-train: the same command line on all 16 workers, with no
-  # per-worker flags (JAX's Cloud TPU auto-detection finds the other workers).
+  # One ssh --worker=all starts lev-train: the same command line on all 16 workers, with
+  # no per-worker flags (JAX's Cloud TPU auto-detection finds the other workers).
   runs = [c for c in cmds if "lev-train" in c]
   assert runs == [cmds[8]] and "--process_id" not in runs[0]
   assert "# launch/tpu.py: v5p-128 (64 chips, 16 hosts), spot queued resource" in out
@@ -115,6 +119,9 @@ def test_tpu_single_host_allows_local_workdir_with_a_warning():
     ([*V5P, "--repo=/nonexistent/dir"], "--repo=/nonexistent/dir: not a directory"),
     ([*V5P, "--", "--workdir=gs://b/other"], "--workdir after --"),
     ([*V5P, "--max_restarts=-1"], "--max_restarts=-1: expected 0 or more"),
+    ([*V5P, "--reserved"], "--reserved with --spot or --preemptible: choose one"),
+    ([*V5P, "--network=a b"], "--network='a b': expected a name or a path"),
+    ([*V5P, "--service_account=me"], "--service_account='me': expected an e-mail address"),
     ([*V5P, "--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_tpu_bad_inputs(argv, needle, capsys):
@@ -133,8 +140,9 @@ class FakeGcloud:
     pass
 
   def run(self, argv):
-    kind = ("train" if "lev-train" in " ".join(argv) else "tar" if argv[0] == "tar"
-            else " ".join(argv[3:5]))
+    line = " ".join(argv)
+    kind = ("start" if "setsid nohup" in line else "train" if "tail -n +1 -F" in line
+            else "tar" if argv[0] == "tar" else " ".join(argv[3:5]))
     self.log.append(kind)
     return self.statuses.pop(0) if kind == "train" else 0
 
@@ -159,22 +167,30 @@ def test_tpu_restarts_a_preempted_tpu_and_reruns():
   prepare = ["tar", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh"]
   assert fake.log == [
       "describe", "describe-qr", "queued-resources create", "describe-qr", "sleep",
-      "describe-qr", *prepare, "train",
+      "describe-qr", *prepare, "start", "train",
       "describe", "queued-resources delete", "queued-resources create", "describe-qr",
-      *prepare, "train"]
+      *prepare, "start", "train"]
 
 
 def test_tpu_reuses_a_ready_tpu_and_stops_on_a_real_failure():
   fake = FakeGcloud(states=["READY", "READY"], statuses=[1])
   assert tpu.launch(tpu_job(), fake) == 1
   assert fake.log == ["describe", "tar", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh",
-                      "train", "describe"]
+                      "start", "train", "describe"]
 
 
 def test_tpu_reruns_after_sigterm_checkpoint_on_a_ready_tpu_until_max_restarts():
   fake = FakeGcloud(states=["READY"] * 4, statuses=[143, 143, 143])
   assert tpu.launch(tpu_job("--max_restarts=2"), fake) == 143
   assert fake.log.count("train") == 3 and "queued-resources create" not in fake.log
+  assert fake.log.count("start") == 3
+
+
+def test_tpu_reattaches_after_a_dropped_ssh_without_restarting_lev_train():
+  fake = FakeGcloud(states=["READY", "READY", "READY"], statuses=[255, 255, 0])
+  assert tpu.launch(tpu_job(), fake) == 0
+  assert fake.log[-6:] == ["start", "train", "describe", "train", "describe", "train"]
+  assert fake.log.count("start") == 1 and fake.log.count("train") == 3
 
 
 def test_tpu_runs_gcloud_for_real_with_a_fake_gcloud(tmp_path, monkeypatch):
@@ -197,10 +213,102 @@ def test_tpu_runs_gcloud_for_real_with_a_fake_gcloud(tmp_path, monkeypatch):
   calls = log.read_text().splitlines()
   assert [c.split(" --")[0] for c in calls] == [
       "compute tpus tpu-vm describe one", "compute tpus tpu-vm create one",
-      "compute tpus tpu-vm ssh one", "compute tpus tpu-vm ssh one", "compute tpus tpu-vm ssh one"]
+      "compute tpus tpu-vm ssh one", "compute tpus tpu-vm ssh one", "compute tpus tpu-vm ssh one",
+      "compute tpus tpu-vm ssh one"]
   assert calls[1].endswith("--accelerator-type=v5p-8 --version=v2-alpha-tpuv5 --spot")
-  assert calls[-1].endswith("--worker=all --command=cd ~/lev_jax && .venv/bin/lev-train "
-                            "--config=c.py:tied")
+  assert "--worker=all --command=cd ~/lev_jax && rm -f train.status" in calls[-2]
+  assert "cd ~/lev_jax && .venv/bin/lev-train --config=c.py:tied" in calls[-2]
+  assert "tail -n +1 -F train.log" in calls[-1]
+
+
+def remote_command(argv):
+  """The --command=... of a `gcloud ... ssh` argv: what each worker runs with bash."""
+  return next(a for a in argv if a.startswith("--command=")).split("=", 1)[1]
+
+
+def test_tpu_worker_trains_detached_with_a_prefixed_log_and_a_status(tmp_path):
+  """The start and attach commands under bash, as on a worker (HOME=tmp, a fake
+  lev-train and metadata server): start returns at once, attach streams
+  `[worker 3] ` lines and exits with lev-train's status."""
+  home = tmp_path / "home"
+  (home / "lev_jax" / ".venv" / "bin").mkdir(parents=True)
+  lev_train = home / "lev_jax" / ".venv" / "bin" / "lev-train"
+  lev_train.write_text('#!/bin/bash\necho "step 1 $*"; /bin/sleep 2; echo "stopped" >&2; '
+                       'exit 143\n')
+  lev_train.chmod(0o755)
+  bin_ = fake_program(tmp_path, "curl", "echo 3")
+  fake_program(tmp_path, "sleep", '[ "$1" = 5 ] && exec /bin/sleep 0.1; exec /bin/sleep "$@"')
+  env = {**os.environ, "HOME": str(home), "PATH": f"{bin_}:{os.environ['PATH']}"}
+  job = tpu_job("--", "--config=c.py:x")
+  proc = subprocess.run(["bash", "-c", remote_command(job.start())], env=env, timeout=30)
+  assert proc.returncode == 0  # returned while lev-train runs on, detached:
+  assert not (home / "lev_jax" / "train.status").exists()
+  proc = subprocess.run(["bash", "-c", remote_command(job.attach())], env=env, timeout=60,
+                        capture_output=True, text=True)
+  assert proc.returncode == 143
+  log = (home / "lev_jax" / "train.log").read_text().splitlines()
+  assert log == ["[worker 3] step 1 --workdir=gs://bucket/runs/ladder --config=c.py:x",
+                 "[worker 3] stopped"]
+  assert proc.stdout.splitlines() == log
+  assert (home / "lev_jax" / "train.status").read_text().strip() == "143"
+
+
+def test_tpu_install_waits_for_the_dpkg_lock_and_retries(tmp_path):
+  """The install command under bash with a fake sudo whose apt-get fails twice on the
+  dpkg lock, then installs a fake python3.42; pip fails once. Sleeps are skipped."""
+  home = tmp_path / "home"
+  (home / "lev_jax").mkdir(parents=True)
+  bin_ = fake_program(tmp_path, "sleep", "exit 0")
+  calls = tmp_path / "calls"
+  fake_program(tmp_path, "sudo", textwrap.dedent(f"""\
+      echo "$*" >> {calls}
+      n=$(grep -c 'install' {calls})
+      [[ "$*" == *install* && $n -lt 3 ]] && {{ echo "E: Could not get lock" >&2; exit 100; }}
+      [[ "$*" == *install* ]] && cp {bin_}/py_template {bin_}/python3.42
+      exit 0"""))
+  pip = fake_program(tmp_path, "pip_template", f'echo "$*" >> {tmp_path}/pip; '
+                     f'[ $(wc -l < {tmp_path}/pip) -eq 1 ] && exit 1; exit 0') / "pip_template"
+  fake_program(tmp_path, "py_template", f"mkdir -p .venv/bin && cp {pip} .venv/bin/pip")
+  env = {**os.environ, "HOME": str(home), "PATH": f"{bin_}:/usr/bin:/bin"}
+  job = tpu_job("--python=python3.42")  # a Python no machine has: apt installs it
+  proc = subprocess.run(["bash", "-c", remote_command(job.install())], env=env, timeout=60,
+                        capture_output=True, text=True, cwd=home)
+  assert proc.returncode == 0, proc.stderr
+  apt = calls.read_text().splitlines()
+  assert apt[0] == "apt-get -o DPkg::Lock::Timeout=600 update -qq"
+  assert apt[1:] == ["apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3.42 "
+                     "python3.42-venv"] * 3
+  pip = (tmp_path / "pip").read_text().splitlines()
+  assert pip == ["install -q --upgrade pip", "install -q --upgrade pip",
+                 f'install -q -e .[gcs] jax[tpu]=={tpu.JAX_VERSION}']
+
+
+def test_tpu_jax_pin_is_builds_tested_version():
+  build = (REPO / "BUILD.md").read_text()
+  tested = re.search(r"^\| jax / jaxlib \| ([0-9.]+) \|$", build, re.M).group(1)
+  assert tpu.JAX_VERSION == tested
+  assert f"'jax[tpu]=={tested}'" in build  # BUILD.md's own TPU install line
+
+
+def test_tpu_passes_network_service_account_and_reserved_to_create():
+  extra = ["--network=vpc1", "--subnetwork=projects/p/regions/us-east5/subnetworks/s1",
+           "--service_account=tpu@p.iam.gserviceaccount.com"]
+  want = ("--network=vpc1 --subnetwork=projects/p/regions/us-east5/subnetworks/s1 "
+          "--service-account=tpu@p.iam.gserviceaccount.com")
+  status, out = run(tpu.main, [*[a for a in V5P if a != "--spot"], *extra, "--reserved"])
+  assert status == 0
+  assert ("--runtime-version=v2-alpha-tpuv5 " + want + " --reserved\n") in out
+  status, out = run(tpu.main, [*[a for a in V5P if a not in ("--queued", "--spot")], *extra])
+  assert status == 0 and ("--version=v2-alpha-tpuv5 " + want + "\n") in out
+
+
+def test_tpu_logs_prints_every_workers_log(capsys):
+  status, out = run(tpu.main, ["logs", "--name=lev-v5p", "--zone=us-east5-a", "--project=p",
+                               "--dry-run"])
+  assert status == 0 and out == ("gcloud compute tpus tpu-vm ssh lev-v5p --zone=us-east5-a "
+                                 "--project=p --worker=all '--command=cat ~/lev_jax/train.log'\n")
+  err = error(tpu.main, ["logs", "--zone=us-east5-a"], capsys)
+  assert err.startswith("launch/tpu.py: error: --name is required")
 
 
 # --- SLURM -----------------------------------------------------------------------------
