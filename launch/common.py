@@ -3,12 +3,22 @@
 A problem the user can fix (a bad or missing flag) is a `LaunchError`; `run_main` prints it
 as `<prog>: error: <message>` on stderr and returns exit status 2, like lev-train's CLI
 (lev_jax/cli/common.py), never a traceback.
+
+Pre-flight (`preflight`): before the TPU and SLURM launchers write or submit anything,
+they run `python -m lev_jax.cli.train --preflight=PLATFORM:PROCESSESxDEVICES <the
+lev-train arguments>` here, on the user's machine: lev-train's own flag parsing, config
+loading and validation and mesh / sharding / batch checks (lev_jax.train.check_job), in
+a subprocess so that the launchers stay importable without JAX and lev-train's global
+flags and `sys.exit`-based one-line errors stay lev-train's. A mistake ends the launcher
+with lev-train's own line; nothing is written or submitted.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
@@ -68,3 +78,58 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
   except LaunchError as e:
     print(f"{prog}: error: {e}", file=sys.stderr)
     return 2
+
+
+TRAIN_MODULE = "lev_jax.cli.train"
+_TRAIN_ERROR = "lev-train: error: "
+
+
+def preflight(train_args: Sequence[str], platform: str, processes: int, devices: int, *,
+              python: str = sys.executable, cwd: str | None = None,
+              timeout_s: float = 300.0) -> str:
+  """Runs lev-train's checks on `train_args` for a job of processes x devices.
+
+  Args:
+    train_args: the lev-train arguments (after `--`), relative paths as seen from `cwd`.
+    platform: "cpu", "gpu" or "tpu" (how lev_jax lays out the DCN mesh axes).
+    processes: JAX processes (nodes / TPU hosts).
+    devices: devices per process.
+    python: the Python that runs lev-train (it must import lev_jax).
+    cwd: where lev-train will run (its config path is relative to it).
+    timeout_s: seconds before the check is given up.
+  Returns:
+    lev-train's one-line summary ("lev-train: preflight ok: ...").
+  Raises:
+    LaunchError: lev-train's one-line error (a bad config, variant, field, mesh or
+      batch), or `python` cannot run lev-train at all.
+  """
+  argv = [python, "-m", TRAIN_MODULE, f"--preflight={platform}:{processes}x{devices}",
+          *train_args]
+  try:
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdin=subprocess.DEVNULL)
+  except FileNotFoundError:
+    raise LaunchError(f"pre-flight: cannot run {python}: no such file; pass --no-preflight "
+                      "to skip the check") from None
+  except subprocess.TimeoutExpired:
+    raise LaunchError(f"pre-flight: `{shell_join(argv)}` took over {timeout_s:g} s") from None
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  if proc.returncode == 0:
+    out = [l for l in proc.stdout.splitlines() if l.strip()]
+    return out[-1] if out else "lev-train: preflight ok"
+  mine = [l for l in lines if l.startswith(_TRAIN_ERROR)]
+  if mine:
+    raise LaunchError(f"the lev-train arguments after --: {mine[-1][len(_TRAIN_ERROR):]}")
+  last = lines[-1] if lines else f"exit status {proc.returncode}"
+  if "No module named" in last:
+    raise LaunchError(f"pre-flight: {python} cannot run lev-train ({last}); run the launcher "
+                      "with the Python (venv) that has lev_jax installed, or pass "
+                      "--no-preflight")
+  raise LaunchError(f"pre-flight: `{shell_join(argv)}` failed: {last}")
+
+
+def add_preflight_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--preflight", action=argparse.BooleanOptionalAction, default=True,
+                 help="Check the lev-train arguments with lev-train itself on this machine "
+                      "before writing or submitting anything (default on; also with "
+                      "--dry-run).")

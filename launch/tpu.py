@@ -4,6 +4,14 @@
       --queued --spot --workdir=gs://BUCKET/runs/ladder_1.2b --max_restarts=10 -- \
       --config=experiments/ladder.py:leviathan_1.2b
   python launch/tpu.py ... --dry-run -- ...     # print every command, in order; run nothing
+  python launch/tpu.py logs --name=lev-v5p --zone=us-east5-a   # every worker's log
+
+Before any gcloud command (also with --dry-run), the lev-train arguments go through
+lev-train's own checks on this machine (`lev-train --preflight=tpu:HOSTSxDEVICES ...`, see
+launch/common.py), in --repo (or this checkout for a git URL): a bad config file,
+variant or field, or a mesh that does not fit the slice's devices, is one line here and
+nothing is created. --no-preflight skips it (e.g. on a machine without lev_jax's
+dependencies).
 
 Steps (each one gcloud command; `--dry-run` prints them exactly, in this order):
 
@@ -19,10 +27,17 @@ Steps (each one gcloud command; `--dry-run` prints them exactly, in this order):
    packed with tar here and copied with `tpu-vm scp --worker=all`, then unpacked.
 3. Install on every worker: Python 3.11 (apt, if the image lacks it: runtime images ship
    Ubuntu 22.04 with Python 3.10, lev_jax needs >= 3.11), a venv in ~/lev_jax/.venv,
-   `pip install -e '.[gcs]' 'jax[tpu]'` (gcs: the gs:// workdir needs gcsfs).
-4. Run the same lev-train command on every worker (`tpu-vm ssh --worker=all`), its output
-   streamed here. JAX finds the other workers itself (Cloud TPU cluster auto-detection,
-   see lev_jax/distributed.py): no coordinator flags are needed.
+   `pip install -e '.[gcs]' 'jax[tpu]==0.10.2'` (gcs: the gs:// workdir needs gcsfs;
+   jax at BUILD.md's tested version). With 16+ workers installing at once, apt waits for
+   the dpkg lock (DPkg::Lock::Timeout) and apt and pip are retried 5 times.
+4. Start the same lev-train command on every worker (`tpu-vm ssh --worker=all`) detached
+   from ssh (`setsid nohup`): a dropped connection does not stop training. Each worker
+   writes ~/lev_jax/train.log (lines prefixed `[worker N] `, N from the VM's metadata
+   `agent-worker-number`) and, at the end, ~/lev_jax/train.status; a second ssh streams
+   the logs here until every worker's status exists and exits with it (after a dropped
+   connection to a READY TPU it attaches again, up to 10 times in a row).
+   `launch/tpu.py logs` prints the logs at any time. JAX finds the other workers itself
+   (Cloud TPU cluster auto-detection, see lev_jax/distributed.py): no coordinator flags.
 5. If the command fails: `tpu-vm describe NAME`. Not READY (preempted, or gone) -> delete
    it and repeat from step 1's create; READY and status 143 (lev-train checkpointed after
    a SIGTERM, e.g. a maintenance event) -> run step 4 again; any other failure stops the
@@ -33,11 +48,13 @@ Accelerator types (TPU docs, "TPU versions" / "TPU software versions"): v2-N, v3
 v5p-N count TensorCores, 2 per chip, 4 chips per host (v5p-128: 64 chips, 16 hosts);
 v5litepod-N and v6e-N count chips, one host up to 8 chips. The default runtime version is
 the one the TPU docs give for JAX: v2-alpha-tpuv5 (v5p), v2-alpha-tpuv5-lite (v5litepod),
-v2-alpha-tpuv6e (v6e), tpu-ubuntu2204-base (v4 and older).
+v2-alpha-tpuv6e (v6e), tpu-ubuntu2204-base (v4 and older). --network, --subnetwork,
+--service_account and --reserved are passed to the create command as given.
 
 Source: gcloud reference for `compute tpus tpu-vm {create,describe,delete,ssh,scp}` and
-`compute tpus queued-resources {create,describe,delete}`; cloud.google.com/tpu/docs/
-queued-resources, /spot, /preemptible, /runtimes.
+`compute tpus queued-resources {create,describe,delete}` (--network, --subnetwork,
+--service-account, --reserved); cloud.google.com/tpu/docs/queued-resources, /spot,
+/preemptible, /runtimes; apt.conf(5) (DPkg::Lock::Timeout); setsid(1), nohup(1).
 """
 
 from __future__ import annotations
@@ -56,13 +73,23 @@ from typing import TextIO
 if __package__ in (None, ""):  # run as `python launch/tpu.py`
   sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launch.common import (LaunchError, parse, parser, reject_passthrough,  # noqa: E402
-                           run_main, shell_join)
+from launch.common import (LaunchError, add_preflight_flag, parse, parser,  # noqa: E402
+                           preflight, reject_passthrough, run_main, shell_join)
 
 PROG = "launch/tpu.py"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REMOTE_DIR = "lev_jax"  # on each worker, relative to the ssh user's home
 PREEMPTED_EXIT = 143  # lev_jax.cli.train.PREEMPTED_EXIT: SIGTERM -> checkpoint -> exit 143
+SSH_FAILED = 255  # ssh's own failure (connection dropped), not the remote command's status
+JAX_VERSION = "0.10.2"  # BUILD.md's tested jax / jaxlib; the workers install jax[tpu] at it
+LOG = "train.log"        # in ~/lev_jax on each worker: lev-train's output, `[worker N] ` lines
+STATUS = "train.status"  # lev-train's exit status once it has ended
+# GCE metadata of a TPU VM: this worker's index in the slice (what JAX's Cloud TPU
+# detection reads too; cloud.google.com/tpu/docs, "TPU VM metadata").
+_WORKER_NUMBER = ("curl -sf -H Metadata-Flavor:Google http://metadata.google.internal/"
+                  "computeMetadata/v1/instance/attributes/agent-worker-number")
+_REATTACH = 10  # consecutive ssh failures to a READY TPU before the launcher gives up
+_TRIES = 5  # apt / pip on every worker at once: tries, 10 s more wait after each failure
 
 # (pattern, what N counts, valid N). Source: cloud.google.com/tpu/docs/v5p, /v5e, /v6e.
 _CORE_COUNTED = ("v2", "v3", "v4", "v5p")  # N = TensorCores = 2 x chips; 4 chips per host
@@ -74,6 +101,8 @@ _RUNTIME = {"v2": "tpu-ubuntu2204-base", "v3": "tpu-ubuntu2204-base",
             "v5litepod": "v2-alpha-tpuv5-lite", "v6e": "v2-alpha-tpuv6e"}
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # GCE resource name rules
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+_RESOURCE = re.compile(r"^[A-Za-z0-9][\w./-]*$")  # a name, or projects/.../NAME
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _GIT_URL = re.compile(r"^(https?|ssh|git)://|^[\w.-]+@[\w.-]+:")
 _EXCLUDE = ("./.git", "./.venv", "./runs", "__pycache__", "*.egg-info")
 
@@ -84,6 +113,12 @@ class Accelerator:
   family: str
   chips: int
   hosts: int | None  # None: multi-host, count not pinned here (v5litepod/v6e > 8 chips)
+
+  @property
+  def devices(self) -> int:
+    """JAX devices: one per TensorCore on v2 / v3 (2 per chip), one per chip from v4 on
+    (v4 and v5p chips are one "megacore" device; v5e and v6e chips have one core)."""
+    return self.chips * 2 if self.family in ("v2", "v3") else self.chips
 
   @property
   def multi_host(self) -> bool:
@@ -137,6 +172,10 @@ class TpuJob:
   poll_s: float
   python: str
   train_args: tuple[str, ...]
+  network: str | None = None
+  subnetwork: str | None = None
+  service_account: str | None = None
+  reserved: bool = False
 
   def _where(self) -> list[str]:
     return [f"--zone={self.zone}"] + ([f"--project={self.project}"] if self.project else [])
@@ -149,16 +188,23 @@ class TpuJob:
     return ["gcloud", "compute", "tpus", "queued-resources", "describe", self.name,
             *self._where(), "--format=value(state.state)"]
 
+  def _placement(self) -> list[str]:
+    """--network, --subnetwork, --service-account, --reserved as given (both creates)."""
+    return ([f"--network={self.network}"] if self.network else []) + (
+        [f"--subnetwork={self.subnetwork}"] if self.subnetwork else []) + (
+        [f"--service-account={self.service_account}"] if self.service_account else []) + (
+        ["--reserved"] if self.reserved else [])
+
   def create(self) -> list[str]:
     if self.queued:
       return ["gcloud", "compute", "tpus", "queued-resources", "create", self.name,
               *self._where(), f"--node-id={self.name}",
               f"--accelerator-type={self.accelerator.type}",
               f"--runtime-version={self.runtime_version}",
-              *(["--spot"] if self.provisioning == "spot" else [])]
+              *(["--spot"] if self.provisioning == "spot" else []), *self._placement()]
     return ["gcloud", "compute", "tpus", "tpu-vm", "create", self.name, *self._where(),
             f"--accelerator-type={self.accelerator.type}", f"--version={self.runtime_version}",
-            *([f"--{self.provisioning}"] if self.provisioning else [])]
+            *([f"--{self.provisioning}"] if self.provisioning else []), *self._placement()]
 
   def delete(self) -> list[str]:
     if self.queued:  # --force also deletes the queued resource's TPU VM
@@ -188,12 +234,21 @@ class TpuJob:
     return [pack, send, unpack]
 
   def install(self) -> list[str]:
+    """Python (apt, if missing), a venv, lev_jax with gcs and jax[tpu]==JAX_VERSION.
+
+    Every worker runs this at once: apt waits up to 10 min for the dpkg lock (unattended
+    upgrades hold it on a fresh VM; `DPkg::Lock::Timeout`, apt >= 1.9.11) and apt and
+    pip are retried _TRIES times (a lock, a mirror or PyPI hiccup on 1 of 16+ workers
+    would otherwise stop the launch)."""
     py = self.python
+    retry = (f"retry() {{ n=1; until \"$@\"; do [ $n -ge {_TRIES} ] && return 1; "
+             "sleep $((n * 10)); n=$((n + 1)); done; }; ")
+    apt = "sudo apt-get -o DPkg::Lock::Timeout=600"
     return self.ssh_all(
-        f"set -e; command -v {py} >/dev/null || {{ sudo apt-get update -qq && "
-        f"sudo apt-get install -y -qq {py} {py}-venv; }}; cd ~/{REMOTE_DIR} && "
-        f"{py} -m venv .venv && .venv/bin/pip install -q --upgrade pip && "
-        ".venv/bin/pip install -q -e \".[gcs]\" \"jax[tpu]\"")
+        f"set -e; {retry}command -v {py} >/dev/null || {{ retry {apt} update -qq && "
+        f"retry {apt} install -y -qq {py} {py}-venv; }}; cd ~/{REMOTE_DIR} && "
+        f"{py} -m venv .venv && retry .venv/bin/pip install -q --upgrade pip && "
+        f"retry .venv/bin/pip install -q -e \".[gcs]\" \"jax[tpu]=={JAX_VERSION}\"")
 
   def train_command(self) -> str:
     """The lev-train command line every worker runs (identical on all of them)."""
@@ -201,8 +256,61 @@ class TpuJob:
     return f"cd ~/{REMOTE_DIR} && " + shell_join([".venv/bin/lev-train", *workdir,
                                                   *self.train_args])
 
-  def run(self) -> list[str]:
-    return self.ssh_all(self.train_command())
+  def start(self) -> list[str]:
+    """Starts lev-train on every worker detached from the ssh session (setsid nohup): a
+    dropped connection does not stop training. Its output goes to ~/lev_jax/train.log,
+    each line prefixed `[worker N] `, and its exit status to ~/lev_jax/train.status."""
+    inner = (f"w=$({_WORKER_NUMBER} || echo '?'); "
+             f"{{ {self.train_command()}; }} 2>&1 | sed -u \"s/^/[worker $w] /\" > {LOG}; "
+             f"echo ${{PIPESTATUS[0]}} > {STATUS}")
+    return self.ssh_all(f"cd ~/{REMOTE_DIR} && rm -f {STATUS} {LOG} && setsid nohup bash -c "
+                        f"{shell_join([inner])} > /dev/null 2>&1 < /dev/null &")
+
+  def attach(self) -> list[str]:
+    """Streams every worker's train.log until lev-train has ended there; exits with its
+    status. Run again after a dropped connection: training went on meanwhile. (`tail -F`
+    polls each second where inotify is missing: 2 s after the status, the log's last
+    lines are out.)"""
+    return self.ssh_all(
+        f"cd ~/{REMOTE_DIR} || exit 1; tail -n +1 -F {LOG} 2>/dev/null & t=$!; "
+        f"until [ -s {STATUS} ]; do sleep 5; done; sleep 2; kill $t; exit $(cat {STATUS})")
+
+  def logs(self) -> list[str]:
+    """Prints every worker's train.log (`[worker N] ` lines) once."""
+    return self.ssh_all(f"cat ~/{REMOTE_DIR}/{LOG}")
+
+
+def _check_name_zone(name: str | None, zone: str | None) -> None:
+  """Raises LaunchError for a missing or malformed --name or --zone."""
+  if not name:
+    raise LaunchError("--name is required: the TPU VM (and queued resource) name, "
+                      "e.g. --name=lev-v5p-128")
+  if not _NAME.match(name):
+    raise LaunchError(f"--name={name}: expected lowercase letters, digits and '-', "
+                      "starting with a letter, at most 63 characters")
+  if not zone:
+    raise LaunchError("--zone is required: a zone that offers the TPU type, e.g. "
+                      "--zone=us-east5-a")
+  if not _ZONE.match(zone):
+    raise LaunchError(f"--zone={zone}: expected a zone such as us-east5-a")
+
+
+def logs_main(argv: Sequence[str], out: TextIO) -> int:
+  """`launch/tpu.py logs --name=N --zone=Z [--project=P] [--dry-run]`: every worker's
+  ~/lev_jax/train.log through one `tpu-vm ssh --worker=all`; returns gcloud's status."""
+  p = parser(f"{PROG} logs", "Print the lev-train log of every worker ([worker N] lines).")
+  p.add_argument("--name", help="TPU VM name.")
+  p.add_argument("--zone", help="Zone, e.g. us-east5-a.")
+  p.add_argument("--project", help="GCP project (default: gcloud's configured project).")
+  args = p.parse_args(list(argv))
+  _check_name_zone(args.name, args.zone)
+  where = [f"--zone={args.zone}"] + ([f"--project={args.project}"] if args.project else [])
+  cmd = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", args.name, *where, "--worker=all",
+         f"--command=cat ~/{REMOTE_DIR}/{LOG}"]
+  if args.dry_run:
+    out.write(shell_join(cmd) + "\n")
+    return 0
+  return Runner().run(cmd)
 
 
 def build_job(args, train_args: Sequence[str]) -> tuple[TpuJob, list[str]]:
@@ -211,23 +319,23 @@ def build_job(args, train_args: Sequence[str]) -> tuple[TpuJob, list[str]]:
   Raises:
     LaunchError: a missing or malformed flag, naming it and what was expected.
   """
-  if not args.name:
-    raise LaunchError("--name is required: the TPU VM (and queued resource) name, "
-                      "e.g. --name=lev-v5p-128")
-  if not _NAME.match(args.name):
-    raise LaunchError(f"--name={args.name}: expected lowercase letters, digits and '-', "
-                      "starting with a letter, at most 63 characters")
-  if not args.zone:
-    raise LaunchError("--zone is required: a zone that offers the TPU type, e.g. "
-                      "--zone=us-east5-a")
-  if not _ZONE.match(args.zone):
-    raise LaunchError(f"--zone={args.zone}: expected a zone such as us-east5-a")
+  _check_name_zone(args.name, args.zone)
   acc = parse_accelerator(args.accelerator_type)
   if args.spot and args.preemptible:
     raise LaunchError("--spot and --preemptible: choose one")
   if args.queued and args.preemptible:
     raise LaunchError("--preemptible with --queued: queued resources have no preemptible "
                       "tier; use --spot (or neither, for on-demand)")
+  if args.reserved and (args.spot or args.preemptible):
+    raise LaunchError("--reserved with --spot or --preemptible: choose one provisioning model")
+  for flag in ("network", "subnetwork"):
+    value = getattr(args, flag)
+    if value is not None and not _RESOURCE.match(value):
+      raise LaunchError(f"--{flag}={value!r}: expected a name or a path such as "
+                        f"projects/PROJECT/{'global/networks' if flag == 'network' else 'regions/REGION/subnetworks'}/NAME")
+  if args.service_account is not None and not _EMAIL.match(args.service_account):
+    raise LaunchError(f"--service_account={args.service_account!r}: expected an e-mail "
+                      "address, e.g. NAME@PROJECT.iam.gserviceaccount.com")
   if args.max_restarts < 0:
     raise LaunchError(f"--max_restarts={args.max_restarts}: expected 0 or more")
   if args.poll_s <= 0:
@@ -263,7 +371,9 @@ def build_job(args, train_args: Sequence[str]) -> tuple[TpuJob, list[str]]:
   provisioning = "spot" if args.spot else "preemptible" if args.preemptible else None
   job = TpuJob(args.name, args.zone, acc, args.runtime_version or _RUNTIME[acc.family],
                args.project, args.queued, provisioning, repo, is_url, workdir,
-               args.max_restarts, args.poll_s, args.python, tuple(train_args))
+               args.max_restarts, args.poll_s, args.python, tuple(train_args),
+               network=args.network, subnetwork=args.subnetwork,
+               service_account=args.service_account, reserved=args.reserved)
   return job, warnings
 
 
@@ -384,13 +494,24 @@ def launch(job: TpuJob, ex) -> int:
   """Steps 1-5 of the module docstring with executor `ex`; returns lev-train's status."""
   _ensure_tpu(job, ex, fresh=False)
   _prepare(job, ex)
-  restarts = 0
+  restarts, dropped = 0, 0
+  start = True
   while True:
-    status = ex.run(job.run())
+    if start and ex.run(job.start()) != 0:
+      raise LaunchError(f"starting lev-train on {job.name} failed (see the output above)")
+    start = True
+    status = ex.run(job.attach())
     if status == 0:
       ex.note("lev-train finished on every worker")
       return 0
     state = ex.query(job.describe_node())
+    if state == "READY" and status == SSH_FAILED and dropped < _REATTACH:
+      dropped += 1  # the connection, not lev-train: it trains on, detached
+      ex.note(f"ssh to {job.name} failed ({dropped}/{_REATTACH}); lev-train runs on "
+              "detached: attaching again")
+      start = False
+      continue
+    dropped = 0
     if state == "READY" and status != PREEMPTED_EXIT:
       ex.note(f"lev-train failed with status {status} on a READY TPU: not restarting")
       return status
@@ -435,8 +556,10 @@ def dry_run(job: TpuJob, out: TextIO, warnings: Sequence[str] = ()) -> None:
     ex.run(cmd)
   ex.note("3. install on every worker")
   ex.run(job.install())
-  ex.note("4. run lev-train on every worker (the same command on each)")
-  ex.run(job.run())
+  ex.note("4. start lev-train on every worker (the same command on each), detached, then "
+          f"stream ~/{REMOTE_DIR}/{LOG} until it ends (again if ssh drops)")
+  ex.run(job.start())
+  ex.run(job.attach())
   ex.note("5. if it fails: is the TPU still READY?")
   ex.query(job.describe_node())
   ex.note(f"not READY (preempted): delete, then repeat create, 2, 3, 4 "
@@ -457,6 +580,12 @@ def _parser():
                  help="Create through `queued-resources create` (waits for capacity).")
   p.add_argument("--spot", action="store_true", help="Spot TPU (preemptible at any time).")
   p.add_argument("--preemptible", action="store_true", help="Preemptible TPU (tpu-vm only).")
+  p.add_argument("--reserved", action="store_true",
+                 help="Use the project's reserved capacity (gcloud --reserved).")
+  p.add_argument("--network", help="VPC network of the TPU (gcloud --network).")
+  p.add_argument("--subnetwork", help="Subnetwork of the TPU (gcloud --subnetwork).")
+  p.add_argument("--service_account", help="Service account of the TPU VMs, e.g. for the "
+                 "gs:// workdir (gcloud --service-account).")
   p.add_argument("--repo", help="Git URL, or local checkout to copy (default: this one).")
   p.add_argument("--workdir", help="lev-train --workdir; gs://... (required multi-host).")
   p.add_argument("--max_restarts", type=int, default=5,
@@ -465,25 +594,48 @@ def _parser():
                  help="Seconds between queued-resource state checks (default 60).")
   p.add_argument("--python", default="python3.11",
                  help="Python on the workers (installed with apt if missing).")
+  add_preflight_flag(p)
   return p
 
 
-def job_from_argv(argv: Sequence[str]) -> tuple[TpuJob, list[str], bool]:
-  """(job, warnings, dry_run) from `flags -- lev-train args`.
+def job_from_argv(argv: Sequence[str]) -> tuple[TpuJob, list[str], bool, bool]:
+  """(job, warnings, dry_run, preflight) from `flags -- lev-train args`.
 
   Raises:
     LaunchError: as build_job, or an unknown flag.
   """
   args, rest = parse(_parser(), argv)
   job, warnings = build_job(args, rest)
-  return job, warnings, args.dry_run
+  return job, warnings, args.dry_run, args.preflight
+
+
+def check_train_args(job: TpuJob) -> str:
+  """lev-train's own checks of job.train_args for the slice (common.preflight): hosts x
+  devices per host, one slice; a v5litepod / v6e slice whose host count is not pinned
+  here counts as one process of all its devices. Runs with this Python in --repo (a
+  local checkout) or, for a git URL, in this checkout.
+
+  Returns:
+    lev-train's one-line summary.
+  Raises:
+    LaunchError: lev-train's one-line error.
+  """
+  acc = job.accelerator
+  hosts = acc.hosts or 1
+  return preflight(job.train_args, "tpu", hosts, acc.devices // hosts,
+                   cwd=str(REPO_ROOT) if job.repo_is_url else job.repo)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
   out = sys.stdout if out is None else out
 
   def body() -> int:
-    job, warnings, dry = job_from_argv(sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["logs"]:
+      return logs_main(args[1:], out)
+    job, warnings, dry, check = job_from_argv(args)
+    if check:
+      print(f"[tpu] {check_train_args(job)}", file=sys.stderr)
     if dry:
       dry_run(job, out, warnings)
       return 0

@@ -331,20 +331,24 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   return NamedSharding(mesh, P(axes or None, None))
 
 
-def check_batch(global_batch: int, sizes: dict[str, int], rules, what: str):
+def check_batch(global_batch: int, sizes: dict[str, int], rules, what: str,
+                processes: int | None = None):
   """Raises ShardingError unless `global_batch` divides over the batch axes and hosts.
 
   Args:
     sizes: mesh axis sizes, e.g. `mesh_sizes(mesh)`.
+    processes: the job's process count (default `jax.process_count()`; given by a
+      pre-flight check that runs before any JAX backend exists).
   """
   axes = [a for a in rules["batch"] if sizes.get(a, 1) > 1]
   n = math.prod(sizes[a] for a in axes)
   if global_batch % n:
     raise ShardingError(f"{what} is {global_batch}, not divisible by the batch mesh axes "
                         f"{tuple(axes)} of total size {n}")
-  if global_batch % jax.process_count():
+  processes = jax.process_count() if processes is None else processes
+  if global_batch % processes:
     raise ShardingError(f"{what} is {global_batch}, not divisible by the "
-                        f"{jax.process_count()} processes")
+                        f"{processes} processes")
 
 
 def to_global(local_batch: dict, sharding: NamedSharding) -> dict:

@@ -19,6 +19,7 @@ does not depend on config.optim.clip_mode or lev_lr_multiplier (lev_jax/optimize
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -94,6 +95,48 @@ def partition(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Pa
                      {"params": param_sh, "opt_state": opt_sh, "step": replicated,
                       "rng": replicated},
                      sharding.batch_sharding(mesh, rules))
+
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+def check_job(config: ml_collections.ConfigDict, processes: int, devices_per_process: int,
+              platform: str) -> tuple[list[int], list[int]]:
+  """What `partition` checks, for a job that does not exist yet (no devices needed).
+
+  The mesh is laid out as `make_mesh` would on `processes` x `devices_per_process`
+  devices: on CPUs and GPUs each process is one DCN granule (a node), on a TPU the whole
+  job is one slice (what launch/tpu.py creates). Then every parameter's split and both
+  batches (train per micro-batch, eval) are checked against the mesh and the processes.
+
+  Args:
+    platform: "cpu", "gpu" or "tpu".
+  Returns:
+    (ici_shape, dcn_shape), each [data, fsdp, tensor].
+  Raises:
+    ShardingError: a mesh that does not multiply to the job's devices, DCN sizes that do
+      not match its nodes / slices, a rule, dimension or batch the mesh does not fit.
+  """
+  if platform not in PLATFORMS:
+    raise ValueError(f"platform {platform!r}: expected one of {PLATFORMS}")
+  n = processes * devices_per_process
+  ici, dcn = sharding.mesh_shapes(config.mesh, n)
+  granules, kind = (1, "TPU slice") if platform == "tpu" else (processes, "process")
+  if math.prod(dcn) not in (1, granules):
+    raise sharding.ShardingError(
+        f"config.mesh (dcn_data, dcn_fsdp, dcn_tensor) = {tuple(dcn)} spans "
+        f"{math.prod(dcn)} DCN groups; this job has {granules} {kind}"
+        f"{'es' if kind == 'process' and granules != 1 else ''} (one per node on CPU / GPU, "
+        "one slice on TPU)")
+  sizes = {a: i * d for a, i, d in zip(sharding.MESH_AXES, ici, dcn)}
+  rules = sharding.rules_from_config(config)
+  _, abstract_params = nnx.split(abstract_model(config), nnx.Param)
+  sharding.param_specs(abstract_params, sizes, rules)
+  t = config.train
+  sharding.check_batch(t.global_batch_size // t.grad_accum_steps, sizes, rules,
+                       "train.global_batch_size / train.grad_accum_steps", processes)
+  sharding.check_batch(config.eval.batch_size, sizes, rules, "eval.batch_size", processes)
+  return ici, dcn
 
 
 def init_state(part: Partitioned, config: ml_collections.ConfigDict) -> dict:

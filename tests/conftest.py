@@ -196,3 +196,22 @@ def trained_spm(tmp_path_factory):
   from lev_jax.data.tokenizer import train_sentencepiece
   cache = tmp_path_factory.mktemp("spm")
   return train_sentencepiece(SPM_DOCS, 320, cache), cache
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+  """A private one-node SLURM cluster (tests/slurm_cluster.py) for this module's tests,
+  stopped and removed afterwards; skipped when SLURM and MUNGE are not installed or this
+  is not root. Clients reach it with `env=slurm_cluster.env()` (SLURM_CONF)."""
+  from slurm_cluster import LocalSlurm, unavailable
+  reason = unavailable()
+  if reason:
+    pytest.skip(reason)
+  cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+  try:
+    cluster.start()
+  except RuntimeError as e:  # installed but not starting: worth a failure, with the logs
+    pytest.fail(str(e), pytrace=False)
+  yield cluster
+  cluster.stop()
+  shutil.rmtree(cluster.root, ignore_errors=True)

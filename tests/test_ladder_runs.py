@@ -253,7 +253,7 @@ def test_rung_commands_per_launcher_are_what_lev_train_and_launch_accept(tmp_pat
       "tpu", smoke, ["tied_m"], "gs://b/runs",
       launcher_flags=["--name=lev", "--zone=us-east5-a", "--accelerator_type=v5p-16"])
   from launch import tpu as tpu_launch
-  job, _, _ = tpu_launch.job_from_argv(tpu[2:])
+  job, *_ = tpu_launch.job_from_argv(tpu[2:])
   assert job.workdir == "gs://b/runs/tied_m"
   assert job.train_args == ("--config=experiments/smoke_ladder.py:tied_m",)  # repo-relative
   with pytest.raises(ValueError, match="put the ladder file inside it"):

@@ -4,6 +4,7 @@ local launcher (real processes, and once a real 2-process jax.distributed start-
 
 import io
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -17,13 +18,14 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launch import local, slurm, tpu  # noqa: E402
+from launch import common, local, slurm, tpu  # noqa: E402
 
 V5P = ["--name=lev-v5p", "--zone=us-east5-a", "--accelerator_type=v5p-128", "--queued",
-       "--spot", "--workdir=gs://bucket/runs/ladder", "--max_restarts=7", "--dry-run"]
+       "--spot", "--workdir=gs://bucket/runs/ladder", "--max_restarts=7", "--dry-run",
+       "--no-preflight"]
 TRAIN = ["--config=experiments/ladder.py:leviathan_1.2b", "--config.train.steps=20000"]
 GPU = ["--nodes=4", "--gpus_per_node=8", "--partition=gpu", "--time=24:00:00",
-       "--workdir=/shared/runs/ladder", "--chdir=/shared/lev_jax", "--dry-run"]
+       "--workdir=/shared/runs/ladder", "--chdir=/shared/lev_jax", "--dry-run", "--no-preflight"]
 
 
 def run(main, argv):
@@ -61,15 +63,18 @@ def test_tpu_dry_run_v5p_128_queued_spot():
       f"lev-v5p:lev_jax.tar.gz {where} --worker=all")
   ssh = f"gcloud compute tpus tpu-vm ssh lev-v5p {where} --worker=all "
   assert cmds[6].startswith(ssh + "'--command=rm -rf ~/lev_jax && mkdir -p ~/lev_jax && tar")
-  assert cmds[7].startswith(ssh) and 'pip install -q -e ".[gcs]" "jax[tpu]"' in cmds[7]
-  assert cmds[8] == ssh + shlex.quote("--command=" + train)
-  assert cmds[9] == cmds[0]
-  assert cmds[10] == (f"gcloud compute tpus queued-resources delete lev-v5p {where} "
+  assert cmds[7].startswith(ssh) and 'pip install -q -e ".[gcs]" "jax[tpu]==' in cmds[7]
+  assert cmds[8].startswith(ssh) and "setsid nohup bash -c" in cmds[8]
+  remote = shlex.split(shlex.split(cmds[8])[-1].split("=", 1)[1])
+  assert train in remote[remote.index("-c") + 1]  # inside the detached bash -c
+  assert cmds[9].startswith(ssh) and "tail -n +1 -F train.log" in cmds[9]
+  assert cmds[10] == cmds[0]
+  assert cmds[11] == (f"gcloud compute tpus queued-resources delete lev-v5p {where} "
                       "--force --quiet")
-  assert len(cmds) == 11
+  assert len(cmds) == 12
   assert all("--worker=all" in c for c in cmds if " ssh " in c or " scp " in c)
-  # One ssh --worker=all runs lev-train: the same command line on all 16 workers, with no
-  # per-worker flags (JAX's Cloud TPU auto-detection finds the other workers).
+  # One ssh --worker=all starts lev-train: the same command line on all 16 workers, with
+  # no per-worker flags (JAX's Cloud TPU auto-detection finds the other workers).
   runs = [c for c in cmds if "lev-train" in c]
   assert runs == [cmds[8]] and "--process_id" not in runs[0]
   assert "# launch/tpu.py: v5p-128 (64 chips, 16 hosts), spot queued resource" in out
@@ -80,7 +85,8 @@ def test_tpu_dry_run_tpu_vm_create_preemptible_git_repo():
   status, out = run(tpu.main, ["--name=t1", "--zone=us-central2-b", "--accelerator_type=v4-32",
                                "--preemptible", "--project=proj",
                                "--repo=https://github.com/me/lev_jax.git",
-                               "--workdir=gs://b/r", "--dry-run", "--", "--config=x.py:tied"])
+                               "--workdir=gs://b/r", "--dry-run", "--no-preflight", "--",
+                               "--config=x.py:tied"])
   assert status == 0
   assert ("gcloud compute tpus tpu-vm create t1 --zone=us-central2-b --project=proj "
           "--accelerator-type=v4-32 --version=tpu-ubuntu2204-base --preemptible") in out
@@ -91,7 +97,7 @@ def test_tpu_dry_run_tpu_vm_create_preemptible_git_repo():
 
 def test_tpu_single_host_allows_local_workdir_with_a_warning():
   status, out = run(tpu.main, ["--name=one", "--zone=us-east5-a", "--accelerator_type=v5p-8",
-                               "--workdir=runs/x", "--dry-run"])
+                               "--workdir=runs/x", "--dry-run", "--no-preflight"])
   assert status == 0 and "warning: --workdir=runs/x is on the TPU VM's disk" in out
 
 
@@ -113,6 +119,9 @@ def test_tpu_single_host_allows_local_workdir_with_a_warning():
     ([*V5P, "--repo=/nonexistent/dir"], "--repo=/nonexistent/dir: not a directory"),
     ([*V5P, "--", "--workdir=gs://b/other"], "--workdir after --"),
     ([*V5P, "--max_restarts=-1"], "--max_restarts=-1: expected 0 or more"),
+    ([*V5P, "--reserved"], "--reserved with --spot or --preemptible: choose one"),
+    ([*V5P, "--network=a b"], "--network='a b': expected a name or a path"),
+    ([*V5P, "--service_account=me"], "--service_account='me': expected an e-mail address"),
     ([*V5P, "--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_tpu_bad_inputs(argv, needle, capsys):
@@ -131,8 +140,9 @@ class FakeGcloud:
     pass
 
   def run(self, argv):
-    kind = ("train" if "lev-train" in " ".join(argv) else "tar" if argv[0] == "tar"
-            else " ".join(argv[3:5]))
+    line = " ".join(argv)
+    kind = ("start" if "setsid nohup" in line else "train" if "tail -n +1 -F" in line
+            else "tar" if argv[0] == "tar" else " ".join(argv[3:5]))
     self.log.append(kind)
     return self.statuses.pop(0) if kind == "train" else 0
 
@@ -157,22 +167,30 @@ def test_tpu_restarts_a_preempted_tpu_and_reruns():
   prepare = ["tar", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh"]
   assert fake.log == [
       "describe", "describe-qr", "queued-resources create", "describe-qr", "sleep",
-      "describe-qr", *prepare, "train",
+      "describe-qr", *prepare, "start", "train",
       "describe", "queued-resources delete", "queued-resources create", "describe-qr",
-      *prepare, "train"]
+      *prepare, "start", "train"]
 
 
 def test_tpu_reuses_a_ready_tpu_and_stops_on_a_real_failure():
   fake = FakeGcloud(states=["READY", "READY"], statuses=[1])
   assert tpu.launch(tpu_job(), fake) == 1
   assert fake.log == ["describe", "tar", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh",
-                      "train", "describe"]
+                      "start", "train", "describe"]
 
 
 def test_tpu_reruns_after_sigterm_checkpoint_on_a_ready_tpu_until_max_restarts():
   fake = FakeGcloud(states=["READY"] * 4, statuses=[143, 143, 143])
   assert tpu.launch(tpu_job("--max_restarts=2"), fake) == 143
   assert fake.log.count("train") == 3 and "queued-resources create" not in fake.log
+  assert fake.log.count("start") == 3
+
+
+def test_tpu_reattaches_after_a_dropped_ssh_without_restarting_lev_train():
+  fake = FakeGcloud(states=["READY", "READY", "READY"], statuses=[255, 255, 0])
+  assert tpu.launch(tpu_job(), fake) == 0
+  assert fake.log[-6:] == ["start", "train", "describe", "train", "describe", "train"]
+  assert fake.log.count("start") == 1 and fake.log.count("train") == 3
 
 
 def test_tpu_runs_gcloud_for_real_with_a_fake_gcloud(tmp_path, monkeypatch):
@@ -189,15 +207,108 @@ def test_tpu_runs_gcloud_for_real_with_a_fake_gcloud(tmp_path, monkeypatch):
   gcloud.chmod(0o755)
   monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
   status = tpu.main(["--name=one", "--zone=us-east5-a", "--accelerator_type=v5p-8", "--spot",
+                     "--no-preflight",
                      "--repo=https://example.com/lev_jax.git", "--", "--config=c.py:tied"])
   assert status == 0
   calls = log.read_text().splitlines()
   assert [c.split(" --")[0] for c in calls] == [
       "compute tpus tpu-vm describe one", "compute tpus tpu-vm create one",
-      "compute tpus tpu-vm ssh one", "compute tpus tpu-vm ssh one", "compute tpus tpu-vm ssh one"]
+      "compute tpus tpu-vm ssh one", "compute tpus tpu-vm ssh one", "compute tpus tpu-vm ssh one",
+      "compute tpus tpu-vm ssh one"]
   assert calls[1].endswith("--accelerator-type=v5p-8 --version=v2-alpha-tpuv5 --spot")
-  assert calls[-1].endswith("--worker=all --command=cd ~/lev_jax && .venv/bin/lev-train "
-                            "--config=c.py:tied")
+  assert "--worker=all --command=cd ~/lev_jax && rm -f train.status" in calls[-2]
+  assert "cd ~/lev_jax && .venv/bin/lev-train --config=c.py:tied" in calls[-2]
+  assert "tail -n +1 -F train.log" in calls[-1]
+
+
+def remote_command(argv):
+  """The --command=... of a `gcloud ... ssh` argv: what each worker runs with bash."""
+  return next(a for a in argv if a.startswith("--command=")).split("=", 1)[1]
+
+
+def test_tpu_worker_trains_detached_with_a_prefixed_log_and_a_status(tmp_path):
+  """The start and attach commands under bash, as on a worker (HOME=tmp, a fake
+  lev-train and metadata server): start returns at once, attach streams
+  `[worker 3] ` lines and exits with lev-train's status."""
+  home = tmp_path / "home"
+  (home / "lev_jax" / ".venv" / "bin").mkdir(parents=True)
+  lev_train = home / "lev_jax" / ".venv" / "bin" / "lev-train"
+  lev_train.write_text('#!/bin/bash\necho "step 1 $*"; /bin/sleep 2; echo "stopped" >&2; '
+                       'exit 143\n')
+  lev_train.chmod(0o755)
+  bin_ = fake_program(tmp_path, "curl", "echo 3")
+  fake_program(tmp_path, "sleep", '[ "$1" = 5 ] && exec /bin/sleep 0.1; exec /bin/sleep "$@"')
+  env = {**os.environ, "HOME": str(home), "PATH": f"{bin_}:{os.environ['PATH']}"}
+  job = tpu_job("--", "--config=c.py:x")
+  proc = subprocess.run(["bash", "-c", remote_command(job.start())], env=env, timeout=30)
+  assert proc.returncode == 0  # returned while lev-train runs on, detached:
+  assert not (home / "lev_jax" / "train.status").exists()
+  proc = subprocess.run(["bash", "-c", remote_command(job.attach())], env=env, timeout=60,
+                        capture_output=True, text=True)
+  assert proc.returncode == 143
+  log = (home / "lev_jax" / "train.log").read_text().splitlines()
+  assert log == ["[worker 3] step 1 --workdir=gs://bucket/runs/ladder --config=c.py:x",
+                 "[worker 3] stopped"]
+  assert proc.stdout.splitlines() == log
+  assert (home / "lev_jax" / "train.status").read_text().strip() == "143"
+
+
+def test_tpu_install_waits_for_the_dpkg_lock_and_retries(tmp_path):
+  """The install command under bash with a fake sudo whose apt-get fails twice on the
+  dpkg lock, then installs a fake python3.42; pip fails once. Sleeps are skipped."""
+  home = tmp_path / "home"
+  (home / "lev_jax").mkdir(parents=True)
+  bin_ = fake_program(tmp_path, "sleep", "exit 0")
+  calls = tmp_path / "calls"
+  fake_program(tmp_path, "sudo", textwrap.dedent(f"""\
+      echo "$*" >> {calls}
+      n=$(grep -c 'install' {calls})
+      [[ "$*" == *install* && $n -lt 3 ]] && {{ echo "E: Could not get lock" >&2; exit 100; }}
+      [[ "$*" == *install* ]] && cp {bin_}/py_template {bin_}/python3.42
+      exit 0"""))
+  pip = fake_program(tmp_path, "pip_template", f'echo "$*" >> {tmp_path}/pip; '
+                     f'[ $(wc -l < {tmp_path}/pip) -eq 1 ] && exit 1; exit 0') / "pip_template"
+  fake_program(tmp_path, "py_template", f"mkdir -p .venv/bin && cp {pip} .venv/bin/pip")
+  env = {**os.environ, "HOME": str(home), "PATH": f"{bin_}:/usr/bin:/bin"}
+  job = tpu_job("--python=python3.42")  # a Python no machine has: apt installs it
+  proc = subprocess.run(["bash", "-c", remote_command(job.install())], env=env, timeout=60,
+                        capture_output=True, text=True, cwd=home)
+  assert proc.returncode == 0, proc.stderr
+  apt = calls.read_text().splitlines()
+  assert apt[0] == "apt-get -o DPkg::Lock::Timeout=600 update -qq"
+  assert apt[1:] == ["apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3.42 "
+                     "python3.42-venv"] * 3
+  pip = (tmp_path / "pip").read_text().splitlines()
+  assert pip == ["install -q --upgrade pip", "install -q --upgrade pip",
+                 f'install -q -e .[gcs] jax[tpu]=={tpu.JAX_VERSION}']
+
+
+def test_tpu_jax_pin_is_builds_tested_version():
+  build = (REPO / "BUILD.md").read_text()
+  tested = re.search(r"^\| jax / jaxlib \| ([0-9.]+) \|$", build, re.M).group(1)
+  assert tpu.JAX_VERSION == tested
+  assert f"'jax[tpu]=={tested}'" in build  # BUILD.md's own TPU install line
+
+
+def test_tpu_passes_network_service_account_and_reserved_to_create():
+  extra = ["--network=vpc1", "--subnetwork=projects/p/regions/us-east5/subnetworks/s1",
+           "--service_account=tpu@p.iam.gserviceaccount.com"]
+  want = ("--network=vpc1 --subnetwork=projects/p/regions/us-east5/subnetworks/s1 "
+          "--service-account=tpu@p.iam.gserviceaccount.com")
+  status, out = run(tpu.main, [*[a for a in V5P if a != "--spot"], *extra, "--reserved"])
+  assert status == 0
+  assert ("--runtime-version=v2-alpha-tpuv5 " + want + " --reserved\n") in out
+  status, out = run(tpu.main, [*[a for a in V5P if a not in ("--queued", "--spot")], *extra])
+  assert status == 0 and ("--version=v2-alpha-tpuv5 " + want + "\n") in out
+
+
+def test_tpu_logs_prints_every_workers_log(capsys):
+  status, out = run(tpu.main, ["logs", "--name=lev-v5p", "--zone=us-east5-a", "--project=p",
+                               "--dry-run"])
+  assert status == 0 and out == ("gcloud compute tpus tpu-vm ssh lev-v5p --zone=us-east5-a "
+                                 "--project=p --worker=all '--command=cat ~/lev_jax/train.log'\n")
+  err = error(tpu.main, ["logs", "--zone=us-east5-a"], capsys)
+  assert err.startswith("launch/tpu.py: error: --name is required")
 
 
 # --- SLURM -----------------------------------------------------------------------------
@@ -271,7 +382,8 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
   sbatch.chmod(0o755)
   monkeypatch.setenv("PATH", f"{sbatch.parent}:{os.environ['PATH']}")
   workdir = tmp_path / "runs" / "ladder"
-  assert slurm.main(["--nodes=2", f"--workdir={workdir}", "--", "--config=c.py:x"]) == 0
+  assert slurm.main(["--nodes=2", f"--workdir={workdir}", "--no-preflight", "--",
+                     "--config=c.py:x"]) == 0
   script = tmp_path / "runs" / "ladder.sbatch"
   assert (tmp_path / "sbatch.args").read_text().strip() == str(script)
   assert "#SBATCH --nodes=2" in script.read_text() and not workdir.exists()
@@ -280,7 +392,17 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
 @pytest.mark.parametrize("argv,needle", [
     (["--nodes=0", *GPU[1:]], "--nodes=0: expected at least 1"),
     (GPU[1:], "--nodes is required"),
-    ([*GPU, "--gpus_per_node=0"], "--gpus_per_node=0: expected at least 1"),
+    ([*GPU, "--gpus_per_node=-1"], "--gpus_per_node=-1: expected 0 (CPU nodes) or more"),
+    ([*GPU, "--cpus_per_task=0"], "--cpus_per_task=0: expected at least 1"),
+    ([*GPU, "--mem=lots"], "--mem=lots: expected a size per node such as 200G"),
+    ([*GPU, "--qos=a;b"], "--qos='a;b': expected letters"),
+    ([*GPU, "--constraint=a100 ib"], "--constraint='a100 ib': expected node features"),
+    ([*GPU, "--sbatch_line=--reservation=big"], "--sbatch_line='--reservation=big': expected "
+     "one line starting with '#SBATCH --'"),
+    ([*GPU, "--sbatch_line=#SBATCH --a\n#SBATCH --b"], "expected one line"),
+    ([*GPU, "--env=NCCL_DEBUG"], "--env='NCCL_DEBUG': expected KEY=VALUE"),
+    ([*GPU, "--env=1X=2"], "--env='1X=2': expected KEY=VALUE with KEY letters"),
+    ([*GPU, "--env=COORDINATOR=h:1"], "COORDINATOR is set by the script itself"),
     ([*GPU, "--time=tomorrow"], "--time=tomorrow: expected minutes, MM:SS, HH:MM:SS"),
     ([*GPU, "--time=1"], "--signal_s=120: must be shorter than --time=1 (60 s)"),
     ([x for x in GPU if not x.startswith("--workdir")], "--workdir is required"),
@@ -291,6 +413,52 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
 def test_slurm_bad_inputs(argv, needle, capsys):
   err = error(slurm.main, argv, capsys)
   assert err.startswith("launch/slurm.py: error: ") and needle in err, err
+
+
+def test_slurm_cpu_nodes_use_all_cpus_and_jax_on_cpu(tmp_path):
+  status, script = run(slurm.main, [*GPU, "--gpus_per_node=0", "--", *TRAIN])
+  assert status == 0
+  lines = script.splitlines()
+  assert "gpu" not in script.replace("--partition=gpu", "")  # no GPU request anywhere
+  for line in ["#SBATCH --exclusive", "export JAX_PLATFORMS=cpu",
+               "# Generated by launch/slurm.py: lev-train on 4 CPU nodes,"]:
+    assert line in lines, line
+  srun = next(l for l in lines if l.startswith("srun "))
+  assert srun.startswith('srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" bash')
+  status, script = run(slurm.main, [*GPU, "--gpus_per_node=0", "--cpus_per_task=16"])
+  lines = script.splitlines()
+  assert "#SBATCH --cpus-per-task=16" in lines and "#SBATCH --exclusive" not in lines
+  assert any(l.startswith("srun --ntasks-per-node=1 --cpus-per-task=16 bash") for l in lines)
+  path = tmp_path / "job.sbatch"
+  path.write_text(script)
+  assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_slurm_passes_cluster_options_and_environment_through(tmp_path):
+  status, script = run(slurm.main, [
+      *GPU, "--account=proj", "--qos=high", "--mem=200G", "--exclusive",
+      "--constraint=a100&ib", "--cpus_per_task=32",
+      "--sbatch_line=#SBATCH --reservation=big", "--sbatch_line=#SBATCH --mail-type=END",
+      "--env=NCCL_DEBUG=WARN", "--env=XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true "
+      "--xla_dump_to='/tmp/x y'", "--env=EMPTY=", "--", *TRAIN])
+  assert status == 0
+  lines = script.splitlines()
+  sbatch = [l for l in lines if l.startswith("#SBATCH ")]
+  for option in ["--account=proj", "--qos=high", "--mem=200G", "--exclusive",
+                 "--constraint=a100&ib", "--cpus-per-task=32", "--gpus-per-node=8",
+                 "--reservation=big", "--mail-type=END"]:
+    assert f"#SBATCH {option}" in sbatch, option
+  assert sbatch[-2:] == ["#SBATCH --reservation=big", "#SBATCH --mail-type=END"]
+  assert "JAX_PLATFORMS" not in script  # GPU nodes: JAX picks the GPUs
+  exports = [l for l in lines if l.startswith("export ")]
+  srun = next(i for i, l in enumerate(lines) if l.startswith("srun "))
+  assert all(lines.index(e) < srun for e in exports)
+  assert lines[srun].startswith("srun --ntasks-per-node=1 --gpus-per-node=8 --cpus-per-task=32 ")
+  # The exports, run by bash, give lev-train exactly the values given.
+  prog = "\n".join([*exports[:3], 'printf "%s|" "$NCCL_DEBUG" "$XLA_FLAGS" "$EMPTY"'])
+  out = subprocess.run(["bash", "-c", prog], capture_output=True, text=True).stdout
+  assert out == ("WARN|--xla_gpu_enable_latency_hiding_scheduler=true --xla_dump_to='/tmp/x y'"
+                 "||")
 
 
 def test_scripts_run_from_the_command_line():
@@ -304,6 +472,63 @@ def test_scripts_run_from_the_command_line():
   assert proc.returncode == 2 and proc.stderr == (
       "launch/tpu.py: error: --name is required: the TPU VM (and queued resource) name, "
       "e.g. --name=lev-v5p-128\n")
+
+
+# --- pre-flight: lev-train's own checks before anything is written or submitted ----------
+
+def fake_program(tmp_path, name, body):
+  """An executable `name` in tmp_path/bin running bash `body`; returns the bin folder."""
+  bin_ = tmp_path / "bin"
+  bin_.mkdir(exist_ok=True)
+  (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
+  (bin_ / name).chmod(0o755)
+  return bin_
+
+
+def test_slurm_preflight_stops_a_bad_variant_before_writing_or_submitting(
+    tmp_path, monkeypatch, capsys):
+  bin_ = fake_program(tmp_path, "sbatch", f"echo called > {tmp_path}/sbatch.called")
+  monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+  monkeypatch.chdir(tmp_path)  # the config path is relative to --chdir, not to here
+  workdir = tmp_path / "runs" / "r"
+  status = slurm.main(["--nodes=2", "--gpus_per_node=0", f"--workdir={workdir}",
+                       f"--chdir={REPO}", "--", "--config=experiments/smoke.py:nope"])
+  err = capsys.readouterr().err
+  assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+  assert err == ("launch/slurm.py: error: the lev-train arguments after --: ValueError: "
+                 "experiments/smoke.py: unknown variant 'nope'; expected one of tied, untied, "
+                 "leviathan\n")
+  assert not (tmp_path / "sbatch.called").exists() and not (tmp_path / "runs").exists()
+
+
+def test_tpu_preflight_stops_a_mesh_that_does_not_fit_the_slice(tmp_path, monkeypatch, capsys):
+  bin_ = fake_program(tmp_path, "gcloud", f"echo \"$*\" >> {tmp_path}/gcloud.log")
+  monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+  # v5p-8: one host, 4 chips = 4 JAX devices; a 3-way tensor axis cannot divide them.
+  status = tpu.main(["--name=one", "--zone=us-east5-a", "--accelerator_type=v5p-8", "--",
+                     "--config=experiments/smoke.py:tied", "--config.mesh.tensor=3"])
+  err = capsys.readouterr().err
+  assert status == 2 and err == (
+      "launch/tpu.py: error: the lev-train arguments after --: config.mesh (data, fsdp, "
+      "tensor) = (1, -1, 3) does not divide 4 devices\n"), err
+  assert not (tmp_path / "gcloud.log").exists()
+
+
+def test_preflight_without_lev_jax_says_which_python_and_how_to_skip(tmp_path):
+  python = fake_program(tmp_path, "python", "echo \"ModuleNotFoundError: No module named "
+                        "'absl'\" >&2; exit 1") / "python"
+  with pytest.raises(common.LaunchError) as e:
+    common.preflight(["--config=c.py:x"], "gpu", 2, 8, python=str(python))
+  assert str(e.value) == (f"pre-flight: {python} cannot run lev-train (ModuleNotFoundError: "
+                          "No module named 'absl'); run the launcher with the Python (venv) "
+                          "that has lev_jax installed, or pass --no-preflight")
+
+
+@pytest.mark.parametrize("accelerator,devices,hosts", [
+    ("v5p-128", 64, 16), ("v4-8", 4, 1), ("v3-32", 32, 4), ("v6e-8", 8, 1)])
+def test_tpu_devices_per_accelerator(accelerator, devices, hosts):
+  acc = tpu.parse_accelerator(accelerator)
+  assert (acc.devices, acc.hosts) == (devices, hosts)
 
 
 # --- local -----------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Mesh, logical axis rules, golden PartitionSpecs, and 1-device == 8-device training."""
 
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 
 from conftest import tiny_config
 from lev_jax import sharding
+from lev_jax.sharding import ShardingError
 from lev_jax.train import abstract_model
 from lev_jax.experiments import experiments_dir, load_experiment
 
@@ -282,3 +285,29 @@ if __name__ == "__main__":
     _lookup_worker(sys.argv[2])
   else:
     _equivalence_worker()
+
+
+@pytest.mark.parametrize("job,mesh,needle", [
+    (("gpu", 2, 2), {}, None),
+    (("gpu", 2, 1), {"dcn_data": 2}, None),  # one DCN granule per process (node)
+    (("tpu", 4, 4), {"dcn_data": 2}, "spans 2 DCN groups; this job has 1 TPU slice"),
+    (("gpu", 4, 8), {"dcn_data": 2}, "spans 2 DCN groups; this job has 4 processes"),
+    (("cpu", 1, 8), {"tensor": 3}, "(1, -1, 3) does not divide 8 devices"),
+    (("gpu", 3, 1), {}, "dimension 'embed' of size 32 is not divisible by mesh axes ('fsdp',)"),
+    (("gpu", 8, 1), {"fsdp": 1, "data": -1}, "not divisible by the batch mesh axes ('data',) "
+     "of total size 8"),
+])
+def test_check_job_lays_out_a_job_without_devices(make_config, job, mesh, needle):
+  """What lev-train --preflight runs: the mesh for processes x devices, DCN granules
+  (processes on CPU / GPU, the one slice on TPU), parameter splits and batches."""
+  from lev_jax.train import check_job
+  c = make_config("tied")
+  for k, v in mesh.items():
+    c.mesh[k] = v
+  platform, processes, devices = job
+  if needle is None:
+    ici, dcn = check_job(c, processes, devices, platform)
+    assert math.prod(ici) * math.prod(dcn) == processes * devices
+  else:
+    with pytest.raises(ShardingError, match=re.escape(needle)):
+      check_job(c, processes, devices, platform)

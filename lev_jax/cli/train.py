@@ -13,11 +13,18 @@ One run per workdir: the run holds WORKDIR/.lock (lev_jax.lock; process 0 of a
 multi-host run), and a second lev-train on it stops at once naming the holder. A lock
 left by a killed run is taken over; --force_unlock removes one recorded by a run on
 another host that is gone (a network filesystem can keep its lock).
+
+`--preflight=PLATFORM:PROCESSESxDEVICES` (e.g. gpu:4x8: 4 nodes of 8 GPUs) checks the
+flags, the config and its mesh, parameter splits and batches for such a job, prints one
+line and exits 0 (2 with the one-line error), without touching a device or writing
+anything: launch/slurm.py and launch/tpu.py run it on the user's machine before they
+submit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 
 from absl import flags, logging
@@ -55,13 +62,43 @@ def _define_flags():
   flags.DEFINE_bool("restore_fallback", False, "When the latest checkpoint is corrupt "
                     "(checksum) or unreadable, resume from the latest intact one instead "
                     "of stopping (a warning names the skipped step).")
+  flags.DEFINE_string("preflight", None, "Check the flags, config and mesh for a job of "
+                      "PLATFORM:PROCESSESxDEVICES (cpu|gpu|tpu, devices per process), "
+                      "e.g. gpu:4x8, then exit without training or writing anything.")
   distributed.define_flags()
+
+
+_PREFLIGHT = re.compile(r"^(cpu|gpu|tpu):([0-9]+)x([0-9]+)$")
+
+
+def preflight(spec: str) -> None:
+  """Validates flags.FLAGS.config for the job `spec` describes; prints one line.
+
+  Exits with status 2 and one line on a bad spec, config, mesh or batch.
+  """
+  from lev_jax import train  # jax and flax; no backend is touched
+  m = _PREFLIGHT.match(spec)
+  if not m or int(m.group(2)) < 1 or int(m.group(3)) < 1:
+    common.fail("lev-train", f"--preflight={spec}: expected PLATFORM:PROCESSESxDEVICES with "
+                "PLATFORM cpu, gpu or tpu and counts of at least 1, e.g. gpu:4x8")
+  platform, processes, devices = m.group(1), int(m.group(2)), int(m.group(3))
+  config = common.config_or_exit("lev-train")
+  try:
+    validate(config)
+    ici, dcn = train.check_job(config, processes, devices, platform)
+  except (ConfigError, ShardingError) as e:
+    common.fail("lev-train", str(e))
+  print(f"lev-train: preflight ok: {config.name} on {processes} x {devices} {platform} "
+        f"devices, mesh (data, fsdp, tensor) = {tuple(ici)} x DCN {tuple(dcn)}")
 
 
 def main(argv):
   if len(argv) > 1:
     common.fail("lev-train", f"unexpected arguments: {' '.join(argv[1:])}")
   common.quiet_library_logs()
+  if flags.FLAGS.preflight is not None:
+    preflight(flags.FLAGS.preflight)
+    return
   try:  # multi-host: flags, else LEV_JAX_* env, else JAX's cluster detection, else nothing
     distributed.initialize_from_flags()
   except ValueError as e:
