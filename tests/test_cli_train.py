@@ -316,3 +316,13 @@ def test_ctrl_c_saves_the_current_step_and_the_rerun_matches_a_straight_run(tmp_
   assert loss(workdir) == loss(tmp_path / "straight")
   a, b = (saved_state(w, steps[0] + 3)["params"] for w in (workdir, tmp_path / "straight"))
   jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+@pytest.mark.parametrize("preflight", ["tpu:16x4", "gpu:4x8"])
+def test_the_readmes_pod_and_cluster_examples_pass_preflight(preflight):
+  """README "Scaling out": experiments/ladder.py:leviathan_1.2b on a v5p-128 slice (16
+  hosts x 4 chips) and on 4 nodes x 8 GPUs fits its mesh and batches (train and eval)."""
+  proc = lev("train", f"--config={REPO / 'experiments' / 'ladder.py'}:leviathan_1.2b",
+             f"--preflight={preflight}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "preflight ok: ladder_leviathan_1.2b" in proc.stderr + proc.stdout
