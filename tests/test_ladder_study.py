@@ -213,3 +213,24 @@ def test_bucket_changes_of_seeds_evaluated_on_other_data_are_refused():
   assert other["rows"] == [] and other["reason"] == (
       "evaluated on other data: validation of val.jsonl, 66 tokens evaluated, sha256 "
       "aaaaaaaaaaaa vs validation of val.jsonl, 66 tokens evaluated, sha256 bbbbbbbbbbbb")
+
+
+def test_final_table_keeps_a_variants_only_cell_whatever_its_options():
+  """fidelity_study pins lev_lr_multiplier=1 at 2k and 8k (its only Leviathan cell there)
+  and tries 1 and 3 (the default) at 32k: 2k and 8k keep their Leviathan row, 32k gets
+  the one selected on validation."""
+  def cell(variant, vocab, options, ppl):
+    label = f"{variant} V={vocab}" + ("" if options == "default" else f" [{options}]")
+    return {"label": label, "variant": variant, "vocab": vocab, "options": options,
+            "seeds": [0, 1], "validation": {"perplexity": {"mean": ppl, "n": 2}}}
+  lr1 = "lev_lr_multiplier=1.0"
+  cells = [cell("tied", 2048, "default", 10.0), cell("leviathan", 2048, lr1, 9.0),
+           cell("tied", 32768, "default", 20.0), cell("leviathan", 32768, lr1, 19.0),
+           cell("leviathan", 32768, "default", 18.0)]
+  runs = {(c["variant"], c["vocab"], c["options"]): {0: "a", 1: "b"} for c in cells}
+  selection, final = study._select(cells, runs)
+  assert final == ["tied V=2048", f"leviathan V=2048 [{lr1}]", "tied V=32768",
+                   "leviathan V=32768"]
+  assert [s["selected"] for s in selection] == ["leviathan V=32768"]
+  cells[-1]["validation"]["perplexity"]["mean"] = 19.5  # now multiplier 1 wins at 32k
+  assert study._select(cells, runs)[1][-1] == f"leviathan V=32768 [{lr1}]"

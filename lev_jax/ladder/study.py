@@ -26,7 +26,8 @@ What `analyse` computes:
     (lev_jax/ladder/scaling.py, on the eval/loss curves), mean ± se over the seeds that reach it
   selection (validation only): per vocab with several Leviathan option cells, the one
     with the lowest mean validation perplexity; the final table reports the test split
-    for tied, untied, Leviathan with default options and the selected Leviathan
+    for tied, untied, Leviathan with default options (or a variant's only cell at that
+    vocab, whatever its options) and the selected Leviathan
 A figure that cannot be computed is None next to a reason.
 """
 
@@ -393,7 +394,10 @@ def _select(cells: list[dict], runs_by_cell: dict) -> tuple[list[dict], list[str
   selection, final = [], []
   for vocab in sorted({c["vocab"] for c in cells}):
     here = [c for c in cells if c["vocab"] == vocab]
-    final += [c["label"] for c in here if c["options"] == "default"]
+    # A variant's default-options cell, or its only cell at this vocab (e.g. a study
+    # that pins lev_lr_multiplier=1 where nothing else is tried): nothing to select.
+    sole = lambda c: sum(d["variant"] == c["variant"] for d in here) == 1  # pylint: disable=cell-var-from-loop
+    final += [c["label"] for c in here if c["options"] == "default" or sole(c)]
     levs = [c for c in here if c["variant"] == "leviathan"]
     if len(levs) < 2:
       continue
