@@ -1,7 +1,7 @@
 """Data-path throughput: preparation tokens/s per core, loader tokens/s per host, and
 the margin of the loader over the 1.2B training step.
 
-  python benchmarks/data_throughput.py --tiktoken_file=PATH/o200k_base.tiktoken \
+  python benchmarks/data_throughput.py --tiktoken_file=PATH/o200k_base.tiktoken \\
           [--files='pile/train/*.jsonl.zst'] [--mb=24] [--workers=1,2] [--segments=3]
 
 1. Corpus: the given Pile-format files, or (default) the embedded corpus cut into ~4 KB

@@ -1,8 +1,8 @@
 """Run N processes of lev-train (or any module or command) on this machine, on CPU.
 
-  python launch/local.py --num_processes=2 --devices_per_process=4 -- \
+  python launch/local.py --num_processes=2 --devices_per_process=4 -- \\
       --config=experiments/smoke.py:tied --workdir=runs/mp_tied
-  python launch/local.py --num_processes=2 --devices_per_process=2 --command -- \
+  python launch/local.py --num_processes=2 --devices_per_process=2 --command -- \\
       python -c 'import jax, lev_jax.distributed as d; d.initialize(); print(jax.device_count())'
   python launch/local.py --num_processes=2 --dry-run -- --config=experiments/smoke.py:tied
 

@@ -1,9 +1,9 @@
 """Write and submit an sbatch script that trains on a multi-node GPU or CPU cluster with SLURM.
 
-  python launch/slurm.py --nodes=4 --gpus_per_node=8 --partition=gpu --time=24:00:00 \
-      --venv=/shared/lev_jax/.venv --workdir=/shared/runs/ladder_1.2b -- \
+  python launch/slurm.py --nodes=4 --gpus_per_node=8 --partition=gpu --time=24:00:00 \\
+      --venv=/shared/lev_jax/.venv --workdir=/shared/runs/ladder_1.2b -- \\
       --config=experiments/ladder.py:leviathan_1.2b
-  python launch/slurm.py --nodes=2 --gpus_per_node=0 --partition=cpu --workdir=runs/cpu -- \
+  python launch/slurm.py --nodes=2 --gpus_per_node=0 --partition=cpu --workdir=runs/cpu -- \\
       --config=experiments/smoke.py:tied          # CPU nodes
   python launch/slurm.py ... --dry-run -- ...     # print the script; write and submit nothing
 

@@ -1,7 +1,7 @@
 """Train on a Cloud TPU VM (single host or pod slice) through gcloud, restarting after preemption.
 
-  python launch/tpu.py --name=lev-v5p --zone=us-east5-a --accelerator_type=v5p-128 \
-      --queued --spot --workdir=gs://BUCKET/runs/ladder_1.2b --max_restarts=10 -- \
+  python launch/tpu.py --name=lev-v5p --zone=us-east5-a --accelerator_type=v5p-128 \\
+      --queued --spot --workdir=gs://BUCKET/runs/ladder_1.2b --max_restarts=10 -- \\
       --config=experiments/ladder.py:leviathan_1.2b
   python launch/tpu.py ... --dry-run -- ...     # print every command, in order; run nothing
   python launch/tpu.py logs --name=lev-v5p --zone=us-east5-a   # every worker's log

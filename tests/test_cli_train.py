@@ -126,7 +126,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_cache):
     # The same line with or without overrides.
     ("experiments/nope.py", "--config=experiments/nope.py: no such file (expected a Python "
      "config file and variant, e.g. experiments/smoke.py:leviathan)", ()),
-    (f"{SMOKE}:nonexistent", "unknown variant 'nonexistent'; expected one of tied, untied, leviathan", ()),
+    (f"{SMOKE}:nonexistent", "lev-train: error: experiments/smoke.py: unknown variant "
+     "'nonexistent'; expected one of tied, untied, leviathan", ()),  # no "ValueError: "
     # With an override, ml_collections fails while applying it: still one line.
     ("experiments/nope.py", "--config=experiments/nope.py: no such file",
      ("--config.train.steps=20",)),

@@ -192,8 +192,8 @@ def flags_parser(prog: str, module: str | None = None):
       sys.exit(0)
     try:
       return flags.FLAGS(argv)
-    except flags.Error as e:
-      fail(prog, _last_line(e))
+    except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
+      fail(prog, re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e)))
     except Exception as e:  # raised by ml_collections while it loads --config=FILE
       _fail_on_config_error(prog, e, argv)
   return parse
