@@ -5,6 +5,7 @@ the bucket test in test_ladder_report.py."""
 import json
 from pathlib import Path
 
+from lev_jax import workdir
 from lev_jax.ladder import plots, reporting
 
 DOCS_ANALYSIS = Path(__file__).resolve().parent.parent / "docs" / "smoke_ladder" / "analysis.json"
@@ -61,7 +62,7 @@ def assert_texts_apart_and_inside(fig):
 def test_scaling_fit_labels_neither_overlap_nor_cross_the_plot(tmp_path, monkeypatch):
   """The smoke ladder's analysis (docs/): two Leviathan rungs' n_eff close together, one
   at the right edge, and the fit line through them."""
-  analysis = json.loads(DOCS_ANALYSIS.read_text())
+  analysis = workdir.loads_json(DOCS_ANALYSIS.read_text())  # strict JSON: "inf" as text
   fig = drawn_figure(plots.plot_scaling_fit, analysis, tmp_path / "fit.png", monkeypatch)
   assert_texts_apart_and_inside(fig)
   renderer = fig.canvas.get_renderer()

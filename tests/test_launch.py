@@ -495,7 +495,7 @@ def test_slurm_preflight_stops_a_bad_variant_before_writing_or_submitting(
                        f"--chdir={REPO}", "--", "--config=experiments/smoke.py:nope"])
   err = capsys.readouterr().err
   assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
-  assert err == ("launch/slurm.py: error: the lev-train arguments after --: ValueError: "
+  assert err == ("launch/slurm.py: error: the lev-train arguments after --: "
                  "experiments/smoke.py: unknown variant 'nope'; expected one of tied, untied, "
                  "leviathan\n")
   assert not (tmp_path / "sbatch.called").exists() and not (tmp_path / "runs").exists()
