@@ -105,6 +105,12 @@ def _name(keypath) -> str:
   return jax.tree_util.keystr(keypath, simple=True, separator="/")
 
 
+def _read_config(manager: ocp.CheckpointManager, step: int) -> dict:
+  """The config item of `step` (Orbax's JsonCheckpointHandler; tuples read back as
+  lists); Orbax / tensorstore errors of any type for a missing or damaged item."""
+  return manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+
+
 class Checkpointer:
   """Saves and restores (state, data iterator, config) under WORKDIR/checkpoints.
 
@@ -168,8 +174,7 @@ class Checkpointer:
       CheckpointMismatchError: the step's config item is missing or unreadable.
     """
     try:
-      return self.manager.restore(step, args=ocp.args.Composite(
-          config=ocp.args.JsonRestore()))["config"]
+      return _read_config(self.manager, step)
     except Exception as e:  # a deleted or damaged config item: any Orbax error type
       raise CheckpointMismatchError(
           f"checkpoint {self.directory / str(step)}: its config cannot be read "
@@ -322,8 +327,7 @@ class CheckpointReader:
 
   def saved_config(self, step: int) -> dict:
     """The config stored with `step` (JSON: tuples as lists)."""
-    return self.manager.restore(step, args=ocp.args.Composite(
-        config=ocp.args.JsonRestore()))["config"]
+    return _read_config(self.manager, step)
 
   def params(self, step: int, abstract_params, device=None):
     """The parameters of `step` (state["params"]) on one device.

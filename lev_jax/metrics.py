@@ -21,12 +21,12 @@ import jax
 from etils import epath
 
 from lev_jax.data.files import write_bytes_atomic
-from lev_jax.workdir import METRICS, TENSORBOARD
+from lev_jax.workdir import METRICS, TENSORBOARD, finite_json
 
 
 def _clean(v):
-  v = float(v)
-  return v if math.isfinite(v) else str(v)
+  """A metric as a JSON number, or a non-finite one as its text (workdir.finite_json)."""
+  return finite_json(float(v))
 
 
 class MetricWriter:

@@ -69,6 +69,27 @@ def _init_state(config):
           "rng": jax.random.key_data(jax.random.key(config.seed + 1))}
 
 
+def _check_splits(config: ml_collections.ConfigDict, sizes: dict[str, int],
+                  processes: int | None = None):
+  """The checks `partition` and `check_job` share, on mesh axis `sizes`: every
+  parameter's split (`sharding.param_specs`) and both batches (train per micro-batch,
+  eval) over the batch axes and the processes (default `jax.process_count()`).
+
+  Returns:
+    (rules, graphdef, abstract params, param specs).
+  Raises:
+    ShardingError: a missing rule, an indivisible dimension or batch.
+  """
+  rules = sharding.rules_from_config(config)
+  graphdef, abstract_params = nnx.split(abstract_model(config), nnx.Param)
+  specs = sharding.param_specs(abstract_params, sizes, rules)
+  t = config.train
+  sharding.check_batch(t.global_batch_size // t.grad_accum_steps, sizes, rules,
+                       "train.global_batch_size / train.grad_accum_steps", processes)
+  sharding.check_batch(config.eval.batch_size, sizes, rules, "eval.batch_size", processes)
+  return rules, graphdef, abstract_params, specs
+
+
 def partition(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Partitioned:
   """Shardings for `config` on `mesh` (default: config.mesh over all devices).
 
@@ -76,9 +97,7 @@ def partition(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Pa
     ShardingError: impossible mesh, missing rule, or indivisible dimension / batch.
   """
   mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
-  rules = sharding.rules_from_config(config)
-  graphdef, abstract_params = nnx.split(abstract_model(config), nnx.Param)
-  specs = sharding.param_specs(abstract_params, sharding.mesh_sizes(mesh), rules)
+  rules, graphdef, abstract_params, specs = _check_splits(config, sharding.mesh_sizes(mesh))
   param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
   replicated = NamedSharding(mesh, P())
   tx = make_optimizer(config)
@@ -86,11 +105,6 @@ def partition(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Pa
       tx, lambda _, s: s, jax.eval_shape(tx.init, abstract_params), param_sh,
       transform_non_params=lambda _: replicated,
       is_leaf=lambda x: isinstance(x, NamedSharding))
-  t = config.train
-  sizes = sharding.mesh_sizes(mesh)
-  sharding.check_batch(t.global_batch_size // t.grad_accum_steps, sizes, rules,
-                       "train.global_batch_size / train.grad_accum_steps")
-  sharding.check_batch(config.eval.batch_size, sizes, rules, "eval.batch_size")
   return Partitioned(graphdef, mesh, rules,
                      {"params": param_sh, "opt_state": opt_sh, "step": replicated,
                       "rng": replicated},
@@ -128,14 +142,8 @@ def check_job(config: ml_collections.ConfigDict, processes: int, devices_per_pro
         f"{math.prod(dcn)} DCN groups; this job has {granules} {kind}"
         f"{'es' if kind == 'process' and granules != 1 else ''} (one per node on CPU / GPU, "
         "one slice on TPU)")
-  sizes = {a: i * d for a, i, d in zip(sharding.MESH_AXES, ici, dcn)}
-  rules = sharding.rules_from_config(config)
-  _, abstract_params = nnx.split(abstract_model(config), nnx.Param)
-  sharding.param_specs(abstract_params, sizes, rules)
-  t = config.train
-  sharding.check_batch(t.global_batch_size // t.grad_accum_steps, sizes, rules,
-                       "train.global_batch_size / train.grad_accum_steps", processes)
-  sharding.check_batch(config.eval.batch_size, sizes, rules, "eval.batch_size", processes)
+  _check_splits(config, {a: i * d for a, i, d in zip(sharding.MESH_AXES, ici, dcn)},
+                processes)
   return ici, dcn
 
 

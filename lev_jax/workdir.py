@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 
 DEFAULT_ROOT = "runs"  # lev-train's workdir without --workdir: runs/<config.name>
 
@@ -101,8 +102,8 @@ def finite_json(value):
     return {k: finite_json(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
     return [finite_json(v) for v in value]
-  if isinstance(value, float) or type(value).__name__ in ("float32", "float64", "float16"):
-    v = float(value)
+  if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+    v = float(value)  # Python and NumPy floats (NumPy registers them as numbers.Real)
     return v if math.isfinite(v) else str(v)
   return value
 

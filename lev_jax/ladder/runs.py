@@ -59,11 +59,12 @@ def load_ladder(ladder) -> types.ModuleType:
   else:
     path = Path(str(ladder)).expanduser()
     where = str(ladder)
-    if not path.is_file():
-      raise LadderError(f"ladder {where}: no such file; expected an experiment file with "
-                        "RUNGS and get_config(variant), e.g. experiments/smoke_ladder.py")
     try:
       module = load_experiment(path)
+    except FileNotFoundError:
+      raise LadderError(f"ladder {where}: no such file; expected an experiment file with "
+                        "RUNGS and get_config(variant), e.g. experiments/smoke_ladder.py"
+                        ) from None
     except ExperimentImportError as e:  # the file's own error, named with the file
       cause = e.__cause__
       raise LadderError(f"ladder {where}: failed to import: {type(cause).__name__}: "
