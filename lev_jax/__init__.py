@@ -12,6 +12,7 @@ Where things live (library first; commands only in cli/, which no library module
               lev_pallas: its Pallas kernels
   embeddings  tied / untied / lev embeddings behind embed() and unembed()
   model       LLaMA-style decoder;  sharding: mesh and the one logical-axis rules table
+  dense       the weight matmuls;  portable: XLA:CPU set-up for CPU-independent bits
   optimizer   AdamW, clipping, warm-up + cosine schedule, parameter groups
   train       train state, jitted train and eval steps;  trainer: the training loop
   flops       model FLOPs and MFU;  params: parameter counts by part
@@ -40,3 +41,9 @@ Shape legend used in names (x_BxLxD):
 """
 
 __version__ = "0.1.0"
+
+from lev_jax import portable as _portable
+
+# Before any JAX backend starts: CPU float32 results that do not depend on the CPU model
+# or its thread count (lev_jax/portable.py; LEV_JAX_PORTABLE_CPU=0 switches it off).
+_portable.configure_environment()

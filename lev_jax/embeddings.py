@@ -18,6 +18,7 @@ import ml_collections
 from flax import nnx
 
 from lev_jax.config import EMBEDDINGS, ConfigError, padded_vocab_size
+from lev_jax.dense import dense
 from lev_jax.lev import LEV, dense_plan, evaluation_plan
 from lev_jax.sharding import constrain, take_rows
 
@@ -40,15 +41,15 @@ def mask_padded_logits(logits_xV: jax.Array, vocab_size: int,
   return jnp.where(valid_V, logits_xV, fill)
 
 
-def _logits(spec: str, x_BxLxD: jax.Array, w: jax.Array, vocab_size: int) -> jax.Array:
-  """float32 logits [B, L, V] of the head matmul `spec`, padded ids at PAD_LOGIT.
+def _logits(x_BxLxD: jax.Array, w_DxV: jax.Array, vocab_size: int) -> jax.Array:
+  """float32 logits [B, L, V] = x . w_DxV (the head, D x padded V), padded ids at PAD_LOGIT.
 
   The matmul takes its inputs in the compute dtype (x's) and accumulates and returns
   float32 (preferred_element_type): with bfloat16 compute the logits are not rounded
   to bfloat16 on the way out (jax.lax.dot_general docs).
   """
-  logits_BxLxV = jnp.einsum(spec, x_BxLxD, w.astype(x_BxLxD.dtype),
-                            preferred_element_type=jnp.float32)
+  logits_BxLxV = dense(x_BxLxD, w_DxV.astype(x_BxLxD.dtype),
+                       preferred_element_type=jnp.float32)
   return mask_padded_logits(logits_BxLxV, vocab_size)
 
 
@@ -60,7 +61,7 @@ class _Head(nnx.Module):
     self.head = nnx.Param(w, logical_axes=("embed", "vocab"))
 
   def unembed(self, x_BxLxD: jax.Array) -> jax.Array:
-    return _logits("bld,dv->blv", x_BxLxD, self.head[...], self.vocab_size)
+    return _logits(x_BxLxD, self.head[...], self.vocab_size)
 
 
 class TiedEmbedding(nnx.Module):
@@ -75,7 +76,7 @@ class TiedEmbedding(nnx.Module):
     return take_rows(self.table[...], ids_BxL, self.dtype)
 
   def unembed(self, x_BxLxD: jax.Array) -> jax.Array:
-    return _logits("bld,vd->blv", x_BxLxD, self.table[...], self.vocab_size)
+    return _logits(x_BxLxD, self.table[...].T, self.vocab_size)
 
 
 class UntiedEmbedding(_Head):

@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from lev_jax.config import LEV_MODES, ConfigError, lev_digit_base
+from lev_jax.dense import dense
 from lev_jax.sharding import constrain
 
 
@@ -296,14 +297,14 @@ def _lev_rows(params: dict, ids_N: jax.Array, cfg: ml_collections.ConfigDict,
   digits_NxK = to_digits(ids_N, base, cfg.n_coords)
   codebooks_KxBxS = params["codebooks"].astype(f32)
   z_NxS = sum(codebooks_KxBxS[r][digits_NxK[:, r]] for r in range(cfg.n_coords))
-  u_NxHxS = jnp.einsum("ns,hst->nht", z_NxS, params["seed_proj"].astype(f32))
+  u_NxHxS = dense(z_NxS, params["seed_proj"].astype(f32).transpose(1, 0, 2))  # [S, H, S]
   mean = u_NxHxS.mean(-1, keepdims=True)
   var = jnp.square(u_NxHxS - mean).mean(-1, keepdims=True)
   u_NxHxS = (u_NxHxS - mean) * jax.lax.rsqrt(var + cfg.ln_eps)
   u_NxHxS = u_NxHxS * params["ln_scale"] + params["ln_bias"]
   t_NxHxS = jax.nn.sigmoid(u_NxHxS * (0.5 if cfg.sigmoid == "half" else 1.0))
   modes_NxHxR = _modes(params, t_NxHxS, cfg)
-  return jnp.einsum("nhr,hrd->nd", modes_NxHxR, params["out_proj"].astype(f32))
+  return dense(modes_NxHxR, params["out_proj"].astype(f32), 2)
 
 
 def dense_plan(padded_vocab: int, n_ids: int) -> tuple[str, int]:

@@ -22,6 +22,7 @@ import ml_collections
 from flax import nnx
 
 from lev_jax.config import REMAT_POLICIES
+from lev_jax.dense import dense
 from lev_jax.embeddings import make_embedding
 from lev_jax.sharding import constrain
 
@@ -87,9 +88,9 @@ class Attention(nnx.Module):
     v_BxLxGxK), in the compute dtype; positions int [B, L]. Shared by the full forward
     pass and the cached `decode`, so both compute the same queries, keys and values."""
     c = lambda w: w[...].astype(self.dtype)
-    q_BxLxHxK = rope(jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wq)), positions_BxL, self.theta)
-    k_BxLxGxK = rope(jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wk)), positions_BxL, self.theta)
-    v_BxLxGxK = jnp.einsum("bld,dhk->blhk", x_BxLxD, c(self.wv))
+    q_BxLxHxK = rope(dense(x_BxLxD, c(self.wq)), positions_BxL, self.theta)
+    k_BxLxGxK = rope(dense(x_BxLxD, c(self.wk)), positions_BxL, self.theta)
+    v_BxLxGxK = dense(x_BxLxD, c(self.wv))
     return q_BxLxHxK, k_BxLxGxK, v_BxLxGxK
 
   def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array,
@@ -105,7 +106,7 @@ class Attention(nnx.Module):
     out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
                                                mask=mask_Bx1xLxL, is_causal=True,
                                                implementation="xla")
-    return jnp.einsum("blhk,hkd->bld", out_BxLxHxK, c(self.wo))
+    return dense(out_BxLxHxK, c(self.wo), 2)
 
   def decode(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, cache: dict,
              cache_index: jax.Array, key_valid_BxS: jax.Array) -> tuple[jax.Array, dict]:
@@ -137,7 +138,7 @@ class Attention(nnx.Module):
     out_BxTxHxK = jax.nn.dot_product_attention(
         q_BxTxHxK, k_BxSxGxK.astype(self.dtype), v_BxSxGxK.astype(self.dtype),
         mask=mask_Bx1xTxS, implementation="xla")
-    out_BxTxD = jnp.einsum("bthk,hkd->btd", out_BxTxHxK, c(self.wo))
+    out_BxTxD = dense(out_BxTxHxK, c(self.wo), 2)
     return out_BxTxD, {"k": k_BxSxGxK, "v": v_BxSxGxK}
 
 
@@ -154,9 +155,9 @@ class MLP(nnx.Module):
 
   def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
     c = lambda w: w[...].astype(self.dtype)
-    h_BxLxF = jax.nn.silu(x_BxLxD @ c(self.w_gate)) * (x_BxLxD @ c(self.w_up))
+    h_BxLxF = jax.nn.silu(dense(x_BxLxD, c(self.w_gate))) * dense(x_BxLxD, c(self.w_up))
     h_BxLxF = constrain(h_BxLxF, ("batch", "length", "act_mlp"))
-    return h_BxLxF @ c(self.w_down)
+    return dense(h_BxLxF, c(self.w_down))
 
 
 class Block(nnx.Module):

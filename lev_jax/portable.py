@@ -1,0 +1,74 @@
+"""Float32 training whose bits do not depend on which x86-64 CPU runs it.
+
+The default job, the smoke ladder and the seeded studies run on CPUs, and the README
+quotes their figures to the printed digit. XLA:CPU (jax 0.10.2) makes three choices by
+the machine it finds, and 300 steps amplify the last-bit differences they cause to ~2 %
+of Leviathan's perplexity:
+
+1. Transcendental functions (exp, log, tanh, rsqrt, ...) are compiled for the CPU's
+   instruction set when `--xla_cpu_enable_platform_dependent_math` is true (XLA's
+   default; its help: "at the expense of consistent results across CPUs").
+   `configure_environment` sets it to false in XLA_FLAGS.
+2. A dot whose left operand is contracted over its major dimension (x^T dy: the weight
+   gradient of every `x @ W`) runs in Eigen (DotThunk), whose summation order follows
+   the CPU's cache sizes and the number of intra-op threads. Dots in the standard
+   [M, K] x [K, N] layout run in YNNPACK (YnnFusionThunk), whose sums depend on
+   neither. `lev_jax.dense.dense` computes every weight matmul of the model with a
+   gradient whose dots are all in the standard layout.
+3. With one intra-op thread some reductions take another order than with 2 or more
+   (measured: 2, 3, 4, 8 and 16 threads agree, 1 does not). `configure_environment`
+   sets NPROC=2 (XLA's thread-pool size) on a machine with one schedulable CPU.
+
+Measured with `benchmarks/cpu_portability.py` on a 2-core AMD EPYC (AVX-512), against
+the same program under QEMU user mode as an Intel Haswell (AVX2, other caches): the
+smoke Leviathan model's logits and all 28 gradients are bit-identical with 1-3 in
+place, while without them ~95 % of the entries of most gradients differ (without 1,
+also the logits). The cost is in README "Step time" (benchmarks/step_time.py).
+
+Not covered: CPUs without AVX2 and FMA (pre-2013 x86, where YNNPACK has no FMA kernels),
+other architectures (ARM), other jax/jaxlib versions (BUILD.md pins them), bfloat16.
+Everything off the CPU (GPU, TPU) is unchanged: `dense` is `jax.lax.dot_general` there.
+This module imports no jax: `lev_jax/__init__.py` runs `configure_environment` before
+any backend can start.
+
+Set LEV_JAX_PORTABLE_CPU=0 to leave XLA's flags and thread count as they are (`dense`
+keeps its layout, which costs one transpose per weight gradient).
+
+Source: `XLA_FLAGS=--help` (jax 0.10.2) for the flag; the thunk names are those in the
+optimized HLO (`jax.jit(f).lower(...).compile().as_text()`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+ENV_SWITCH = "LEV_JAX_PORTABLE_CPU"
+PORTABLE_MATH_FLAG = "--xla_cpu_enable_platform_dependent_math=false"
+
+
+def configure_environment(environ: MutableMapping[str, str] | None = None,
+                          schedulable_cpus: int | None = None) -> bool:
+  """Sets the XLA:CPU flag and thread count above in `environ` (default os.environ).
+
+  Must run before JAX's CPU backend starts (the first array or `jax.devices()`);
+  importing lev_jax does it. A flag or NPROC the user set is kept as it is.
+
+  Args:
+    environ: the environment to change.
+    schedulable_cpus: default `len(os.sched_getaffinity(0))`.
+  Returns:
+    False when LEV_JAX_PORTABLE_CPU=0 switched it off (nothing changed), else True.
+  """
+  env = os.environ if environ is None else environ
+  if env.get(ENV_SWITCH, "1") == "0":
+    return False
+  flags = env.get("XLA_FLAGS", "")
+  if PORTABLE_MATH_FLAG.split("=")[0] not in flags:
+    env["XLA_FLAGS"] = f"{flags} {PORTABLE_MATH_FLAG}".strip()
+  if schedulable_cpus is None:
+    schedulable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+  if schedulable_cpus < 2 and "NPROC" not in env:
+    env["NPROC"] = "2"
+  return True
