@@ -5,10 +5,13 @@ quotes their figures to the printed digit. XLA:CPU (jax 0.10.2) makes three choi
 the machine it finds, and 300 steps amplify the last-bit differences they cause to ~2 %
 of Leviathan's perplexity:
 
-1. Transcendental functions (exp, log, tanh, rsqrt, ...) are compiled for the CPU's
-   instruction set when `--xla_cpu_enable_platform_dependent_math` is true (XLA's
-   default; its help: "at the expense of consistent results across CPUs").
-   `configure_environment` sets it to false in XLA_FLAGS.
+1. Elementwise code and reductions are compiled for the CPU's instruction set:
+   transcendental functions (exp, log, tanh, rsqrt, ...) with instructions of that set
+   when `--xla_cpu_enable_platform_dependent_math` is true (XLA's default; its help:
+   "at the expense of consistent results across CPUs"), and reductions with vectors
+   as wide as the set allows (AVX-512 sums a [16, 128] array in another order than
+   AVX2). `configure_environment` sets that flag to false and, on x86-64,
+   `--xla_cpu_max_isa=AVX2`, so that AVX-512 machines compile what AVX2 machines do.
 2. A dot whose left operand is contracted over its major dimension (x^T dy: the weight
    gradient of every `x @ W`) runs in Eigen (DotThunk), whose summation order follows
    the CPU's cache sizes and the number of intra-op threads. Dots in the standard
@@ -41,15 +44,18 @@ optimized HLO (`jax.jit(f).lower(...).compile().as_text()`).
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import MutableMapping
 
 ENV_SWITCH = "LEV_JAX_PORTABLE_CPU"
 PORTABLE_MATH_FLAG = "--xla_cpu_enable_platform_dependent_math=false"
+MAX_ISA_FLAG = "--xla_cpu_max_isa=AVX2"  # x86-64 only: the value names x86 sets
 
 
 def configure_environment(environ: MutableMapping[str, str] | None = None,
-                          schedulable_cpus: int | None = None) -> bool:
-  """Sets the XLA:CPU flag and thread count above in `environ` (default os.environ).
+                          schedulable_cpus: int | None = None,
+                          machine: str | None = None) -> bool:
+  """Sets the XLA:CPU flags and thread count above in `environ` (default os.environ).
 
   Must run before JAX's CPU backend starts (the first array or `jax.devices()`);
   importing lev_jax does it. A flag or NPROC the user set is kept as it is.
@@ -57,15 +63,19 @@ def configure_environment(environ: MutableMapping[str, str] | None = None,
   Args:
     environ: the environment to change.
     schedulable_cpus: default `len(os.sched_getaffinity(0))`.
+    machine: default `platform.machine()`; MAX_ISA_FLAG is set on x86_64 / AMD64 only.
   Returns:
     False when LEV_JAX_PORTABLE_CPU=0 switched it off (nothing changed), else True.
   """
   env = os.environ if environ is None else environ
   if env.get(ENV_SWITCH, "1") == "0":
     return False
-  flags = env.get("XLA_FLAGS", "")
-  if PORTABLE_MATH_FLAG.split("=")[0] not in flags:
-    env["XLA_FLAGS"] = f"{flags} {PORTABLE_MATH_FLAG}".strip()
+  machine = platform.machine() if machine is None else machine
+  wanted = [PORTABLE_MATH_FLAG] + ([MAX_ISA_FLAG] if machine in ("x86_64", "AMD64") else [])
+  for flag in wanted:
+    flags = env.get("XLA_FLAGS", "")
+    if flag.split("=")[0] not in flags:
+      env["XLA_FLAGS"] = f"{flags} {flag}".strip()
   if schedulable_cpus is None:
     schedulable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
