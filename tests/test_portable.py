@@ -2,8 +2,12 @@
 
 import os
 import platform
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from lev_jax import portable
 
@@ -56,3 +60,38 @@ def test_importing_lev_jax_sets_it_before_any_backend():
   if platform.machine() in ("x86_64", "AMD64"):
     expected.add(portable.MAX_ISA_FLAG)
   assert set(out.split()) == expected
+
+
+_STEPS_PROGRAM = """
+import hashlib, sys, numpy as np, jax
+sys.path.insert(0, sys.argv[1])
+from conftest import tiny_config
+from lev_jax import train
+config = tiny_config("lev")
+config.train.seq_len, config.train.global_batch_size = 64, 8
+part, state = train.create_train_state(config)
+step = train.make_train_step(part, config)
+rng = np.random.default_rng(0)
+for _ in range(2):
+  ids = rng.integers(0, 300, size=(8, 65)).astype(np.int32)
+  state, metrics = step(state, {"inputs": ids[:, :-1], "targets": ids[:, 1:],
+                                "weights": np.ones((8, 64), np.float32)})
+digest = hashlib.sha256()
+for leaf in jax.tree.leaves(state["params"]):
+  digest.update(np.asarray(leaf).tobytes())
+print(digest.hexdigest(), float(metrics["loss"]).hex(), float(metrics["grad_norm"]).hex())
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not shutil.which("qemu-x86_64"),
+                    reason="needs an x86-64 host with qemu-user (apt-get install qemu-user)")
+def test_same_bits_on_an_emulated_haswell():
+  """Two Leviathan train steps here and on an emulated Intel Haswell (AVX2, no AVX-512,
+  other caches; QEMU user mode) give the same parameters, loss and gradient norm bit
+  for bit. benchmarks/cpu_portability.py does the same for the smoke models."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  tests = str(Path(__file__).parent)
+  run = lambda prefix: subprocess.run(
+      [*prefix, sys.executable, "-c", _STEPS_PROGRAM, tests], env=env, capture_output=True,
+      text=True, check=True).stdout.split()
+  assert run([]) == run(["qemu-x86_64", "-cpu", "Haswell-v4"])
