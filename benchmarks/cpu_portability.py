@@ -16,8 +16,9 @@ reported loss and gradient norm, bit for bit against `native`:
                    Haswell (AVX2, no AVX-512, other cache sizes): needs qemu-user
                    (`apt-get install qemu-user`, QEMU >= 7.2 for AVX2); skipped with a
                    line when it is absent. Emulation is slow: ~2 s a step.
-  haswell-default  the same with LEV_JAX_PORTABLE_CPU=0 (XLA's default flags): shows
-                   that the comparison detects a difference (expected: differs)
+  haswell-default  the same with LEV_JAX_PORTABLE_CPU=0 (XLA's default flags and
+                   thread count; lev_jax.dense's layout stays): shows that the
+                   comparison detects a difference (expected: differs)
 
 Prints one line per machine and variant ("same bits" or the first differing step) and
 exits 1 when a machine other than haswell-default differs. What the results mean and

@@ -22,20 +22,25 @@ of Leviathan's perplexity:
    (measured: 2, 3, 4, 8 and 16 threads agree, 1 does not). `configure_environment`
    sets NPROC=2 (XLA's thread-pool size) on a machine with one schedulable CPU.
 
-Measured with `benchmarks/cpu_portability.py` on a 2-core AMD EPYC (AVX-512), against
-the same program under QEMU user mode as an Intel Haswell (AVX2, other caches): the
-smoke Leviathan model's logits and all 28 gradients are bit-identical with 1-3 in
-place, while without them ~95 % of the entries of most gradients differ (without 1,
-also the logits). The cost is in README "Step time" (benchmarks/step_time.py).
+Measured on a 2-core AMD EPYC (AVX-512) against the same program under QEMU user mode
+as an Intel Haswell (AVX2, other caches): with 1-3 in place, the smoke models'
+parameters, loss and gradient norm after each of the first 5 steps are the same bits,
+as they are with 3, 8 and 16 threads and on one schedulable CPU
+(`benchmarks/cpu_portability.py`). Without them, one train step's gradients (compared
+array by array) differed in ~95 % of the entries of most weight gradients, and without
+1 the logits too. The cost: none measured; the CPU train step got faster, since
+YNNPACK's dots beat Eigen's (README "Step time", benchmarks/step_time.py).
 
-Not covered: CPUs without AVX2 and FMA (pre-2013 x86, where YNNPACK has no FMA kernels),
+Not covered: CPUs without AVX2 and FMA (x86 before 2013, where other kernels run),
 other architectures (ARM), other jax/jaxlib versions (BUILD.md pins them), bfloat16.
 Everything off the CPU (GPU, TPU) is unchanged: `dense` is `jax.lax.dot_general` there.
 This module imports no jax: `lev_jax/__init__.py` runs `configure_environment` before
 any backend can start.
 
-Set LEV_JAX_PORTABLE_CPU=0 to leave XLA's flags and thread count as they are (`dense`
-keeps its layout, which costs one transpose per weight gradient).
+Set LEV_JAX_PORTABLE_CPU=0 (exactly "0") to leave XLA's flags and thread count as they
+are; `dense` keeps its layout either way. A flag or NPROC you set yourself is kept, even
+one that undoes the above. Importing lev_jax after JAX started a backend warns: the
+flags can no longer apply.
 
 Source: `XLA_FLAGS=--help` (jax 0.10.2) for the flag; the thunk names are those in the
 optimized HLO (`jax.jit(f).lower(...).compile().as_text()`).
@@ -45,6 +50,8 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
+import warnings
 from collections.abc import MutableMapping
 
 ENV_SWITCH = "LEV_JAX_PORTABLE_CPU"
@@ -72,13 +79,27 @@ def configure_environment(environ: MutableMapping[str, str] | None = None,
     return False
   machine = platform.machine() if machine is None else machine
   wanted = [PORTABLE_MATH_FLAG] + ([MAX_ISA_FLAG] if machine in ("x86_64", "AMD64") else [])
+  added = []
   for flag in wanted:
     flags = env.get("XLA_FLAGS", "")
     if flag.split("=")[0] not in flags:
       env["XLA_FLAGS"] = f"{flags} {flag}".strip()
+      added.append(flag)
+  if added and environ is None and _backend_started():
+    warnings.warn(f"lev_jax was imported after a JAX backend started: {' '.join(added)} "
+                  "cannot apply any more, so CPU results may differ between CPU types; "
+                  "import lev_jax before the first JAX computation (lev_jax/portable.py)",
+                  RuntimeWarning, stacklevel=3)
   if schedulable_cpus is None:
     schedulable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
   if schedulable_cpus < 2 and "NPROC" not in env:
     env["NPROC"] = "2"
   return True
+
+
+def _backend_started() -> bool:
+  """Whether jax (if imported at all) has started a backend; imports nothing."""
+  bridge = sys.modules.get("jax._src.xla_bridge")
+  started = getattr(bridge, "backends_are_initialized", None)
+  return bool(started and started())

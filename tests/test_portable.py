@@ -95,3 +95,12 @@ def test_same_bits_on_an_emulated_haswell():
       [*prefix, sys.executable, "-c", _STEPS_PROGRAM, tests], env=env, capture_output=True,
       text=True, check=True).stdout.split()
   assert run([]) == run(["qemu-x86_64", "-cpu", "Haswell-v4"])
+
+
+def test_importing_lev_jax_after_a_backend_started_warns():
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "NPROC")}
+  prog = "import jax; jax.numpy.ones(1).block_until_ready(); import lev_jax"
+  done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", prog],
+                        env=env, capture_output=True, text=True, check=False)
+  assert done.returncode != 0
+  assert "lev_jax was imported after a JAX backend started" in done.stderr
