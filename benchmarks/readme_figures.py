@@ -27,7 +27,7 @@ Seeded figures: the smoke table and the ladder are single runs of seed 0 (the RE
 says so); the studies give mean ± standard error over 3 seeds. Times and ratios depend
 on the machine; losses and perplexities do not: the data, the tokenizer and the
 training are deterministic on CPU (the tests check resume = straight run bitwise), and
-the same float32 bits on any x86-64 CPU with AVX2 and any core count
+the same float32 bits on any x86-64 CPU with AVX2 and FMA and any core count
 (lev_jax/portable.py; benchmarks/cpu_portability.py checks it).
 """
 
