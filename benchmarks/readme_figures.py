@@ -22,6 +22,9 @@ Sections (wall time measured on our 2-core CPU, nothing else running):
   studies   lev-study on experiments/smoke_study.py (9 runs, ~50 min) and
             experiments/fidelity_study.py (33 runs, ~50 min)
   drills    benchmarks/drills.py: kill -9, SIGTERM, bit flips, bad inputs (~5 min)
+  pod_compile benchmarks/pod_compile.py: every ladder rung, tied and Leviathan,
+            compiled by lev-compile for v5p-128 and v5p-32 (needs the tpu-aot extra;
+            compiler estimates, not measurements; ~50 min)
 
 Seeded figures: the smoke table and the ladder are single runs of seed 0 (the README
 says so); the studies give mean ± standard error over 3 seeds. Times and ratios depend
@@ -88,6 +91,10 @@ def _drills(root: Path) -> list[list[str]]:
   return [_py("benchmarks/drills.py", f"--root={root / 'drills'}")]
 
 
+def _pod_compile(root: Path) -> list[list[str]]:
+  return [_py("benchmarks/pod_compile.py", f"--out={root / 'pod_compile'}")]
+
+
 # name -> (commands, the files whose tables are printed after them)
 SECTIONS = {
     "smoke": (_smoke, lambda r: [r / "smoke" / "results.md"]),
@@ -97,6 +104,7 @@ SECTIONS = {
     "studies": (_studies, lambda r: [r / n / "report" / "report.md"
                                      for n in ("smoke_study", "fidelity_study")]),
     "drills": (_drills, lambda r: []),
+    "pod_compile": (_pod_compile, lambda r: [r / "pod_compile" / "table.md"]),
 }
 
 

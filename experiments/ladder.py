@@ -49,6 +49,9 @@ def get_config(variant: str = "leviathan_1.2b"):
   m.head_dim, m.d_ff = head_dim, d_ff
   m.max_seq_len = SEQ_LEN
   m.dtype = "bfloat16"
+  # One compiled layer looped n_layers times (lax.scan): compile time flat in depth
+  # (lev-compile of the 1.2B rungs for a v5p-128 slice: ~2 min scanned).
+  m.scan_layers = True
   # The Pile as shipped (train/00.jsonl.zst .. 29, val, test), prepared once with
   # `lev-prepare-data --config=experiments/ladder.py:tied_200m` into token ArrayRecord
   # shards that every rung shares (same tokenizer and files -> same dataset).
@@ -72,11 +75,14 @@ def get_config(variant: str = "leviathan_1.2b"):
   c.train.log_every = 50
   c.train.eval_every = 1000
   c.train.checkpoint_every = 1000
-  # LEV on the distinct ids of each micro-batch (lev.mode auto -> unique): 512 x 512
-  # tokens of Zipf(1.0) ids over o200k hold ~56k distinct ids and text repeats more
-  # (benchmarks/distinct_ids.py); a batch over the bound falls back, exactly, to the
-  # 200,064-row table. The FLOP model and MFU count the bound.
-  c.lev.unique_size = 65_536
+  # LEV on every token (lev.mode tokens), its rows spread over all chips ("lev_rows"):
+  # on a v5p-128 slice each chip evaluates 4,096 rows per step, 0.2 % of the step's
+  # FLOPs, and the per-chip memory equals tied's within 1 % (lev-compile; README "Every
+  # rung on its slice"). `unique` sorts the ids of the whole batch and compiles its
+  # 200,064-row table fallback beside it (lax.cond: memory for the larger branch).
+  # One chunk per micro-batch: the chunk loop would run 64 rows per chip per step.
+  c.lev.mode = "tokens"
+  c.lev.chunk_size = GLOBAL_BATCH * SEQ_LEN
   c.optim.lr = lr
   c.optim.warmup_steps = 1000
   # 2,048 validation sequences, in batches that split over 64 devices (a v5p-128 slice)

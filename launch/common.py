@@ -128,6 +128,49 @@ def preflight(train_args: Sequence[str], platform: str, processes: int, devices:
   raise LaunchError(f"pre-flight: `{shell_join(argv)}` failed: {last}")
 
 
+COMPILE_MODULE = "lev_jax.cli.compile"
+_COMPILE_ERROR = "lev-compile: error: "
+
+
+def compile_preflight(train_args: Sequence[str], topology: str, *,
+                      python: str = sys.executable, cwd: str | None = None,
+                      timeout_s: float = 3600.0) -> str:
+  """Compiles the job's train and eval steps for the slice with lev-compile (XLA:TPU
+  ahead of time on this machine, lev_jax/aot.py): a job that cannot fit is never queued.
+
+  Args:
+    train_args: the lev-train arguments; only --config and --config.* reach lev-compile.
+    topology: the slice, e.g. "v5p-128" (an --accelerator_type).
+    python, cwd, timeout_s: as `preflight`.
+  Returns:
+    lev-compile's first line and each step's total memory line.
+  Raises:
+    LaunchError: lev-compile's one-line error (a step that does not fit, libtpu missing
+      or mismatched), or `python` cannot run it.
+  """
+  config_args = [a for a in train_args if a.startswith("--config")]
+  argv = [python, "-m", COMPILE_MODULE, f"--topology={topology}", *config_args]
+  try:
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdin=subprocess.DEVNULL)
+  except FileNotFoundError:
+    raise LaunchError(f"compile pre-flight: cannot run {python}: no such file; pass "
+                      "--no-compile to skip it") from None
+  except subprocess.TimeoutExpired:
+    raise LaunchError(f"compile pre-flight: `{shell_join(argv)}` took over {timeout_s:g} s"
+                      ) from None
+  if proc.returncode == 0:
+    keep = [l.strip() for l in proc.stdout.splitlines()
+            if l.startswith("lev-compile:") or l.strip().startswith("total")]
+    return "; ".join(keep) or "lev-compile: ok"
+  mine = [l for l in proc.stderr.splitlines() if l.startswith(_COMPILE_ERROR)]
+  if mine:
+    raise LaunchError(f"compile pre-flight: {mine[-1][len(_COMPILE_ERROR):]}")
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  raise LaunchError(f"compile pre-flight: `{shell_join(argv)}` failed: "
+                    f"{lines[-1] if lines else f'exit status {proc.returncode}'}")
+
+
 def add_preflight_flag(p: argparse.ArgumentParser) -> None:
   p.add_argument("--preflight", action=argparse.BooleanOptionalAction, default=True,
                  help="Check the lev-train arguments with lev-train itself on this machine "

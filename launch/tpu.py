@@ -11,7 +11,9 @@ lev-train's own checks on this machine (`lev-train --preflight=tpu:HOSTSxDEVICES
 launch/common.py), in --repo (or this checkout for a git URL): a bad config file,
 variant or field, or a mesh that does not fit the slice's devices, is one line here and
 nothing is created. --no-preflight skips it (e.g. on a machine without lev_jax's
-dependencies).
+dependencies). --compile also compiles the train and eval steps for the slice with
+lev-compile (XLA:TPU ahead of time on this machine; needs `pip install -e '.[tpu-aot]'`):
+a step that does not fit the chips' HBM stops the launch with one line.
 
 Steps (each one gcloud command; `--dry-run` prints them exactly, in this order):
 
@@ -73,8 +75,9 @@ from typing import TextIO
 if __package__ in (None, ""):  # run as `python launch/tpu.py`
   sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launch.common import (LaunchError, add_preflight_flag, parse, parser,  # noqa: E402
-                           preflight, reject_passthrough, run_main, shell_join)
+from launch.common import (LaunchError, add_preflight_flag,  # noqa: E402
+                           compile_preflight, parse, parser, preflight,
+                           reject_passthrough, run_main, shell_join)
 
 PROG = "launch/tpu.py"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -595,18 +598,23 @@ def _parser():
   p.add_argument("--python", default="python3.11",
                  help="Python on the workers (installed with apt if missing).")
   add_preflight_flag(p)
+  p.add_argument("--compile", action="store_true",
+                 help="Also compile the train and eval steps for the slice with lev-compile "
+                      "on this machine before anything is created (XLA:TPU ahead of time, "
+                      "minutes for the largest rungs; a job that does not fit is never "
+                      "queued). Needs libtpu here: pip install -e '.[tpu-aot]'.")
   return p
 
 
-def job_from_argv(argv: Sequence[str]) -> tuple[TpuJob, list[str], bool, bool]:
-  """(job, warnings, dry_run, preflight) from `flags -- lev-train args`.
+def job_from_argv(argv: Sequence[str]) -> tuple[TpuJob, list[str], bool, bool, bool]:
+  """(job, warnings, dry_run, preflight, compile) from `flags -- lev-train args`.
 
   Raises:
     LaunchError: as build_job, or an unknown flag.
   """
   args, rest = parse(_parser(), argv)
   job, warnings = build_job(args, rest)
-  return job, warnings, args.dry_run, args.preflight
+  return job, warnings, args.dry_run, args.preflight, args.compile
 
 
 def check_train_args(job: TpuJob) -> str:
@@ -626,6 +634,16 @@ def check_train_args(job: TpuJob) -> str:
                    cwd=str(REPO_ROOT) if job.repo_is_url else job.repo)
 
 
+def compile_train_steps(job: TpuJob) -> str:
+  """lev-compile of the job's config for its slice (common.compile_preflight).
+
+  Raises:
+    LaunchError: a step that does not fit the slice, or libtpu missing / mismatched.
+  """
+  return compile_preflight(job.train_args, job.accelerator.type,
+                           cwd=str(REPO_ROOT) if job.repo_is_url else job.repo)
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
   out = sys.stdout if out is None else out
 
@@ -633,9 +651,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["logs"]:
       return logs_main(args[1:], out)
-    job, warnings, dry, check = job_from_argv(args)
+    job, warnings, dry, check, compile_ = job_from_argv(args)
     if check:
       print(f"[tpu] {check_train_args(job)}", file=sys.stderr)
+    if compile_:
+      print(f"[tpu] {compile_train_steps(job)}", file=sys.stderr)
     if dry:
       dry_run(job, out, warnings)
       return 0

@@ -16,6 +16,9 @@ Where things live (library first; commands only in cli/, which no library module
   optimizer   AdamW, clipping, warm-up + cosine schedule, parameter groups
   train       train state, jitted train and eval steps;  trainer: the training loop
   flops       model FLOPs and MFU;  params: parameter counts by part
+  aot         ahead-of-time compile of the steps for a TPU slice / GPUs (lev-compile);
+              topology: slice and GPU names, compile-only devices; gpu_targets: the
+              H100 / H200 descriptions; target: the platform a trace is for
   checkpoint  all Orbax I/O: state, data iterator, config, params-only restore, exports;
               checkpoint_checks: checksum manifest, stored-config checks, quarantine
   metrics     metrics.jsonl and TensorBoard writers;  distributed: multi-host set-up
@@ -32,7 +35,7 @@ Where things live (library first; commands only in cli/, which no library module
               (seeded studies), reporting (text, tables, provenance both reports share)
   cli/        common (flags, one-line errors, --help) and one module per command:
               train (lev-train), params, prepare_data, eval, ladder, study, export,
-              sample, lm_eval
+              sample, lm_eval, compile
 
 Shape legend used in names (x_BxLxD):
   B batch (sequences)  L seq_len  D d_model  V padded vocab  H heads  G kv heads

@@ -16,6 +16,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from lev_jax import target
+
 
 def dense(x: jax.Array, w: jax.Array, n_in: int = 1,
           preferred_element_type=None) -> jax.Array:
@@ -41,7 +43,7 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1,
     raise ValueError(f"dense: x's last {n_in} dims {in_shape} must equal w's first "
                      f"{n_in} dims {w.shape[:n_in]}")
   out_dtype = jnp.dtype(preferred_element_type or x.dtype)
-  if jax.default_backend() != "cpu":
+  if target.platform() != "cpu":
     dims = ((tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in))), ((), ()))
     return jax.lax.dot_general(x, w, dims, preferred_element_type=out_dtype)
   lead, out = x.shape[:x.ndim - n_in], w.shape[n_in:]

@@ -26,9 +26,10 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from lev_jax import target
 from lev_jax.config import LEV_MODES, ConfigError, lev_digit_base
 from lev_jax.dense import dense
-from lev_jax.sharding import constrain
+from lev_jax.sharding import constrain, map_rows
 
 
 def lev_param_count(vocab_size: int, d_model: int, lev: ml_collections.ConfigDict) -> int:
@@ -162,23 +163,51 @@ def _coordinate_phi(w_NxHxW, k_NxHxW, delta_HxJxR):
   return phi_NxHxR, rows
 
 
-def _by_coordinate(weights_NxHxSxW, knots_NxHxSxW, delta_HxSxJxR):
-  """The seed-coordinate axis first, so each loop step reads contiguous slices."""
-  return (weights_NxHxSxW.transpose(2, 0, 1, 3), knots_NxHxSxW.transpose(2, 0, 1, 3),
-          delta_HxSxJxR.transpose(1, 0, 2, 3))
+# A window source: where each seed coordinate's window (weights and knots) comes from.
+#   ("given",)                  the caller's weights and knots, stacked by coordinate
+#   ("normalized", J)           bspline_window of the spline input t, normalised, scale J-1
+#   ("khronos", J)              the dense KHRONOS basis of t with its learnable scale
+# With the spline input, each coordinate's window is computed inside the loop (and
+# again in the backward pass) from t: the only per-row residual is t itself, [S, H, N]
+# with rows on the minor axis. Materialised windows ([N, H, S, W], W = 3 on the minor
+# axis) are padded 42-fold by XLA:TPU's (8, 128) tiling: at the paper's shapes they were
+# most of Leviathan's extra memory per chip (lev-compile, benchmarks/pod_compile.py).
 
 
-def _fused_forward(weights_NxHxSxW, knots_NxHxSxW, delta_HxSxJxR, log_eps, log_group):
-  n, h, s, _ = weights_NxHxSxW.shape
-  r = delta_HxSxJxR.shape[-1]
-  w_S, k_S, d_S = _by_coordinate(weights_NxHxSxW, knots_NxHxSxW, delta_HxSxJxR)
+def _window_basis(w_NxHxW, k_NxHxW, n_knots):
+  """float32 [N, H, J]: the window's weights scattered onto the J knots (slots that share
+  a knot add up)."""
+  return (w_NxHxW[..., None] * jax.nn.one_hot(k_NxHxW, n_knots, dtype=jnp.float32)
+          ).sum(-2)
+
+
+def _window(source, x_c, scale):
+  """(weights [N, H, W] float32, knots [N, H, W] int32) of one seed coordinate.
+
+  x_c: the coordinate's slice of the source: (weights, knots) for "given", else t [H, N].
+  """
+  kind = source[0]
+  if kind == "given":
+    return x_c
+  t_NxH = x_c.T
+  n_knots = source[1]
+  if kind == "normalized":
+    return bspline_window(t_NxH, n_knots, float(n_knots - 1), True)
+  weights_NxHxJ = bspline_basis(t_NxH, n_knots, scale[:, None], False)
+  return weights_NxHxJ, jnp.broadcast_to(jnp.arange(n_knots, dtype=jnp.int32),
+                                         weights_NxHxJ.shape)
+
+
+def _fused_forward(xs_S, scale, delta_SxHxJxR, source, log_eps, log_group):
+  s, h, _, r = delta_SxHxJxR.shape
 
   def group(g, carry):
     log_NxHxR, negative_NxHxR = carry
     mantissa = exponent = None
     for i in range(log_group):  # unrolled: the group's factors never leave the fusion
       c = g * log_group + i
-      phi_NxHxR, _ = _coordinate_phi(w_S[c], k_S[c], d_S[c])
+      w_NxHxW, k_NxHxW = _window(source, jax.tree.map(lambda x: x[c], xs_S), scale)
+      phi_NxHxR, _ = _coordinate_phi(w_NxHxW, k_NxHxW, delta_SxHxJxR[c])
       m, e = _mantissa_exponent(_factor(phi_NxHxR, log_eps))
       mantissa = m if mantissa is None else mantissa * m
       exponent = e if exponent is None else exponent + e
@@ -188,12 +217,74 @@ def _fused_forward(weights_NxHxSxW, knots_NxHxSxW, delta_HxSxJxR, log_eps, log_g
                  + (exponent - 127 * log_group).astype(jnp.float32) * _LN2)
     return log_NxHxR, negative_NxHxR ^ (mantissa < 0)
 
+  n = _rows(xs_S, source)
   init = (jnp.zeros((n, h, r), jnp.float32), jnp.zeros((n, h, r), jnp.bool_))
-  log_NxHxR, negative_NxHxR = jax.lax.fori_loop(0, s // log_group, group, init)
+  log_NxHxR, negative_NxHxR = jax.lax.fori_loop(0, s // log_group, group, init,
+                                                unroll=target.loops_unrolled() or None)
   return jnp.where(negative_NxHxR, -1.0, 1.0) * jnp.exp(log_NxHxR)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _rows(xs_S, source) -> int:
+  return xs_S[0].shape[1] if source[0] == "given" else xs_S.shape[2]
+
+
+def _check_core(s: int, log_eps: float, log_group: int) -> None:
+  if not 1 <= log_group <= MAX_LOG_GROUP or s % log_group:
+    raise ValueError(f"log_group = {log_group}: expected a divisor of d_seed = {s} in "
+                     f"[1, {MAX_LOG_GROUP}]")
+  if not log_eps >= _FLOAT32_MIN_NORMAL:
+    raise ValueError(f"log_eps = {log_eps}: expected >= {_FLOAT32_MIN_NORMAL:.3g}")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fused_core(xs_S, scale, delta_SxHxJxR, source, log_eps, log_group):
+  return _fused_forward(xs_S, scale, delta_SxHxJxR, source, log_eps, log_group)
+
+
+def _fused_fwd(xs_S, scale, delta, source, log_eps, log_group):
+  modes = _fused_core(xs_S, scale, delta, source, log_eps, log_group)
+  return modes, (xs_S, scale, delta, modes)
+
+
+def _fused_bwd(source, log_eps, log_group, residuals, g_modes_NxHxR):
+  del log_group
+  xs_S, scale, delta_SxHxJxR, modes = residuals
+  j = delta_SxHxJxR.shape[2]
+  g_log_NxHxR = g_modes_NxHxR * modes  # d modes = modes * sum_s d factor_s / factor_s
+
+  def coordinate(g_scale, xs):
+    x_c, d_HxJxR = xs
+    if source[0] == "given":
+      w_NxHxW, k_NxHxW = x_c
+    else:
+      w_NxHxW, window_vjp, k_NxHxW = jax.vjp(lambda t, sc: _window(source, t, sc), x_c,
+                                             scale, has_aux=True)
+    phi_NxHxR, rows = _coordinate_phi(w_NxHxW, k_NxHxW, d_HxJxR)
+    g_phi_NxHxR = g_log_NxHxR / _factor(phi_NxHxR, log_eps)
+    g_sum_NxH = g_phi_NxHxR.sum(-1)
+    g_w_NxHxW = jnp.stack([g_sum_NxH + (g_phi_NxHxR * row).sum(-1) for row in rows], -1)
+    # g_delta[h, j, r] = sum_n sum_w [k = j] w g_phi: a matmul over the rows with the
+    # window scattered into a dense [N, H, J] basis (a scatter-add is serial on CPU).
+    g_d_HxJxR = jnp.einsum("nhj,nhr->hjr", _window_basis(w_NxHxW, k_NxHxW, j),
+                           g_phi_NxHxR)
+    if source[0] == "given":
+      return g_scale, (g_w_NxHxW, g_d_HxJxR)
+    g_t_HxN, g_sc = window_vjp(g_w_NxHxW)
+    if g_scale is not None:
+      g_scale = g_scale + g_sc
+    return g_scale, (g_t_HxN, g_d_HxJxR)
+
+  g_scale0 = None if scale is None else jnp.zeros_like(scale)
+  g_scale, (g_x_S, g_d_S) = jax.lax.scan(coordinate, g_scale0, (xs_S, delta_SxHxJxR),
+                                         unroll=target.loops_unrolled() or 1)
+  if source[0] == "given":
+    g_x_S = (g_x_S, None)
+  return g_x_S, g_scale, g_d_S
+
+
+_fused_core.defvjp(_fused_fwd, _fused_bwd)
+
+
 def lev_modes_fused(weights_NxHxSxW: jax.Array, knots_NxHxSxW: jax.Array,
                     delta_HxSxJxR: jax.Array, log_eps: float, log_group: int) -> jax.Array:
   """LEV's separable modes from the window basis, fused (LEV.md 3d-3e).
@@ -208,7 +299,8 @@ def lev_modes_fused(weights_NxHxSxW: jax.Array, knots_NxHxSxW: jax.Array,
   or underflow) before one log, and the sign is the parity of the negative mantissa
   products, exact. The backward pass (custom VJP) stores only the modes and recomputes
   phi per coordinate: d modes / d phi = modes / factor (the reference's gradient, with
-  d|phi|/dphi = +1 at phi = 0 as jnp.abs).
+  d|phi|/dphi = +1 at phi = 0 as jnp.abs). `lev_modes_from_spline` is the same core fed
+  with the spline input t instead of materialised windows (what `lev_embed` runs).
 
   Args:
     weights_NxHxSxW: float32 window weights (`bspline_window`; W = J for a dense basis).
@@ -222,51 +314,53 @@ def lev_modes_fused(weights_NxHxSxW: jax.Array, knots_NxHxSxW: jax.Array,
     ValueError: S not divisible by log_group, log_group out of range, or log_eps below
       the smallest normal float32 (the exponent split would be wrong).
   """
-  s = weights_NxHxSxW.shape[2]
-  if not 1 <= log_group <= MAX_LOG_GROUP or s % log_group:
-    raise ValueError(f"log_group = {log_group}: expected a divisor of d_seed = {s} in "
-                     f"[1, {MAX_LOG_GROUP}]")
-  if not log_eps >= _FLOAT32_MIN_NORMAL:
-    raise ValueError(f"log_eps = {log_eps}: expected >= {_FLOAT32_MIN_NORMAL:.3g}")
-  return _fused_forward(weights_NxHxSxW, knots_NxHxSxW, delta_HxSxJxR, log_eps, log_group)
+  _check_core(weights_NxHxSxW.shape[2], log_eps, log_group)
+  by_coordinate = lambda x: x.transpose(2, 0, 1, 3)
+  return _fused_core((by_coordinate(weights_NxHxSxW), by_coordinate(knots_NxHxSxW)), None,
+                     delta_HxSxJxR.transpose(1, 0, 2, 3), ("given",), log_eps, log_group)
 
 
-def _fused_fwd(weights, knots, delta, log_eps, log_group):
-  modes = lev_modes_fused(weights, knots, delta, log_eps, log_group)
-  return modes, (weights, knots, delta, modes)
+def lev_modes_from_spline(t_NxHxS: jax.Array, scale, delta_HxSxJxR: jax.Array,
+                          basis: str, log_eps: float, log_group: int) -> jax.Array:
+  """`lev_modes_fused` of the B-spline window of `t_NxHxS`, computed coordinate by
+  coordinate inside the core (LEV.md 3c-3e).
 
+  Equals `lev_modes_fused(*bspline_window(t, J, J - 1, True), delta, ...)` for the
+  normalised basis and the dense KHRONOS basis with knots 0..J-1 otherwise, values and
+  gradients (to t, scale and delta), without materialising the [N, H, S, W] windows:
+  the backward pass recomputes each coordinate's window from t.
 
-def _fused_bwd(log_eps, log_group, residuals, g_modes_NxHxR):
-  del log_group
-  weights, knots, delta, modes = residuals
-  j = delta.shape[2]
-  g_log_NxHxR = g_modes_NxHxR * modes  # d modes = modes * sum_s d factor_s / factor_s
-
-  def coordinate(_, xs):
-    w_NxHxW, k_NxHxW, d_HxJxR = xs
-    phi_NxHxR, rows = _coordinate_phi(w_NxHxW, k_NxHxW, d_HxJxR)
-    g_phi_NxHxR = g_log_NxHxR / _factor(phi_NxHxR, log_eps)
-    g_sum_NxH = g_phi_NxHxR.sum(-1)
-    g_w_NxHxW = jnp.stack([g_sum_NxH + (g_phi_NxHxR * row).sum(-1) for row in rows], -1)
-    # g_delta[h, j, r] = sum_n sum_w [k = j] w g_phi: a matmul over the rows with the
-    # window scattered into a dense [N, H, J] basis (a scatter-add is serial on CPU).
-    basis_NxHxJ = (w_NxHxW[..., None] * jax.nn.one_hot(k_NxHxW, j, dtype=jnp.float32)
-                   ).sum(-2)
-    g_d_HxJxR = jnp.einsum("nhj,nhr->hjr", basis_NxHxJ, g_phi_NxHxR)
-    return None, (g_w_NxHxW, g_d_HxJxR)
-
-  _, (g_w_S, g_d_S) = jax.lax.scan(coordinate, None, _by_coordinate(weights, knots, delta))
-  return g_w_S.transpose(1, 2, 0, 3), None, g_d_S.transpose(1, 0, 2, 3)
-
-
-lev_modes_fused.defvjp(_fused_fwd, _fused_bwd)
+  Args:
+    t_NxHxS: float32 spline inputs in [0, 1].
+    scale: None for "normalized" (fixed scale J - 1); the KHRONOS learnable scale,
+      float32 [H], for "khronos".
+    delta_HxSxJxR: float32 `spline_delta`.
+    basis: "normalized" or "khronos" (config.BASIS_VARIANTS).
+  Returns:
+    float32 [N, H, R] modes.
+  Raises:
+    ValueError: as `lev_modes_fused`.
+  """
+  _check_core(t_NxHxS.shape[2], log_eps, log_group)
+  source = (basis, delta_HxSxJxR.shape[2])
+  return _fused_core(t_NxHxS.transpose(2, 1, 0), scale, delta_HxSxJxR.transpose(1, 0, 2, 3),
+                     source, log_eps, log_group)
 
 
 def _modes(params: dict, t_NxHxS: jax.Array, cfg: ml_collections.ConfigDict) -> jax.Array:
   """float32 [N, H, R] modes from the spline inputs t, by `cfg.impl` (LEV.md 3c-3e)."""
   f32 = jnp.float32
   delta_HxSxJxR = params["spline_delta"].astype(f32)
-  if cfg.basis == "khronos":
+  khronos = cfg.basis == "khronos"
+  if cfg.impl == "fused" and target.platform() != "cpu":
+    # Off the CPU the windows are recomputed from t inside the core (memory: see
+    # `_window`); on the CPU they are materialised first, which keeps the float32 bits
+    # of every CPU run and figure made before (XLA:CPU rounds the in-loop window
+    # differently in the last bit).
+    scale_H = params["basis_scale"].astype(f32) if khronos else None
+    return lev_modes_from_spline(t_NxHxS, scale_H, delta_HxSxJxR, cfg.basis, cfg.log_eps,
+                                 cfg.log_group)
+  if khronos:
     scale = params["basis_scale"].astype(f32)[:, None, None]  # [H, 1, 1]
   else:
     scale = float(cfg.n_knots - 1)
@@ -276,18 +370,20 @@ def _modes(params: dict, t_NxHxS: jax.Array, cfg: ml_collections.ConfigDict) -> 
     phi_NxHxSxR = jnp.einsum("nhsj,hsjr->nhsr", basis_NxHxSxJ, delta_HxSxJxR)
     phi_NxHxSxR = phi_NxHxSxR + basis_NxHxSxJ.sum(-1)[..., None]
     return signed_log_product(phi_NxHxSxR, axis=2, eps=cfg.log_eps)
-  if cfg.basis == "khronos":
+  if khronos:
     # The learnable scale may widen each basis function past 3 knots: every knot is in
     # the window (W = J), which is exact for any scale.
     weights = bspline_basis(t_NxHxS, cfg.n_knots, scale, False)
     knots = jnp.broadcast_to(jnp.arange(cfg.n_knots, dtype=jnp.int32), weights.shape)
   else:
     weights, knots = bspline_window(t_NxHxS, cfg.n_knots, scale, True)
-  if cfg.impl == "pallas":
-    from lev_jax.lev_pallas import lev_modes_pallas  # pylint: disable=g-import-not-at-top
-    return lev_modes_pallas(weights, knots, delta_HxSxJxR, log_eps=cfg.log_eps,
-                            log_group=cfg.log_group)
-  return lev_modes_fused(weights, knots, delta_HxSxJxR, cfg.log_eps, cfg.log_group)
+  if cfg.impl == "fused":
+    return lev_modes_fused(weights, knots, delta_HxSxJxR, cfg.log_eps, cfg.log_group)
+  from lev_jax.lev_pallas import lev_modes_pallas  # pylint: disable=g-import-not-at-top
+  # A Pallas kernel is opaque to XLA's partitioner: each device runs it on its share of
+  # the rows, with delta whole (its gradient summed over the devices).
+  kernel = functools.partial(lev_modes_pallas, log_eps=cfg.log_eps, log_group=cfg.log_group)
+  return map_rows(kernel, (weights, knots), (delta_HxSxJxR,))
 
 
 def _lev_rows(params: dict, ids_N: jax.Array, cfg: ml_collections.ConfigDict,
@@ -379,10 +475,20 @@ def lev_embed(params: dict, ids: jax.Array, cfg: ml_collections.ConfigDict,
   if n <= chunk:
     out_NxD = fn(ids_N)
   else:
+    # Chunk c holds ids c, c + n_chunks, c + 2 n_chunks, ...: a static [chunk, n_chunks]
+    # layout whose rows keep the flat ids' split over devices (each device's contiguous
+    # block of ids is its block of rows), so every chunk is spread evenly over the
+    # devices with no data moved, and the loop slices an unsplit axis. (Slicing
+    # contiguous chunks of the split flat axis is what XLA:TPU rejected: "Reshape should
+    # have supported layout", jax 0.10.2 / libtpu 0.0.42.1.)
     n_chunks = -(-n // chunk)
     padded_N = jnp.pad(ids_N, (0, n_chunks * chunk - n))
-    out_CxNxD = jax.lax.map(fn, padded_N.reshape(n_chunks, chunk))
-    out_NxD = out_CxNxD.reshape(n_chunks * chunk, -1)[:n]
+    ids_CxK = constrain(padded_N.reshape(chunk, n_chunks), ("lev_rows", None))
+    if target.loops_unrolled():  # lev-compile's cost estimate (target.unrolled_loops)
+      out_KxCxD = jnp.stack([fn(ids_C) for ids_C in ids_CxK.T])
+    else:
+      out_KxCxD = jax.lax.map(fn, ids_CxK.T)
+    out_NxD = out_KxCxD.swapaxes(0, 1).reshape(n_chunks * chunk, -1)[:n]
   return out_NxD.reshape(*ids.shape, -1)
 
 

@@ -82,6 +82,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+from lev_jax import target
+
 _LN2 = math.log(2.0)
 _MANTISSA_BITS = 23
 _MANTISSA_MASK = 0x007FFFFF
@@ -324,7 +326,8 @@ def lev_modes_pallas(weights_NxHxSxW: jax.Array, knots_NxHxSxW: jax.Array,
     delta_HxSxJxR: float [H, S, J, R] the `spline_delta` parameter.
     log_eps: eps in log(|phi| + eps); at least 1.2e-38 (float32's smallest normal).
     log_group: G, coordinates multiplied directly before one log; divides S, <= 64.
-    interpret: run in the Pallas interpreter; None: when the default backend is CPU.
+    interpret: run in the Pallas interpreter; None: when the platform is the CPU
+      (`lev_jax.target.platform()`: the default backend, or lev-compile's target).
     platform: the compile target, "gpu" (Triton) or "tpu" (Mosaic); None: the default
       backend's. Only matters when not interpreting (e.g. `jax.export` to another one).
     block_rows: rows per program (bn), a power of two >= 16; a multiple of 128 on TPU.
@@ -356,10 +359,10 @@ def lev_modes_pallas(weights_NxHxSxW: jax.Array, knots_NxHxSxW: jax.Array,
   for name, size in (("block_rows", block_rows), ("block_rank", block_rank)):
     if not _is_pow2(size) or size < _MIN_BLOCK:
       raise ValueError(f"{name} must be a power of two >= {_MIN_BLOCK}; got {size}")
-  if interpret is None:
-    interpret = jax.default_backend() == "cpu"
-  platform = platform or jax.default_backend()
+  platform = platform or target.platform()
   platform = "gpu" if platform in ("cuda", "rocm") else platform
+  if interpret is None:
+    interpret = platform == "cpu"
   if platform not in ("gpu", "tpu", "cpu") or (platform == "cpu" and not interpret):
     raise ValueError(f"platform must be 'gpu' or 'tpu' (or 'cpu' when interpreting); "
                      f"got {platform!r}")

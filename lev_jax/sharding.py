@@ -323,6 +323,50 @@ def take_rows(table_VxD: jax.Array, ids: jax.Array, dtype=None,
                        out_specs=P(*ids_spec, embed_axes or None))(table_VxD, ids)
 
 
+def map_rows(fn, rows: Sequence[jax.Array], replicated: Sequence = (),
+             name: str = "lev_rows") -> jax.Array:
+  """`fn(*rows, *replicated)` run by each device on its share of the rows.
+
+  For computations XLA cannot partition itself (Pallas / Mosaic kernels): axis 0 of
+  every `rows` array is split over the mesh axes of the logical axis `name` (padded
+  with zero rows to a multiple of their size), the `replicated` arguments are whole on
+  every device, and the [rows, ...] result comes back split the same way. Gradients of
+  the replicated arguments are the sum of every device's contribution (shard_map's
+  transpose of an unsplit input). Outside `activation_sharding`, or when the rule
+  splits over no mesh axis of size > 1, this is `fn` itself.
+
+  Args:
+    fn: a function of arrays whose rows are independent; returns one array [N, ...].
+    rows: arrays with the same leading size N.
+    replicated: arrays (or None) every device needs whole (parameters).
+  Returns:
+    fn's result, [N, ...].
+
+  Source: JAX docs "Manual parallelism with shard_map" (jax.shard_map).
+  """
+  if not _ACTIVE:
+    return fn(*rows, *replicated)
+  mesh, rules = _ACTIVE[-1]
+  sizes = mesh_sizes(mesh)
+  if name not in rules:
+    raise ShardingError(f"map_rows: logical axis {name!r} has no rule")
+  axes = tuple(a for a in rules[name] if sizes.get(a, 1) > 1)
+  if not axes:
+    return fn(*rows, *replicated)
+  n, shards = rows[0].shape[0], math.prod(sizes[a] for a in axes)
+  pad = -n % shards
+  if pad:
+    rows = [jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) for x in rows]
+  row_specs = tuple(P(axes, *([None] * (x.ndim - 1))) for x in rows)
+  rep_specs = tuple(None if x is None else P() for x in replicated)
+  out_ndim = jax.eval_shape(fn, *rows, *replicated).ndim
+  # check_vma=False: a pallas_call's output carries no varying-axes type.
+  out = jax.shard_map(fn, mesh=mesh, in_specs=(*row_specs, *rep_specs),
+                      out_specs=P(axes, *([None] * (out_ndim - 1))),
+                      check_vma=False)(*rows, *replicated)
+  return out[:n] if pad else out
+
+
 # --- host data -> global arrays ----------------------------------------------------
 
 def batch_sharding(mesh: Mesh, rules) -> NamedSharding:

@@ -239,15 +239,44 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
     with sharding.activation_sharding(part.mesh, part.rules):
       return jitted(state, batch)
 
+  step.lower = _lowering(jitted, part)
   return step
+
+
+def _lowering(jitted, part: Partitioned):
+  """`lower(*args)`: the jitted step lowered under this setup's activation rules.
+
+  The arguments may be jax.ShapeDtypeStructs carrying shardings (`abstract_state`,
+  `abstract_batch`): ahead-of-time compilation for a topology without its devices
+  (lev_jax/aot.py) lowers exactly the program the trainer runs.
+  """
+  def lower(*args):
+    with sharding.activation_sharding(part.mesh, part.rules):
+      return jitted.lower(*args)
+  return lower
+
+
+def abstract_batch(part: Partitioned, config: ml_collections.ConfigDict,
+                   batch_size: int) -> dict:
+  """ShapeDtypeStructs of a [batch_size, train.seq_len] batch with the batch sharding:
+  int32 inputs / targets, float32 weights, and int32 positions / segment_ids when
+  data.segment_masking is on (the keys the data pipeline yields)."""
+  keys = ["inputs", "targets", "weights"]
+  if config.data.segment_masking:
+    keys += ["positions", "segment_ids"]
+  shape = (batch_size, config.train.seq_len)
+  return {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "weights" else jnp.int32,
+                                  sharding=part.batch_sharding) for k in keys}
 
 
 def make_eval_step(part: Partitioned):
   """Builds `eval_step(params, batch) -> nll_BxL` (float32 numpy, unweighted), jitted,
   sharded; every process gets the whole result (evaluation is small)."""
   batch_sh = part.batch_sharding
-  jitted = jax.jit(lambda p, b: token_nll(part.graphdef, p, b),
-                   in_shardings=(part.state_sharding["params"], batch_sh),
+  def eval_step(params, batch):
+    return token_nll(part.graphdef, params, batch)
+
+  jitted = jax.jit(eval_step, in_shardings=(part.state_sharding["params"], batch_sh),
                    out_shardings=NamedSharding(part.mesh, P()))
 
   def step(params, batch):
@@ -255,4 +284,5 @@ def make_eval_step(part: Partitioned):
     with sharding.activation_sharding(part.mesh, part.rules):
       return np.asarray(jitted(params, sharding.full_to_global(batch, part.batch_sharding)))
 
+  step.lower = _lowering(jitted, part)
   return step

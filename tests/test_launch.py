@@ -514,6 +514,28 @@ def test_tpu_preflight_stops_a_mesh_that_does_not_fit_the_slice(tmp_path, monkey
   assert not (tmp_path / "gcloud.log").exists()
 
 
+@pytest.mark.skipif(__import__("importlib").util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install -e '.[tpu-aot]')")
+def test_tpu_compile_preflight_stops_a_job_that_does_not_fit(tmp_path, monkeypatch, capsys):
+  """--compile: lev-compile of the lev-train config for the slice, before any gcloud
+  command; a step over the chips' HBM is one line and nothing is created."""
+  bin_ = fake_program(tmp_path, "gcloud", f"echo \"$*\" >> {tmp_path}/gcloud.log")
+  monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+  base = ["--name=one", "--zone=us-east5-a", "--accelerator_type=v5litepod-4",
+          "--no-preflight", "--compile", "--dry-run", "--", "--config=experiments/smoke.py:tied"]
+  status, out = run(tpu.main, base)
+  err = capsys.readouterr().err
+  assert status == 0 and "[tpu] lev-compile: smoke_tied on v5litepod-4" in err, err
+  assert err.count("total") == 2 and "gcloud" in out
+  status, _ = run(tpu.main, [*base, "--config.model.vocab_size=65536",
+                             "--config.train.seq_len=512",
+                             "--config.train.global_batch_size=1024"])
+  err = capsys.readouterr().err
+  assert status == 2 and err.startswith("launch/tpu.py: error: compile pre-flight: the train "
+                                        "step of smoke_tied does not fit v5litepod-4"), err
+  assert err.count("\n") == 1 and not (tmp_path / "gcloud.log").exists()
+
+
 def test_preflight_without_lev_jax_says_which_python_and_how_to_skip(tmp_path):
   python = fake_program(tmp_path, "python", "echo \"ModuleNotFoundError: No module named "
                         "'absl'\" >&2; exit 1") / "python"

@@ -65,6 +65,51 @@ def test_fused_equals_reference_in_values_and_gradients(basis, sigmoid, chunk, d
   _assert_close_tree(grads, ref_grads, 1e-5)
 
 
+@pytest.mark.parametrize("basis,sigmoid,chunk,delta_std,scale", [
+    ("normalized", "half", 4096, None, None),
+    ("normalized", "full", 16, 3.0, None),
+    ("khronos", "full", 16, None, 2.5),
+])
+def test_off_the_cpu_windows_recomputed_from_t_equal_the_cpu_path(basis, sigmoid, chunk,
+                                                                  delta_std, scale):
+  """Traced for a TPU or GPU (lev-compile), the fused core takes the spline input t
+  and recomputes each coordinate's window inside its loop and backward pass
+  (lev_modes_from_spline); on the CPU it gets materialised windows. Same values and
+  gradients, to float32 rounding."""
+  from lev_jax import target  # noqa: PLC0415
+  cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk, log_group=4).lev
+  lev, params = _lev_with_params(cfg, delta_std=delta_std, scale=scale)
+  ids = jax.random.randint(jax.random.key(1), (3, 37), 0, 384)
+  out, grads = _value_and_grads(params, ids, cfg, lev.base)
+  trace = lambda: str(jax.make_jaxpr(lambda p: lev_embed(p, ids, cfg, lev.base))(params))
+  cpu_jaxpr = trace()
+  with target.compiling_for("gpu"):  # plain dot_general and the spline source
+    gpu_jaxpr = trace()
+    spline_out, spline_grads = _value_and_grads(params, ids, cfg, lev.base)
+  # The CPU trace has dense()'s two CPU custom VJPs (seed and output projections) and
+  # the window core; the GPU trace only the spline core.
+  assert (cpu_jaxpr.count("custom_vjp_call"), gpu_jaxpr.count("custom_vjp_call")) == (3, 1)
+  _assert_close_tree(spline_out, out, 1e-6)
+  _assert_close_tree(spline_grads, grads, 1e-5)
+
+
+def test_the_spline_source_keeps_no_window_for_the_backward_pass():
+  """The memory fix: the fused core's residuals off the CPU are t, delta and the modes;
+  no [N, H, S, W] window array (its W = 3 minor axis is padded 42-fold by XLA:TPU)."""
+  from lev_jax.lev import lev_modes_from_spline  # noqa: PLC0415
+  n, h, s, j, r = 64, 2, 8, 6, 4
+  t = jax.random.uniform(jax.random.key(0), (n, h, s))
+  delta = 0.1 * jax.random.normal(jax.random.key(1), (h, s, j, r))
+  _, vjp = jax.vjp(lambda t, d: lev_modes_from_spline(t, None, d, "normalized", 1e-6, 4),
+                   t, delta)
+  shapes = {tuple(x.shape) for x in jax.tree.leaves(vjp)}
+  assert (n, h, s, 3) not in shapes and (s, n, h, 3) not in shapes, shapes
+  w, k = bspline_window(t, j, float(j - 1), True)
+  np.testing.assert_allclose(
+      lev_modes_from_spline(t, None, delta, "normalized", 1e-6, 4),
+      lev_modes_fused(w, k, delta, 1e-6, 4), rtol=1e-6)
+
+
 def test_window_is_the_basis_restricted_to_its_three_knots():
   t = jax.random.uniform(jax.random.key(0), (64, 5))
   t = t.at[0].set(jnp.array([0.0, 1.0, 0.5, 1e-7, 1 - 1e-7]))

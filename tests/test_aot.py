@@ -1,0 +1,131 @@
+"""aot: tiny train / eval steps compiled for TPU slices, memory and shortfall reports.
+
+The compile tests need libtpu (`pip install -e '.[tpu-aot]'`; `.ci/run` installs it)
+and skip without it. They compile tiny models for a 4-chip v5p slice (and two slices
+over DCN) on this CPU host: no TPU is touched.
+"""
+
+import importlib.util
+
+import pytest
+
+from lev_jax import aot, sharding, target, train
+from lev_jax.sharding import ShardingError
+from lev_jax.topology import AotError, GiB, parse_topology, topology_devices
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="libtpu is not installed (pip install -e '.[tpu-aot]'; .ci/run installs it)")
+
+
+def test_largest_buffers_are_read_from_the_memory_usage_report(tmp_path):
+  (tmp_path / "module_0001.jit_train_step.cl_1.after_optimizations-memory-usage-report.txt"
+   ).write_text(
+      "Memory Space: default (color=0)\nTotal bytes: 123\n"
+      "  cumulative_size;       size;       offset; used_by_n_values; shapes_list\n"
+      "  ------------------------------------------------------------\n"
+      "   12.21GiB( 55%);   12.21GiB;     17334272;               10; f32[32,512,200064]\n"
+      "   18.32GiB( 83%);    6.11GiB;  13128728576;                3; bf16[200064,1,192]\n"
+      "   18.69GiB( 85%);  384.00MiB;    419987456;                2; f32[32,12,512,512]\n")
+  got = aot.largest_buffers(str(tmp_path), "jit_train_step", n=2)
+  assert got == [(int(12.21 * 2 ** 30), "f32[32,512,200064]"),
+                 (int(6.11 * 2 ** 30), "bf16[200064,1,192]")]
+  assert aot.largest_buffers(str(tmp_path), "jit_eval_step") == []
+
+
+def test_compiling_for_sets_the_platform_the_model_code_sees():
+  assert target.platform() == "cpu"
+  with target.compiling_for("tpu"):
+    assert target.platform() == "tpu"
+  assert target.platform() == "cpu"
+  with pytest.raises(ValueError, match="expected one of"):
+    with target.compiling_for("npu"):
+      pass
+
+
+# --- compiled for a TPU topology (libtpu) ------------------------------------------
+
+def _tiny(make_config, embedding, **lev):
+  c = make_config(embedding, **lev)
+  c.train.global_batch_size = c.eval.batch_size = 8
+  return c
+
+
+@needs_libtpu
+@pytest.mark.parametrize("embedding,lev", [
+    ("tied", {}),
+    ("lev", {"mode": "tokens"}),
+    ("lev", {"mode": "table"}),
+    ("lev", {"mode": "unique", "unique_size": 64}),
+    ("lev", {"mode": "auto", "impl": "pallas"}),
+    ("lev", {"mode": "tokens", "basis": "khronos"}),
+])
+def test_tiny_train_and_eval_steps_compile_for_a_v5p_slice(make_config, embedding, lev):
+  c = _tiny(make_config, embedding, chunk_size=32, **lev)  # several LEV chunks
+  reports = aot.compile_steps(c, parse_topology("v5p:2x2x1"))
+  assert [r.step for r in reports] == ["train", "eval"]
+  for r in reports:
+    assert r.fits, r.error
+    assert r.chips == 4 and r.hbm_bytes == 95 * GiB
+    assert 0 < r.total_bytes < r.hbm_bytes and r.compiler_flops > 0
+    assert r.step_s > 0 and r.time_source in ("cost model", "roofline")
+    assert r.tokens == 8 * c.train.seq_len
+
+
+@needs_libtpu
+def test_the_memory_table_is_memory_analysis_of_the_trainers_step(make_config):
+  """compile_steps' figures are XLA's memory_analysis() of the step lev-train builds,
+  compiled here again by hand."""
+  c = _tiny(make_config, "lev", mode="tokens")
+  topo = parse_topology("v5p:2x2x1")
+  (report,) = aot.compile_steps(c, topo, steps=("train",))
+  mesh = sharding.make_mesh(c.mesh, devices=topology_devices(topo))
+  part = train.partition(c, mesh)
+  with target.compiling_for("tpu"):
+    lowered = train.make_train_step(part, c).lower(
+        train.abstract_state(part, c), train.abstract_batch(part, c, 8))
+  mem = lowered.compile().memory_analysis()
+  assert (report.arguments_bytes, report.outputs_bytes, report.alias_bytes,
+          report.temp_bytes, report.code_bytes) == (
+              mem.argument_size_in_bytes, mem.output_size_in_bytes,
+              mem.alias_size_in_bytes, mem.temp_size_in_bytes,
+              mem.generated_code_size_in_bytes)
+  assert report.total_bytes == (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                                - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+                                + mem.generated_code_size_in_bytes)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("embedding", ["tied", "lev"])
+def test_two_slices_over_dcn(make_config, embedding):
+  c = _tiny(make_config, embedding, mode="tokens")
+  c.mesh.dcn_data = 2
+  (report,) = aot.compile_steps(c, parse_topology("v5p:2x2x1", num_slices=2),
+                                steps=("train",))
+  assert report.fits and report.chips == 8
+
+
+@needs_libtpu
+def test_a_mesh_that_does_not_divide_the_chips_and_dcn_mismatch_are_errors(make_config):
+  c = _tiny(make_config, "tied")
+  c.mesh.tensor = 3
+  with pytest.raises(ShardingError, match=r"does not divide 4 devices"):
+    aot.compile_steps(c, parse_topology("v5p:2x2x1"))
+  c.mesh.tensor, c.mesh.dcn_data = 1, 2
+  with pytest.raises(AotError, match=r"spans 2 slices; the topology has 1"):
+    aot.compile_steps(c, parse_topology("v5p:2x2x1"))
+
+
+@needs_libtpu
+def test_a_step_that_does_not_fit_is_reported_with_its_largest_buffers(make_config):
+  c = _tiny(make_config, "tied")
+  c.model.vocab_size = 65_536  # float32 logits of 1024 x 512 tokens: 128 GiB per chip
+  c.train.seq_len = 512
+  c.train.global_batch_size = 1024
+  (report,) = aot.compile_steps(c, parse_topology("v5e:2x2"), steps=("train",))
+  assert not report.fits and "RESOURCE_EXHAUSTED" in report.error
+  assert report.required_bytes > report.available_bytes > 10 * GiB
+  assert report.largest_buffers and report.largest_buffers[0][0] > GiB
+  line = aot.shortfall_line(report, parse_topology("v5e:2x2"), c)
+  assert "\n" not in line and "train.grad_accum_steps (now 1)" in line
+  assert "largest buffers: " in line and "f32[" in line

@@ -1,0 +1,105 @@
+"""lev-compile: the command's table, JSON, exit status and one-line errors.
+
+Runs `python -m lev_jax.cli.compile` as a user would; the compiling cases need libtpu
+(`pip install -e '.[tpu-aot]'`) and skip without it.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="libtpu is not installed (pip install -e '.[tpu-aot]'; .ci/run installs it)")
+
+
+def _compile(*args, cwd=REPO):
+  return subprocess.run([sys.executable, "-m", "lev_jax.cli.compile", *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=600,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+def _one_error_line(proc) -> str:
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1, proc.stderr[-2000:]
+  assert lines[0].startswith("lev-compile: error: ")
+  return lines[0]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--topology=v9-8"], "unknown TPU generation 'v9'"),
+    (["--topology=v5p-128", "--steps=train,backward"], "--steps=train,backward: expected"),
+    (["--json="], "--json is empty: expected a path"),
+    (["--json=/no/such/folder/c.json"], "folder /no/such/folder does not exist"),
+    (["--config=experiments/smoke.py:tied", "--config.model.d_model=-1"], "d_model"),
+])
+def test_bad_input_is_one_line_before_anything_is_compiled(args, needle, tmp_path):
+  proc = _compile(*args)
+  assert needle in _one_error_line(proc)
+  assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_plugins") is not None
+                    and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None,
+                    reason="the CUDA plugin is installed here")
+def test_a_gpu_target_without_the_cuda_plugin_names_the_install():
+  line = _one_error_line(_compile("--topology=h100-8", "--config=experiments/smoke.py:tied"))
+  assert "the CUDA plugin for compiling for a GPU is not installed" in line
+  assert "pip install 'jax-cuda12-plugin==" in line
+
+
+@needs_libtpu
+def test_a_fitting_config_prints_the_table_and_writes_the_json(tmp_path):
+  out, hlo = tmp_path / "compile.json", tmp_path / "hlo"
+  proc = _compile("--config=experiments/smoke.py:tied", "--topology=v5p:2x2x1",
+                  f"--json={out}", f"--dump_hlo={hlo}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "lev-compile: smoke_tied on v5p:2x2x1 (4 x TPU v5" in proc.stdout
+  assert "mesh data 1 x fsdp 4 x tensor 1" in proc.stdout
+  assert proc.stdout.count("compiler ESTIMATE") == 2
+  record = json.loads(out.read_text())
+  assert record["chips"] == 4 and record["compiler"].startswith("libtpu ") and record["jax"]
+  train, evaluate = record["steps"]
+  assert (train["step"], evaluate["step"]) == ("train", "eval")
+  assert train["fits"] and train["total_bytes"] == (
+      train["arguments_bytes"] + train["outputs_bytes"] - train["alias_bytes"]
+      + train["temp_bytes"] + train["code_bytes"])
+  assert train["tokens"] == 16 * 128 and 0 < train["mfu"] < 1
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["compile.json", "hlo"]
+  for step in ("train", "eval"):  # XLA's dumps of each step, kept
+    assert list((hlo / step).glob(f"*jit_{step}_step*after_optimizations.txt")), step
+
+
+@needs_libtpu
+def test_a_config_that_cannot_fit_exits_2_naming_shortfall_buffers_and_levers(tmp_path):
+  out = tmp_path / "oom.json"
+  proc = _compile("--config=experiments/smoke.py:tied", "--topology=v5e:2x2",
+                  "--steps=train", "--config.model.vocab_size=65536",
+                  "--config.train.seq_len=512", "--config.train.global_batch_size=1024",
+                  f"--json={out}")
+  line = _one_error_line(proc)
+  assert "the train step of smoke_tied does not fit v5e:2x2: needs " in line
+  assert "GiB available (short by " in line and "largest buffers: " in line
+  assert "levers: train.grad_accum_steps (now 1), model.remat (now none)" in line
+  assert json.loads(out.read_text())["steps"][0]["fits"] is False
+
+
+@needs_libtpu
+def test_min_free_refuses_a_step_that_leaves_too_little_hbm():
+  proc = _compile("--config=experiments/smoke.py:tied", "--topology=v5e:2x2",
+                  "--steps=eval", "--config.eval.batch_size=2048", "--min_free=0.99")
+  assert "leaves less than 99% of HBM free on v5e:2x2" in _one_error_line(proc)
+
+
+@needs_libtpu
+def test_a_mesh_that_does_not_divide_the_slice_is_one_line():
+  proc = _compile("--config=experiments/smoke.py:tied", "--topology=v5p:2x2x1",
+                  "--config.mesh.tensor=3")
+  assert "(1, -1, 3) does not divide 4 devices" in _one_error_line(proc)
