@@ -34,11 +34,8 @@ DEFAULT_TOPOLOGIES = ("v5p-128", "v5p-32")
 
 
 def _ladder():
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  spec = importlib.util.spec_from_file_location("ladder", REPO / "experiments" / "ladder.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  from lev_jax.experiments import load_experiment  # pylint: disable=import-outside-toplevel
+  return load_experiment(REPO / "experiments" / "ladder.py")
 
 
 def compile_cell(rung: str, topology: str, out: Path, estimate_time: bool = True) -> dict:
@@ -65,38 +62,52 @@ def _hours(seconds: float) -> str:
   return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
-def table(records: dict, ladder) -> str:
+def _step_estimate(rec: dict, rung: str, records: dict, topology: str, lev: dict | None):
+  """(seconds, how) of a cell's estimated step, or (None, why not). A Leviathan cell
+  compiled for memory only is estimated as its tied twin's loop-free estimate plus LEV
+  alone (benchmarks/lev_tpu_estimate.py) at this slice's rows per chip."""
+  step = rec["steps"][0]
+  if "loop-free" in step["time_source"]:
+    return step["step_s"], "loop-free compile"
+  size = rung.split("_", 1)[1]
+  twin = records.get((topology, f"tied_{size}"))
+  rows = step["tokens"] // rec["chips"]
+  if (rung.startswith("leviathan") and twin and lev and lev["rows"] == rows
+      and "loop-free" in twin["steps"][0]["time_source"]):
+    return twin["steps"][0]["step_s"] + lev["loop_free"]["step_s"], "tied + LEV alone"
+  return None, "not estimated"
+
+
+def table(records: dict, ladder, lev: dict | None = None) -> str:
   """Markdown: one row per (topology, rung) with Leviathan's ratios to its tied twin."""
   rows = ["| slice | rung | per chip (GiB) | of HBM | vs tied (memory) | step (s, est.) "
           "| vs tied (step) | tokens/s (est.) | MFU (est.) | to token budget (est.) |",
           "|---|---|---|---|---|---|---|---|---|---|"]
   for (topology, rung), rec in records.items():
     step = rec["steps"][0]
-    size = rung.split("_", 1)[1]
-    twin = records.get((topology, f"tied_{size}"))
+    twin = records.get((topology, f"tied_{rung.split('_', 1)[1]}"))
     if not step["fits"]:
       rows.append(f"| {topology} | {rung} | does not fit: {step['error'][:80]} |"
                   " | | | | | | |")
       continue
-    gib = step["total_bytes"] / 2 ** 30
     mem_ratio = step_ratio = ""
     if twin and twin["steps"][0]["fits"] and not rung.startswith("tied"):
       mem_ratio = f"{step['total_bytes'] / twin['steps'][0]['total_bytes']:.3f}x"
-      if step["step_s"] and twin["steps"][0]["step_s"]:  # (blanked below if looped)
-        step_ratio = f"{step['step_s'] / twin['steps'][0]['step_s']:.3f}x"
+    seconds, how = _step_estimate(rec, rung, records, topology, lev)
     steps = ladder.get_config(rung).train.steps
-    loop_free = "loop-free" in step["time_source"]
-    budget = _hours(steps * step["step_s"]) if loop_free else "n/a"
-    mfu = f"{step['mfu']:.1%}" if loop_free and step["mfu"] is not None else "n/a"
-    if not loop_free:  # the looped program's own figure counts each loop body once
-      step_ratio, tokens = "", "n/a"
-    else:
-      tokens = f"{step['tokens_per_s']:,.0f}"
+    cells = ["n/a"] * 4
+    if seconds:
+      twin_s = _step_estimate(twin, f"tied_{rung.split('_', 1)[1]}", records, topology,
+                              lev)[0] if twin else None
+      step_ratio = f"{seconds / twin_s:.3f}x" if twin_s and twin is not rec else ""
+      from lev_jax import flops  # pylint: disable=import-outside-toplevel
+      mfu = flops.mfu(step["analytic_flops"], seconds, rec["chips"], step["device_kind"])
+      cells = [f"{seconds:.3f} ({how})", f"{step['tokens'] / seconds:,.0f}",
+               f"{mfu:.1%}" if mfu else "n/a", f"{_hours(steps * seconds)}"]
     rows.append(
-        f"| {topology} ({rec['chips']} chips) | {rung} | {gib:.2f} | "
-        f"{step['hbm_fraction']:.0%} | {mem_ratio} | "
-        f"{f'{step_s:.3f}' if (step_s := step['step_s']) and loop_free else 'n/a'} | "
-        f"{step_ratio} | {tokens} | {mfu} | {budget} ({steps:,} steps) |")
+        f"| {topology} ({rec['chips']} chips) | {rung} | {step['total_bytes'] / 2**30:.2f} "
+        f"| {step['hbm_fraction']:.0%} | {mem_ratio} | {cells[0]} | {step_ratio} | "
+        f"{cells[1]} | {cells[2]} | {cells[3]} ({steps:,} steps) |")
   return "\n".join(rows)
 
 
@@ -107,6 +118,10 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="runs/pod_compile", help="output folder (resumable)")
   p.add_argument("--memory_only", default="", help="comma-separated topologies compiled "
                  "for memory only (lev-compile --noestimate_time: no step-time estimate)")
+  p.add_argument("--lev_estimate", default="", help="JSON of benchmarks/"
+                 "lev_tpu_estimate.py: Leviathan rungs are then compiled for memory only "
+                 "and estimated as their tied twin + LEV alone (LEV's unrolled loops make "
+                 "a loop-free compile of the whole step take ~15 min per rung here)")
   p.add_argument("--table", action="store_true", help="only print the table of the cells "
                  "already compiled")
   args = p.parse_args(argv)
@@ -123,13 +138,20 @@ def main(argv=None) -> int:
       path = out / topology / f"{rung}.json"
       if args.table and not path.exists():
         continue
-      records[(topology, rung)] = compile_cell(rung, topology, out,
-                                               topology not in args.memory_only.split(","))
+      estimate = (topology not in args.memory_only.split(",")
+                  and not (args.lev_estimate and rung.startswith("leviathan")))
+      records[(topology, rung)] = compile_cell(rung, topology, out, estimate)
+  lev_path = Path(args.lev_estimate) if args.lev_estimate else None
+  lev = json.loads(lev_path.read_text()) if lev_path and lev_path.exists() else None
   first = next(iter(records.values()), None)
   header = (f"Compiled with jax {first['jax']}, {first['compiler']} on a CPU host; "
             "times, tokens/s and MFU are XLA:TPU cost-model ESTIMATES, not measurements."
             if first else "Nothing compiled yet.")
-  text = header + "\n\n" + table(records, ladder) + "\n"
+  if lev:
+    header += (f" LEV alone ({lev['rows']:,} rows per chip, {lev['rung']}'s LEV, forward + "
+               f"backward, loops unrolled): {lev['loop_free']['step_s'] * 1e3:.1f} ms "
+               f"estimated, {lev['loop_free']['bytes_accessed'] / 1e9:.0f} GB accessed.")
+  text = header + "\n\n" + table(records, ladder, lev) + "\n"
   out.mkdir(parents=True, exist_ok=True)
   (out / "table.md").write_text(text)
   print(text)

@@ -37,6 +37,8 @@ SKIP = (
     (r"launch/tpu\.py|launch/slurm\.py", "needs a TPU pod or a SLURM cluster"),
     (r"^apt-get |slurm_cluster as s|SLURM_CONF|^squeue |lev_slurm",
      "installs Debian packages or runs a local SLURM cluster (root)"),
+    (r"lev-compile .*experiments/ladder\.py", "compiles a 200M-1.2B rung for a pod slice "
+     "(minutes each; benchmarks/pod_compile.py)"),
     (r"experiments/ladder\.py:\w+_(200m|400m|800m|1\.2b)(?!.*lev-params)",
      "trains a 200M-1.2B rung (a pod's job)"),
 )

@@ -22,9 +22,10 @@ Sections (wall time measured on our 2-core CPU, nothing else running):
   studies   lev-study on experiments/smoke_study.py (9 runs, ~50 min) and
             experiments/fidelity_study.py (33 runs, ~50 min)
   drills    benchmarks/drills.py: kill -9, SIGTERM, bit flips, bad inputs (~5 min)
-  pod_compile benchmarks/pod_compile.py: every ladder rung, tied and Leviathan,
-            compiled by lev-compile for v5p-128 and v5p-32 (needs the tpu-aot extra;
-            compiler estimates, not measurements; ~50 min)
+  pod_compile benchmarks/lev_tpu_estimate.py, then benchmarks/pod_compile.py: every
+            ladder rung, tied and Leviathan, compiled by lev-compile for v5p-128 (with
+            time estimates) and v5p-32 (memory); needs the tpu-aot extra; compiler
+            estimates, not measurements (~45 min)
 
 Seeded figures: the smoke table and the ladder are single runs of seed 0 (the README
 says so); the studies give mean ± standard error over 3 seeds. Times and ratios depend
@@ -92,7 +93,11 @@ def _drills(root: Path) -> list[list[str]]:
 
 
 def _pod_compile(root: Path) -> list[list[str]]:
-  return [_py("benchmarks/pod_compile.py", f"--out={root / 'pod_compile'}")]
+  lev = root / "pod_compile" / "lev_v5p_4096.json"
+  return [_py("benchmarks/lev_tpu_estimate.py", f"--json={lev}"),
+          _py("benchmarks/pod_compile.py", "--topologies=v5p-128,v5p-32",
+              "--memory_only=v5p-32", f"--lev_estimate={lev}",
+              f"--out={root / 'pod_compile'}")]
 
 
 # name -> (commands, the files whose tables are printed after them)
