@@ -523,10 +523,8 @@ def test_tpu_compile_preflight_stops_a_job_that_does_not_fit(tmp_path, monkeypat
   monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
   base = ["--name=one", "--zone=us-east5-a", "--accelerator_type=v5litepod-4",
           "--no-preflight", "--compile", "--dry-run", "--", "--config=experiments/smoke.py:tied"]
-  status, out = run(tpu.main, base)
-  err = capsys.readouterr().err
-  assert status == 0 and "[tpu] lev-compile: smoke_tied on v5litepod-4" in err, err
-  assert err.count("total") == 2 and "gcloud" in out
+  # (A config that fits prints lev-compile's summary and goes on: tests/test_cli_compile.py
+  # covers the compile itself; here, the launcher's refusal.)
   status, _ = run(tpu.main, [*base, "--config.model.vocab_size=65536",
                              "--config.train.seq_len=512",
                              "--config.train.global_batch_size=1024"])
