@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -84,6 +85,24 @@ TRAIN_MODULE = "lev_jax.cli.train"
 _TRAIN_ERROR = "lev-train: error: "
 
 
+def _run_check(argv: list[str], what: str, skip: str, cwd: str | None,
+               timeout_s: float) -> subprocess.CompletedProcess:
+  """Runs a lev_jax check command on this machine (no accelerator: JAX_PLATFORMS=cpu).
+
+  Raises:
+    LaunchError: argv[0] does not exist (with how to skip the check), or the command
+      outlived timeout_s.
+  """
+  try:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                          stdin=subprocess.DEVNULL)
+  except FileNotFoundError:
+    raise LaunchError(f"{what}: cannot run {argv[0]}: no such file; {skip}") from None
+  except subprocess.TimeoutExpired:
+    raise LaunchError(f"{what}: `{shell_join(argv)}` took over {timeout_s:g} s") from None
+
+
 def preflight(train_args: Sequence[str], platform: str, processes: int, devices: int, *,
               python: str = sys.executable, cwd: str | None = None,
               timeout_s: float = 300.0) -> str:
@@ -105,14 +124,8 @@ def preflight(train_args: Sequence[str], platform: str, processes: int, devices:
   """
   argv = [python, "-m", TRAIN_MODULE, f"--preflight={platform}:{processes}x{devices}",
           *train_args]
-  try:
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdin=subprocess.DEVNULL)
-  except FileNotFoundError:
-    raise LaunchError(f"pre-flight: cannot run {python}: no such file; pass --no-preflight "
-                      "to skip the check") from None
-  except subprocess.TimeoutExpired:
-    raise LaunchError(f"pre-flight: `{shell_join(argv)}` took over {timeout_s:g} s") from None
+  proc = _run_check(argv, "pre-flight", "pass --no-preflight to skip the check", cwd,
+                    timeout_s)
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   if proc.returncode == 0:
     out = [l for l in proc.stdout.splitlines() if l.strip()]
@@ -150,19 +163,15 @@ def compile_preflight(train_args: Sequence[str], topology: str, *,
   """
   config_args = [a for a in train_args if a.startswith("--config")]
   argv = [python, "-m", COMPILE_MODULE, f"--topology={topology}", *config_args]
-  try:
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdin=subprocess.DEVNULL)
-  except FileNotFoundError:
-    raise LaunchError(f"compile pre-flight: cannot run {python}: no such file; pass "
-                      "--no-compile to skip it") from None
-  except subprocess.TimeoutExpired:
-    raise LaunchError(f"compile pre-flight: `{shell_join(argv)}` took over {timeout_s:g} s"
-                      ) from None
-  if proc.returncode == 0:
-    keep = [l.strip() for l in proc.stdout.splitlines()
-            if l.startswith("lev-compile:") or l.strip().startswith("total")]
-    return "; ".join(keep) or "lev-compile: ok"
+  proc = _run_check(argv, "compile pre-flight", "leave out --compile to skip it", cwd,
+                    timeout_s)
+  if proc.returncode == 0:  # "lev-compile: ok: train step 20.33 GiB per chip of 95.0 GiB ..."
+    steps = re.findall(r"^(\w+) step \(", proc.stdout, re.M)
+    totals = re.findall(r"^\s+total\s+([\d.]+)\s+of ([\d.]+ GiB) HBM \((\d+)% used",
+                        proc.stdout, re.M)
+    return "lev-compile: ok: " + "; ".join(
+        f"{step} step {gib} GiB per chip of {hbm} ({used}% used)"
+        for step, (gib, hbm, used) in zip(steps, totals))
   mine = [l for l in proc.stderr.splitlines() if l.startswith(_COMPILE_ERROR)]
   if mine:
     raise LaunchError(f"compile pre-flight: {mine[-1][len(_COMPILE_ERROR):]}")

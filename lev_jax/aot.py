@@ -60,6 +60,7 @@ class StepReport:
   tokens: int                      # tokens per step (global)
   analytic_flops: float            # lev_jax.flops model FLOPs per step, all chips
   compile_s: float                 # wall time of lowering + compiling, this host
+  estimate_compile_s: float = 0.0  # the loop-free compiles behind the time estimate
   arguments_bytes: int = 0
   outputs_bytes: int = 0
   alias_bytes: int = 0
@@ -277,6 +278,7 @@ def _estimate_time(config, topology: Topology, devices, reports) -> None:
     one, two = shallow[1].get(report.step), shallow[min(n, 2)].get(report.step)
     if not (one and two and one.fits and two.fits and one.step_s and two.step_s):
       continue
+    report.estimate_compile_s = one.compile_s + (two.compile_s if two is not one else 0.0)
     micro = n_micro if report.step == "train" else 1
     report.step_s = micro * (one.step_s + (n - 1) * (two.step_s - one.step_s))
     report.compiler_flops = micro * (one.compiler_flops + (n - 1) * (
@@ -302,7 +304,7 @@ def _check_dcn(config, topology: Topology) -> None:
   if math.prod(dcn) != topology.num_slices:
     raise AotError(f"config.mesh (dcn_data, dcn_fsdp, dcn_tensor) = {tuple(dcn)} spans "
                    f"{math.prod(dcn)} slices; the topology has {topology.num_slices} "
-                   "(--num_slices)")
+                   f"(--num_slices): set e.g. --config.mesh.dcn_data={topology.num_slices}")
 
 
 def _gib(n: float) -> str:
@@ -316,7 +318,9 @@ def format_step(report: StepReport, hbm_label: str) -> str:
     return f"{r.step} step: DOES NOT FIT ({r.error})"
   free = 1.0 - r.hbm_fraction
   lines = [
-      f"{r.step} step ({r.tokens:,} tokens), compiled in {r.compile_s:.0f} s on this host",
+      f"{r.step} step ({r.tokens:,} tokens), compiled in {r.compile_s:.0f} s on this host"
+      + (f" (+ {r.estimate_compile_s:.0f} s of loop-free compiles for the time estimate)"
+         if r.estimate_compile_s else ""),
       f"  {'per chip':<34}{'GiB':>9}",
       f"  {'state + batch (arguments)':<34}{_gib(r.arguments_bytes):>9}",
       f"  {'temporaries':<34}{_gib(r.temp_bytes):>9}",
@@ -337,6 +341,20 @@ def format_step(report: StepReport, hbm_label: str) -> str:
   return "\n".join(lines)
 
 
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "f32": 4,
+                "s32": 4, "u32": 4, "f64": 8, "s64": 8}
+
+
+def _largest_shape(shapes: str) -> str:
+  """The largest of the shapes sharing one allocation ("f32[8,512], 2×bf16[64,8]")."""
+  def size(shape):
+    m = re.match(r"(?:\d+×)?(\w+)\[([\d,]*)\]", shape.strip())
+    if not m:
+      return 0
+    return _DTYPE_BYTES.get(m[1], 4) * math.prod(int(d) for d in m[2].split(",") if d)
+  return max(shapes.split(", "), key=size).strip()
+
+
 def shortfall_line(report: StepReport, topology: Topology, config) -> str:
   """One line for a step that does not fit: how much is missing, the largest buffers
   and the levers that reduce per-chip memory."""
@@ -347,7 +365,7 @@ def shortfall_line(report: StepReport, topology: Topology, config) -> str:
     need, have = r.required_bytes, r.available_bytes
   what = (f"needs {_gib(need)} GiB per chip, {_gib(have)} GiB available (short by "
           f"{_gib(need - have)} GiB)" if need and have else r.error)
-  biggest = "; ".join(f"{_gib(b)} GiB {shapes.split(', ')[0]}"
+  biggest = "; ".join(f"{_gib(b)} GiB {_largest_shape(shapes)}"
                       for b, shapes in r.largest_buffers[:3])
   m = config.mesh
   levers = (f"levers: train.grad_accum_steps (now {config.train.grad_accum_steps}), "

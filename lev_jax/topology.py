@@ -111,7 +111,8 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
     AotError: an unknown generation, a malformed name, a core count that is not a whole
       number of chips, a shape with the wrong number of axes, num_slices < 1.
   """
-  expected = ("expected GENERATION-COUNT (v5p-128, v5e-256, v6e-16, v4-32) or "
+  expected = ("expected GENERATION-COUNT (v5p-128, v5e-256, v5litepod-16, v6e-16, "
+              "v4-32) or "
               "GENERATION:SHAPE (v5p:4x4x4, v6e:4x4), with GENERATION one of "
               + ", ".join(sorted(CHIPS)))
   g = _GPU_NAME.match(name.strip().lower())

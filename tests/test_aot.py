@@ -33,6 +33,13 @@ def test_largest_buffers_are_read_from_the_memory_usage_report(tmp_path):
   assert aot.largest_buffers(str(tmp_path), "jit_eval_step") == []
 
 
+def test_the_shortfall_names_the_largest_shape_of_each_buffer():
+  # XLA lists the values sharing an allocation in name order, not by size.
+  assert aot._largest_shape("f32[131072,128], f32[131072,65536], 2×bf16[1,768,12,64]"
+                            ) == "f32[131072,65536]"
+  assert aot._largest_shape("pred[8], s32[4,4]") == "s32[4,4]"
+
+
 def test_compiling_for_sets_the_platform_the_model_code_sees():
   assert target.platform() == "cpu"
   with target.compiling_for("tpu"):
