@@ -80,6 +80,7 @@ def _step_estimate(rec: dict, rung: str, records: dict, topology: str, lev: dict
 
 def table(records: dict, ladder, lev: dict | None = None) -> str:
   """Markdown: one row per (topology, rung) with Leviathan's ratios to its tied twin."""
+  from lev_jax import flops  # pylint: disable=import-outside-toplevel
   rows = ["| slice | rung | per chip (GiB) | of HBM | vs tied (memory) | step (s, est.) "
           "| vs tied (step) | tokens/s (est.) | MFU (est.) | to token budget (est.) |",
           "|---|---|---|---|---|---|---|---|---|---|"]
@@ -100,7 +101,6 @@ def table(records: dict, ladder, lev: dict | None = None) -> str:
       twin_s = _step_estimate(twin, f"tied_{rung.split('_', 1)[1]}", records, topology,
                               lev)[0] if twin else None
       step_ratio = f"{seconds / twin_s:.3f}x" if twin_s and twin is not rec else ""
-      from lev_jax import flops  # pylint: disable=import-outside-toplevel
       mfu = flops.mfu(step["analytic_flops"], seconds, rec["chips"], step["device_kind"])
       cells = [f"{seconds:.3f} ({how})", f"{step['tokens'] / seconds:,.0f}",
                f"{mfu:.1%}" if mfu else "n/a", f"{_hours(steps * seconds)}"]

@@ -156,7 +156,7 @@ def compile_preflight(train_args: Sequence[str], topology: str, *,
     topology: the slice, e.g. "v5p-128" (an --accelerator_type).
     python, cwd, timeout_s: as `preflight`.
   Returns:
-    lev-compile's first line and each step's total memory line.
+    One line, "lev-compile: ok: " and each step's per-chip total against HBM.
   Raises:
     LaunchError: lev-compile's one-line error (a step that does not fit, libtpu missing
       or mismatched), or `python` cannot run it.

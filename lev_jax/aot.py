@@ -263,7 +263,7 @@ def _estimate_time(config, topology: Topology, devices, reports) -> None:
   n, n_micro = config.model.n_layers, config.train.grad_accum_steps
   shallow = {}
   for depth in sorted({1, min(n, 2)}):
-    c = ml_collections.ConfigDict(config.to_dict())
+    c = config.copy_and_resolve_references()
     c.model.n_layers, c.model.scan_layers = depth, False
     c.train.global_batch_size //= n_micro
     c.train.grad_accum_steps = 1
@@ -291,7 +291,7 @@ def _estimate_time(config, topology: Topology, devices, reports) -> None:
 
 def _eval_flops(config) -> float:
   """Model FLOPs of one eval batch: the forward third of a train step of that batch."""
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = config.copy_and_resolve_references()
   c.train.global_batch_size, c.train.grad_accum_steps = config.eval.batch_size, 1
   return flops_lib.train_flops_per_step(c)["total"] / 3
 
