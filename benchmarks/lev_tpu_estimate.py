@@ -2,16 +2,18 @@
 
   python benchmarks/lev_tpu_estimate.py                          # the v5p-128 share
   python benchmarks/lev_tpu_estimate.py --rows 4096 --generation v5p --rung leviathan_1.2b
+  python benchmarks/lev_tpu_estimate.py --impl fused               # the CPU core, for contrast
 
 Compiles, for one chip of the generation (libtpu; no TPU needed), LEV's embedding of
-`--rows` ids and its gradient (lev_jax.lev.lev_embed with the rung's config: the fused
-core, its chunks), twice: as it runs (its loops, whose body XLA's cost model counts
-once) and with its loops unrolled (lev_jax.target.unrolled_loops; the same
-computation, loop-free). Prints both estimates, FLOPs, bytes accessed and temporaries.
---rows is the rows each chip evaluates per step: train.global_batch_size x seq_len /
-chips in `lev.mode=tokens` (4,096 on a v5p-128 slice for the ladder's 512 x 512 batch).
-Every time here is the compiler's ESTIMATE, not a measurement. The unrolled compile
-takes ~7 minutes on a 2-core CPU.
+`--rows` ids and its gradient (lev_jax.lev.lev_embed with the rung's config: its core,
+`lev.impl`, unless --impl names another, and its chunks), twice: as it runs (its loops,
+whose body XLA's cost model counts once) and with its loops unrolled
+(lev_jax.target.unrolled_loops; the same computation, loop-free). Prints both
+estimates, FLOPs, bytes accessed and temporaries. --rows is the rows each chip
+evaluates per step: train.global_batch_size x seq_len / chips in `lev.mode=tokens`
+(4,096 on a v5p-128 slice for the ladder's 512 x 512 batch). Every time here is the
+compiler's ESTIMATE, not a measurement. The fused core's unrolled compile takes ~11
+minutes on a 2-core CPU; the vectorized core has no loop but the chunks'.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def estimate(rung: str, rows: int, generation: str) -> dict:
+def estimate(rung: str, rows: int, generation: str, impl: str = "") -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
@@ -36,6 +38,8 @@ def estimate(rung: str, rows: int, generation: str) -> dict:
   from lev_jax.config import lev_digit_base, padded_vocab_size  # pylint: disable=import-outside-toplevel
   from lev_jax.experiments import load_experiment  # pylint: disable=import-outside-toplevel
   config = load_experiment(REPO / "experiments" / "ladder.py").get_config(rung)
+  if impl:
+    config.lev.impl = impl
   cfg = ml_collections.FrozenConfigDict(config.lev)
   vocab = padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)
   # One chip of a one-host slice (libtpu makes no 1-chip v5p topology): the program is
@@ -48,7 +52,8 @@ def estimate(rung: str, rows: int, generation: str) -> dict:
                         params)
   ids = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=sharding)
   base = lev_digit_base(cfg.base, cfg.n_coords, vocab)
-  out = {"rung": rung, "rows": rows, "generation": generation, "jax": jax.__version__}
+  out = {"rung": rung, "rows": rows, "generation": generation, "impl": cfg.impl,
+         "chunk_size": cfg.chunk_size, "jax": jax.__version__}
   for name, ctx in (("looped", contextlib.nullcontext), ("loop_free", target.unrolled_loops)):
     def forward_backward(p, i):  # a new function per compile: jit caches by function
       x, vjp = jax.vjp(lambda q: lev_lib.lev_embed(q, i, cfg, base), p)
@@ -61,7 +66,7 @@ def estimate(rung: str, rows: int, generation: str) -> dict:
                  "bytes_accessed": cost.get("bytes accessed"),
                  "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
                  "compile_s": time.perf_counter() - start}
-    print(f"{rung} LEV, {rows:,} rows on one {generation} chip, {name}: "
+    print(f"{rung} LEV ({cfg.impl}), {rows:,} rows on one {generation} chip, {name}: "
           f"{out[name]['step_s'] * 1e3:.2f} ms ESTIMATE, {out[name]['flops']:.3e} FLOPs, "
           f"{out[name]['bytes_accessed']:.3e} bytes accessed, compiled in "
           f"{out[name]['compile_s']:.0f} s", flush=True)
@@ -73,9 +78,10 @@ def main(argv=None) -> int:
   p.add_argument("--rung", default="leviathan_1.2b")
   p.add_argument("--rows", type=int, default=4096)
   p.add_argument("--generation", default="v5p")
+  p.add_argument("--impl", default="", help="lev.impl to compile (default: the rung's)")
   p.add_argument("--json", default="", help="also write the figures here")
   args = p.parse_args(argv)
-  out = estimate(args.rung, args.rows, args.generation)
+  out = estimate(args.rung, args.rows, args.generation, args.impl)
   if args.json:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

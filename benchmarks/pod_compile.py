@@ -62,23 +62,15 @@ def _hours(seconds: float) -> str:
   return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
-def _step_estimate(rec: dict, rung: str, records: dict, topology: str, lev: dict | None):
-  """(seconds, how) of a cell's estimated step, or (None, why not). A Leviathan cell
-  compiled for memory only is estimated as its tied twin's loop-free estimate plus LEV
-  alone (benchmarks/lev_tpu_estimate.py) at this slice's rows per chip."""
+def _step_estimate(rec: dict) -> tuple[float | None, str]:
+  """(seconds, how) of a cell's estimated step, or (None, why not)."""
   step = rec["steps"][0]
   if "loop-free" in step["time_source"]:
     return step["step_s"], "loop-free compile"
-  size = rung.split("_", 1)[1]
-  twin = records.get((topology, f"tied_{size}"))
-  rows = step["tokens"] // rec["chips"]
-  if (rung.startswith("leviathan") and twin and lev and lev["rows"] == rows
-      and "loop-free" in twin["steps"][0]["time_source"]):
-    return twin["steps"][0]["step_s"] + lev["loop_free"]["step_s"], "tied + LEV alone"
   return None, "not estimated"
 
 
-def table(records: dict, ladder, lev: dict | None = None) -> str:
+def table(records: dict, ladder) -> str:
   """Markdown: one row per (topology, rung) with Leviathan's ratios to its tied twin."""
   from lev_jax import flops  # pylint: disable=import-outside-toplevel
   rows = ["| slice | rung | per chip (GiB) | of HBM | vs tied (memory) | step (s, est.) "
@@ -94,12 +86,11 @@ def table(records: dict, ladder, lev: dict | None = None) -> str:
     mem_ratio = step_ratio = ""
     if twin and twin["steps"][0]["fits"] and not rung.startswith("tied"):
       mem_ratio = f"{step['total_bytes'] / twin['steps'][0]['total_bytes']:.3f}x"
-    seconds, how = _step_estimate(rec, rung, records, topology, lev)
+    seconds, how = _step_estimate(rec)
     steps = ladder.get_config(rung).train.steps
     cells = ["n/a"] * 4
     if seconds:
-      twin_s = _step_estimate(twin, f"tied_{rung.split('_', 1)[1]}", records, topology,
-                              lev)[0] if twin else None
+      twin_s = _step_estimate(twin)[0] if twin else None
       step_ratio = f"{seconds / twin_s:.3f}x" if twin_s and twin is not rec else ""
       mfu = flops.mfu(step["analytic_flops"], seconds, rec["chips"], step["device_kind"])
       cells = [f"{seconds:.3f} ({how})", f"{step['tokens'] / seconds:,.0f}",
@@ -118,10 +109,8 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="runs/pod_compile", help="output folder (resumable)")
   p.add_argument("--memory_only", default="", help="comma-separated topologies compiled "
                  "for memory only (lev-compile --noestimate_time: no step-time estimate)")
-  p.add_argument("--lev_estimate", default="", help="JSON of benchmarks/"
-                 "lev_tpu_estimate.py: Leviathan rungs are then compiled for memory only "
-                 "and estimated as their tied twin + LEV alone (LEV's unrolled loops make "
-                 "a loop-free compile of the whole step take ~15 min per rung here)")
+  p.add_argument("--lev_estimate", default="", help="comma-separated JSONs of benchmarks/"
+                 "lev_tpu_estimate.py, quoted above the table (LEV alone, per core)")
   p.add_argument("--table", action="store_true", help="only print the table of the cells "
                  "already compiled")
   args = p.parse_args(argv)
@@ -138,20 +127,19 @@ def main(argv=None) -> int:
       path = out / topology / f"{rung}.json"
       if args.table and not path.exists():
         continue
-      estimate = (topology not in args.memory_only.split(",")
-                  and not (args.lev_estimate and rung.startswith("leviathan")))
+      estimate = topology not in args.memory_only.split(",")
       records[(topology, rung)] = compile_cell(rung, topology, out, estimate)
-  lev_path = Path(args.lev_estimate) if args.lev_estimate else None
-  lev = json.loads(lev_path.read_text()) if lev_path and lev_path.exists() else None
   first = next(iter(records.values()), None)
   header = (f"Compiled with jax {first['jax']}, {first['compiler']} on a CPU host; "
             "times, tokens/s and MFU are XLA:TPU cost-model ESTIMATES, not measurements."
             if first else "Nothing compiled yet.")
-  if lev:
-    header += (f" LEV alone ({lev['rows']:,} rows per chip, {lev['rung']}'s LEV, forward + "
-               f"backward, loops unrolled): {lev['loop_free']['step_s'] * 1e3:.1f} ms "
-               f"estimated, {lev['loop_free']['bytes_accessed'] / 1e9:.0f} GB accessed.")
-  text = header + "\n\n" + table(records, ladder, lev) + "\n"
+  for path in [Path(x) for x in args.lev_estimate.split(",") if x]:
+    lev = json.loads(path.read_text())
+    header += (f" LEV alone, {lev['impl']} core ({lev['rows']:,} rows on one chip, "
+               f"{lev['rung']}'s LEV, forward + backward, loops unrolled): "
+               f"{lev['loop_free']['step_s'] * 1e3:.1f} ms estimated, "
+               f"{lev['loop_free']['bytes_accessed'] / 1e9:.1f} GB accessed.")
+  text = header + "\n\n" + table(records, ladder) + "\n"
   out.mkdir(parents=True, exist_ok=True)
   (out / "table.md").write_text(text)
   print(text)

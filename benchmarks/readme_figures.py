@@ -22,10 +22,11 @@ Sections (wall time measured on our 2-core CPU, nothing else running):
   studies   lev-study on experiments/smoke_study.py (9 runs, ~50 min) and
             experiments/fidelity_study.py (33 runs, ~50 min)
   drills    benchmarks/drills.py: kill -9, SIGTERM, bit flips, bad inputs (~5 min)
-  pod_compile benchmarks/lev_tpu_estimate.py, then benchmarks/pod_compile.py: every
-            ladder rung, tied and Leviathan, compiled by lev-compile for v5p-128 (with
-            time estimates) and v5p-32 (memory); needs the tpu-aot extra; compiler
-            estimates, not measurements (~45 min)
+  pod_compile benchmarks/lev_tpu_estimate.py (LEV alone, vectorized and fused cores),
+            then benchmarks/pod_compile.py: every ladder rung, tied and Leviathan,
+            compiled by lev-compile for v5p-128 (with time estimates) and v5p-32
+            (memory); needs the tpu-aot extra; compiler estimates, not measurements
+            (~60 min)
 
 Seeded figures: the smoke table and the ladder are single runs of seed 0 (the README
 says so); the studies give mean ± standard error over 3 seeds. Times and ratios depend
@@ -93,11 +94,13 @@ def _drills(root: Path) -> list[list[str]]:
 
 
 def _pod_compile(root: Path) -> list[list[str]]:
-  lev = root / "pod_compile" / "lev_v5p_4096.json"
-  return [_py("benchmarks/lev_tpu_estimate.py", f"--json={lev}"),
+  out = root / "pod_compile"
+  lev = [out / f"lev_v5p_4096_{impl}.json" for impl in ("vectorized", "fused")]
+  return [*(_py("benchmarks/lev_tpu_estimate.py", f"--impl={impl}", f"--json={path}")
+            for impl, path in zip(("vectorized", "fused"), lev)),
           _py("benchmarks/pod_compile.py", "--topologies=v5p-128,v5p-32",
-              "--memory_only=v5p-32", f"--lev_estimate={lev}",
-              f"--out={root / 'pod_compile'}")]
+              "--memory_only=v5p-32", f"--lev_estimate={','.join(map(str, lev))}",
+              f"--out={out}")]
 
 
 # name -> (commands, the files whose tables are printed after them)

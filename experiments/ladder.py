@@ -75,15 +75,20 @@ def get_config(variant: str = "leviathan_1.2b"):
   c.train.log_every = 50
   c.train.eval_every = 1000
   c.train.checkpoint_every = 1000
-  # LEV on every token (lev.mode tokens), its rows spread over all chips ("lev_rows"):
-  # on a v5p-128 slice each chip evaluates 4,096 rows per step, 0.2 % of the step's
-  # FLOPs; per-chip memory equals tied's within 1 % from 400M up, 1.10x at 200M
-  # (lev-compile; README "Every rung on its slice"). `unique` sorts the ids of the whole
-  # batch and compiles its 200,064-row table fallback beside it (lax.cond: memory for
-  # the larger branch). One chunk per micro-batch: the chunk loop would run 64 rows
-  # per chip per step.
+  # LEV on every token (lev.mode tokens), its rows spread over all chips ("lev_rows"),
+  # by the vectorized core (every seed coordinate at once): the fused core's loop over
+  # the 128 coordinates moves [rows, 8, 64] arrays through HBM once per coordinate and
+  # is the slowest core on a TPU (XLA:TPU's cost-model estimate for 4,096 rows per
+  # chip: 80 ms vs 3.8 ms; benchmarks/lev_tpu_estimate.py). The vectorized core holds
+  # [rows, 8, 128, 64] float32 per chunk, so chunks of 65,536 ids: 1,024 rows per chip
+  # per chunk on a v5p-128 slice (64 chips), 4 chunks per step; one chunk of 262,144
+  # made the 200M step 1.20x tied's memory per chip, 4 chunks 1.03x (lev-compile;
+  # README "Every rung on its slice"). `unique` sorts the ids of the whole batch and
+  # compiles its 200,064-row table fallback beside it (lax.cond: memory for the larger
+  # branch).
   c.lev.mode = "tokens"
-  c.lev.chunk_size = GLOBAL_BATCH * SEQ_LEN
+  c.lev.impl = "vectorized"
+  c.lev.chunk_size = 65_536
   c.optim.lr = lr
   c.optim.warmup_steps = 1000
   # 2,048 validation sequences, in batches that split over 64 devices (a v5p-128 slice)

@@ -17,7 +17,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 SIGMOID_VARIANTS = ("half", "full")  # sigmoid(u / 2) [default] or sigmoid(u) (KHRONOS)
 BASIS_VARIANTS = ("normalized", "khronos")
 LEV_MODES = ("auto", "table", "tokens", "unique")
-LEV_IMPLS = ("fused", "reference", "pallas")
+LEV_IMPLS = ("fused", "reference", "pallas", "vectorized")
 DECAY_MASKS = ("matrices", "all", "none")
 CLIP_MODES = ("global", "per_group", "exclude_lev")  # lev_jax/optimizer.py make_clipping
 NAN_POLICIES = ("stop", "skip_step")  # train.nan_policy: lev_jax/trainer.py
@@ -89,7 +89,9 @@ def base_config() -> ml_collections.ConfigDict:
   lv.unique_size = 0
   # fused: custom-VJP XLA core over the <= 3 nonzero knots (default, fastest exact path
   # on CPU); reference: the dense einsum over every knot, as LEV.md writes it; pallas:
-  # the Pallas kernel (lev_jax/lev_pallas.py) for GPU / TPU (interpreted on CPU).
+  # the Pallas kernel (lev_jax/lev_pallas.py) for GPU / TPU (interpreted on CPU);
+  # vectorized: every seed coordinate at once, [chunk, H, S, R] float32 per chunk (the
+  # TPU path of experiments/ladder.py: lev.lev_modes_vectorized).
   lv.impl = "fused"
   lv.log_group = 4             # seed coordinates multiplied directly per log (fused, pallas)
   lv.chunk_size = 4096         # ids per chunk (one loop step of LEV over the rows)

@@ -347,17 +347,99 @@ def lev_modes_from_spline(t_NxHxS: jax.Array, scale, delta_HxSxJxR: jax.Array,
                      source, log_eps, log_group)
 
 
+def _dense_basis(t_NxHxS, scale, n_knots, basis):
+  """float32 [N, H, S, J]: the B-spline basis on every knot (LEV.md 3c); scale [H] for
+  "khronos" (learnable), None for "normalized" (fixed J - 1)."""
+  if basis == "khronos":
+    return bspline_basis(t_NxHxS, n_knots, scale[:, None, None], False)
+  return bspline_basis(t_NxHxS, n_knots, float(n_knots - 1), True)
+
+
+def _dense_phi(basis_NxHxSxJ, delta_HxSxJxR):
+  """phi[n,h,s,r] = sum_j B (1 + delta[h,s,j,r]) as J multiply-adds per element, all in
+  float32 on the vector units (a matmul with J = 16 contracted would run in bfloat16
+  passes on a TPU and leave most of its MXU idle)."""
+  phi = basis_NxHxSxJ.sum(-1)[..., None]
+  for j in range(basis_NxHxSxJ.shape[-1]):
+    phi = phi + basis_NxHxSxJ[..., j, None] * delta_HxSxJxR[:, :, j]
+  return phi
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _vectorized_core(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps):
+  basis_NxHxSxJ = _dense_basis(t_NxHxS, scale, delta_HxSxJxR.shape[2], basis)
+  return signed_log_product(_dense_phi(basis_NxHxSxJ, delta_HxSxJxR), 2, log_eps)
+
+
+def _vectorized_fwd(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps):
+  modes = _vectorized_core(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps)
+  return modes, (t_NxHxS, scale, delta_HxSxJxR, modes)
+
+
+def _vectorized_bwd(basis, log_eps, residuals, g_modes_NxHxR):
+  t_NxHxS, scale, delta_HxSxJxR, modes = residuals
+  j = delta_HxSxJxR.shape[2]
+  basis_NxHxSxJ, basis_vjp = jax.vjp(lambda t, sc: _dense_basis(t, sc, j, basis), t_NxHxS,
+                                     scale)
+  factor = _factor(_dense_phi(basis_NxHxSxJ, delta_HxSxJxR), log_eps)
+  # d modes / d phi = modes / factor (as in `_fused_bwd`).
+  g_phi_NxHxSxR = (g_modes_NxHxR * modes)[:, :, None, :] / factor
+  highest = jax.lax.Precision.HIGHEST
+  g_basis_NxHxSxJ = g_phi_NxHxSxR.sum(-1)[..., None] + jnp.einsum(
+      "nhsr,hsjr->nhsj", g_phi_NxHxSxR, delta_HxSxJxR, precision=highest)
+  g_delta_HxSxJxR = jnp.einsum("nhsj,nhsr->hsjr", basis_NxHxSxJ, g_phi_NxHxSxR,
+                               precision=highest)
+  g_t_NxHxS, g_scale = basis_vjp(g_basis_NxHxSxJ)
+  return g_t_NxHxS, g_scale, g_delta_HxSxJxR
+
+
+_vectorized_core.defvjp(_vectorized_fwd, _vectorized_bwd)
+
+
+def lev_modes_vectorized(t_NxHxS: jax.Array, scale, delta_HxSxJxR: jax.Array,
+                         basis: str, log_eps: float) -> jax.Array:
+  """LEV's separable modes with every seed coordinate at once (LEV.md 3c-3e).
+
+    phi[n,h,s,r] = sum_j B(t)[n,h,s,j] (1 + delta[h,s,j,r])   over all J knots
+    modes[n,h,r] = prod_s sign(phi) (|phi| + log_eps)
+
+  The accelerator path (`lev.impl = "vectorized"`): no loop over the S coordinates, so
+  nothing [N, H, R]-sized goes through HBM once per coordinate as in the fused core's
+  loop, which XLA:TPU's cost model puts at 80 ms per step for 4,096 rows per chip
+  against 3.8 ms for this one (benchmarks/lev_tpu_estimate.py; compiler ESTIMATES, one
+  v5p chip, leviathan_1.2b's shapes). It holds [N, H, S, R] float32 (phi, and its
+  gradient in the backward), so rows are bounded by `lev.chunk_size`. A custom VJP keeps
+  only t and the modes as residuals and recomputes phi; delta's gradient and the basis
+  gradient are matmuls over the rows (float32, HIGHEST precision).
+
+  Equals `lev_modes_from_spline` (and the reference path) up to float32 rounding, values
+  and gradients to t, scale and delta.
+
+  Args:
+    t_NxHxS: float32 spline inputs in [0, 1].
+    scale: None for "normalized"; the KHRONOS learnable scale, float32 [H], for "khronos".
+    delta_HxSxJxR: float32 `spline_delta`.
+    basis: "normalized" or "khronos" (config.BASIS_VARIANTS).
+    log_eps: eps of the log-space product.
+  Returns:
+    float32 [N, H, R] modes.
+  """
+  return _vectorized_core(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps)
+
+
 def _modes(params: dict, t_NxHxS: jax.Array, cfg: ml_collections.ConfigDict) -> jax.Array:
   """float32 [N, H, R] modes from the spline inputs t, by `cfg.impl` (LEV.md 3c-3e)."""
   f32 = jnp.float32
   delta_HxSxJxR = params["spline_delta"].astype(f32)
   khronos = cfg.basis == "khronos"
+  scale_H = params["basis_scale"].astype(f32) if khronos else None
+  if cfg.impl == "vectorized":
+    return lev_modes_vectorized(t_NxHxS, scale_H, delta_HxSxJxR, cfg.basis, cfg.log_eps)
   if cfg.impl == "fused" and target.platform() != "cpu":
     # Off the CPU the windows are recomputed from t inside the core (memory: see
     # `_window`); on the CPU they are materialised first, which keeps the float32 bits
     # of every CPU run and figure made before (XLA:CPU rounds the in-loop window
     # differently in the last bit).
-    scale_H = params["basis_scale"].astype(f32) if khronos else None
     return lev_modes_from_spline(t_NxHxS, scale_H, delta_HxSxJxR, cfg.basis, cfg.log_eps,
                                  cfg.log_group)
   if khronos:

@@ -1,4 +1,5 @@
-"""LEV's fused core (lev.impl = "fused") against the reference path, and unique-id mode."""
+"""LEV's fused and vectorized cores (lev.impl = "fused" | "vectorized") against the
+reference path, and unique-id mode."""
 
 import jax
 import jax.numpy as jnp
@@ -52,9 +53,11 @@ def _assert_close_tree(a, b, rtol):
     ("khronos", "full", 4096, None, 2.5),       # scale < n_knots - 1: > 3 knots active
     ("khronos", "half", 16, 3.0, None),
 ])
-def test_fused_equals_reference_in_values_and_gradients(basis, sigmoid, chunk, delta_std,
-                                                        scale):
-  cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk, log_group=4).lev
+@pytest.mark.parametrize("impl", ["fused", "vectorized"])
+def test_core_equals_reference_in_values_and_gradients(impl, basis, sigmoid, chunk,
+                                                       delta_std, scale):
+  cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk, log_group=4,
+                    impl=impl).lev
   lev, params = _lev_with_params(cfg, delta_std=delta_std, scale=scale)
   ids = jax.random.randint(jax.random.key(2), (3, 40), 0, 384)
   ref_cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk,
@@ -108,6 +111,21 @@ def test_the_spline_source_keeps_no_window_for_the_backward_pass():
   np.testing.assert_allclose(
       lev_modes_from_spline(t, None, delta, "normalized", 1e-6, 4),
       lev_modes_fused(w, k, delta, 1e-6, 4), rtol=1e-6)
+
+
+def test_the_vectorized_core_keeps_only_t_and_the_modes_for_the_backward_pass():
+  """Its residuals are t [N, H, S], delta, the modes [N, H, R]: phi [N, H, S, R] is
+  recomputed in the backward pass, never kept (nor the [N, H, S, J] basis)."""
+  from lev_jax.lev import lev_modes_vectorized  # noqa: PLC0415
+  n, h, s, j, r = 64, 2, 8, 6, 4
+  t = jax.random.uniform(jax.random.key(0), (n, h, s))
+  delta = 0.1 * jax.random.normal(jax.random.key(1), (h, s, j, r))
+  modes, vjp = jax.vjp(lambda t, d: lev_modes_vectorized(t, None, d, "normalized", 1e-6),
+                       t, delta)
+  shapes = sorted({tuple(x.shape) for x in jax.tree.leaves(vjp)})
+  assert shapes == sorted({(n, h, s), (h, s, j, r), (n, h, r)}), shapes
+  w, k = bspline_window(t, j, float(j - 1), True)
+  np.testing.assert_allclose(modes, lev_modes_fused(w, k, delta, 1e-6, 4), rtol=1e-5)
 
 
 def test_window_is_the_basis_restricted_to_its_three_knots():
