@@ -27,12 +27,14 @@ What it measures, in this order (`--sections` picks and orders them):
       half the steps so the loss moves; every step's loss, the final losses and their
       relative difference |bf16 - f32| / |f32|. float32 runs at jax's default matmul
       precision (recorded), which XLA may lower to TF32 on NVIDIA tensor cores.
-  lev_impl  the Leviathan configs of both shapes with lev.impl "pallas" (lev_pallas.py:
-      Triton on a GPU, Mosaic on a TPU, the interpreter on a CPU), timed interleaved
-      with the fused ones (lev.impl "fused", kept from tied_vs_leviathan); also each
-      one's first-step loss (same init, same batch), which the two cores should agree
-      on. A Pallas config that fails to compile or run is recorded as
-      "failed: <first line of the error>" and the script goes on.
+  lev_impl  the Leviathan configs of both shapes with each LEV core, lev.impl "fused",
+      "vectorized" (every seed coordinate at once; the ladder's core) and "pallas"
+      (lev_pallas.py: Triton on a GPU, Mosaic on a TPU, the interpreter on a CPU), timed
+      interleaved with the config's own core (kept from tied_vs_leviathan), with their
+      ratios to it; also each one's first-step loss (same init, same batch), which the
+      cores should agree on. A config that
+      fails to compile or run is recorded as "failed: <first line of the error>" and
+      the script goes on.
 Token batches are synthetic (no input pipeline): uniform ids for the timings.
 
 Time: each measurement starts only while less than --budget_s (420) has passed since
@@ -394,18 +396,18 @@ def markdown(data: dict) -> str:
                 f"{_f(dt['max_rel_diff'], '.2e')}.", ""]
   li = data.get("lev_impl")
   if li:
-    lines += ["## LEV core: fused vs Pallas (Leviathan train step)", "",
+    lines += ["## LEV cores: fused, vectorized, Pallas (Leviathan train step)", "",
               "| shape | lev.impl | step s (median) | tokens/s | MFU | first-step loss | "
-              "Pallas / fused |", "|---|---|---:|---:|---:|---:|---:|"]
+              "vs the config's core |", "|---|---|---:|---:|---:|---:|---:|"]
     for shape, v in li.items():
-      for impl in ("fused", "pallas"):
+      for impl in CORES:
         r = v.get(impl)
         if r is None:
           continue
         if "error" in r:
           lines.append(f"| {shape} | {impl} | {r['error']} | | | | |")
           continue
-        ratio = _f(v.get("pallas_over_fused"), ".3f") if impl == "pallas" else ""
+        ratio = _f(v.get(f"{impl}_over_{v.get('base')}"), ".3f")
         loss = r["warmup_losses"][0] if r.get("warmup_losses") else None
         lines.append(f"| {shape} | {impl} | {_f(r.get('step_s'), '.4f')} | "
                      f"{_f(r.get('tokens_per_s'), ',.0f')} | {_f(r.get('mfu'), '.1%')} | "
@@ -497,38 +499,47 @@ def dtype_check(args, report, budget) -> None:
   report.write()
 
 
+CORES = ("fused", "vectorized", "pallas")  # lev.impl values timed against each other
+
+
 def lev_impl(args, report, budget, kind, keep) -> None:
   for shape, named in shape_configs(args.tiny).items():
     name, make = named["leviathan"]
     out = report.data["lev_impl"].setdefault(shape, {})
-    fused = keep.get(shape)
-    if fused is None:  # tied_vs_leviathan did not run (or failed): build it here
+    base = keep.get(shape)  # the config's own core, timed in tied_vs_leviathan
+    base_impl = make().lev.impl
+    out["base"] = base_impl
+    if base is None:  # tied_vs_leviathan did not run (or failed): build it here
       c = cut(make(), args)
-      fused = build(name, c, token_batch(c, "uniform", seed=0), args, report, budget)
-      if not isinstance(fused, Run):
-        out["fused"] = fused
+      base = build(name, c, token_batch(c, "uniform", seed=0), args, report, budget)
+      if not isinstance(base, Run):
+        out[base_impl] = base
         report.write()
         continue
-    fused.times = []
-    c = cut(make(), args, impl="pallas")
-    batch = {k: np.asarray(v) for k, v in fused.batch.items()}
-    pallas = build(f"{name} lev.impl=pallas", c, batch, args, report, budget)
-    runs = [fused] + ([pallas] if isinstance(pallas, Run) else [])
-    report.phase(f"timing {shape}: LEV fused{' vs pallas' if len(runs) == 2 else ''}")
+    base.times = []
+    batch = {k: np.asarray(v) for k, v in base.batch.items()}
+    others = {impl: build(f"{name} lev.impl={impl}", cut(make(), args, impl=impl), batch,
+                          args, report, budget) for impl in CORES if impl != base_impl}
+    runs = [base] + [r for r in others.values() if isinstance(r, Run)]
+    report.phase(f"timing {shape}: LEV {base_impl} vs " + ", ".join(
+        impl for impl, r in others.items() if isinstance(r, Run)))
     try:
       interleave(runs, args, budget)
     except Exception as e:  # a kernel that compiles but fails at run time
       print(f"  {first_line(e)}", flush=True)
-      pallas = {"config": f"{name} lev.impl=pallas", "error": first_line(e)}
-    out["fused"] = fused.record(kind)
-    if isinstance(pallas, Run):
-      out["pallas"] = pallas.record(kind)
-      out["pallas_over_fused"] = paired_ratio(pallas, fused)
-      out["first_loss_abs_diff"] = abs(pallas.losses[0] - fused.losses[0])
-    else:
-      out["pallas"] = pallas
+      others = {impl: r if not isinstance(r, Run) else
+                {"config": f"{name} lev.impl={impl}", "error": first_line(e)}
+                for impl, r in others.items()}
+    out[base_impl] = base.record(kind)
+    for impl, run in others.items():
+      if isinstance(run, Run):
+        out[impl] = run.record(kind)
+        out[f"{impl}_over_{base_impl}"] = paired_ratio(run, base)
+        out[f"{impl}_first_loss_abs_diff"] = abs(run.losses[0] - base.losses[0])
+      else:
+        out[impl] = run
     keep.pop(shape, None)
-    del runs, pallas, fused
+    del runs, others, base
     report.write()
 
 

@@ -230,7 +230,7 @@ def _compile_step(step, config, part, state, dump, topology) -> StepReport:
     tokens = flops_lib.tokens_per_step(config)
     analytic = flops_lib.train_flops_per_step(config)["total"]
   elif step == "eval":
-    fn, name = train.make_eval_step(part), "eval_step"
+    fn, name = train.make_eval_step(part, config), "eval_step"
     args = (state["params"], train.abstract_batch(part, config, config.eval.batch_size))
     tokens = config.eval.batch_size * config.train.seq_len
     analytic = _eval_flops(config)
@@ -246,17 +246,19 @@ def _compile_step(step, config, part, state, dump, topology) -> StepReport:
 
 def _has_loops(config) -> bool:
   """Whether the step's program loops: scanned layers, LEV (its chunks and the fused
-  core's coordinate loops) or gradient accumulation."""
+  core's coordinate loops), the chunked loss (its token and vocab chunks) or gradient
+  accumulation."""
   m = config.model
   return ((m.scan_layers and m.n_layers > 1) or m.embedding == "lev"
-          or config.train.grad_accum_steps > 1)
+          or config.train.loss_impl == "chunked" or config.train.grad_accum_steps > 1)
 
 
 def _estimate_time(config, topology: Topology, devices, reports) -> None:
   """XLA's cost models count a loop's body once: a scanned layer stack, LEV's loops and
   gradient accumulation would be estimated at one iteration. The step's time and FLOPs
   are estimated instead from loop-free compiles of the same step: layers unrolled at
-  depth 1 and 2, LEV's loops unrolled (target.unrolled_loops), one micro-batch; with
+  depth 1 and 2, LEV's and the chunked loss's loops unrolled (target.unrolled_loops),
+  one micro-batch; with
   every layer and micro-batch the same program, the estimate is
   n_micro x (t(1) + (L - 1) (t(2) - t(1))), labelled so. Memory stays the real
   program's."""

@@ -20,6 +20,7 @@ LEV_MODES = ("auto", "table", "tokens", "unique")
 LEV_IMPLS = ("fused", "reference", "pallas", "vectorized")
 DECAY_MASKS = ("matrices", "all", "none")
 CLIP_MODES = ("global", "per_group", "exclude_lev")  # lev_jax/optimizer.py make_clipping
+LOSS_IMPLS = ("dense", "chunked")  # train.loss_impl: lev_jax/loss.py
 NAN_POLICIES = ("stop", "skip_step")  # train.nan_policy: lev_jax/trainer.py
 LEV_OUT_PROJ_INITS = ("paper", "match_table")
 # config.model.remat -> the jax.checkpoint_policies function that decides what the
@@ -35,6 +36,12 @@ DATA_SOURCES = ("embedded", "jsonl", "jsonl_stream", "prepared")
 TOKENIZERS = ("sentencepiece", "o200k_base", "bytes")
 PREPARE_FORMATS = ("tokens", "text")
 HOST_BATCHES = ("global", "documents")
+# model.attention (lev_jax/attention.py): auto = splash on TPU, cuDNN on an NVIDIA GPU
+# where they fit, else xla (the [B, H, L, L] scores XLA builds, every CPU figure here).
+ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")
+SPLASH_LANES = 128  # splash's key blocks are whole 128-lane tiles (BlockSizes checks it)
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_MAX_HEAD_DIM = 256  # cuDNN flash attention: 128 before Hopper, 256 from Hopper on
 
 
 class ConfigError(ValueError):
@@ -65,6 +72,15 @@ def base_config() -> ml_collections.ConfigDict:
   m.param_dtype = "float32"
   m.remat = "none"             # a key of REMAT_POLICIES: none, full, dots, dots_no_batch
   m.scan_layers = False        # lax.scan over stacked layers (compile time flat in depth)
+  # Attention kernel, one of ATTENTION_IMPLS (lev_jax/attention.py): auto, xla (any
+  # platform), splash (TPU: Pallas splash attention, causal blocks skipped), cudnn (NVIDIA
+  # GPU: cuDNN flash attention, bfloat16 / float16 only). The KV-cached decode is always xla.
+  m.attention = "auto"
+  m.splash_block_q = 512       # query / key rows per splash block: multiples of 128,
+  m.splash_block_kv = 512      # clipped to train.seq_len (then dividing it)
+  # splash in the Pallas interpreter on any platform (tests, CPU debugging; slow): the
+  # only way to run model.attention = "splash" off a TPU. "auto" ignores it.
+  m.attention_interpret = False
 
   # LEV, ../shared/LEV.md; defaults are the paper's (per the reimplementation).
   c.lev = lv = ml_collections.ConfigDict()
@@ -157,12 +173,28 @@ def base_config() -> ml_collections.ConfigDict:
   t.eval_every = 100
   t.checkpoint_every = 100
   t.keep_checkpoints = 3
+  # (first, count): a jax.profiler trace of the `count` train steps after step `first`
+  # (those logged as steps first + 1 .. first + count; 0 = from the first step, whose
+  # time includes the compile), by process 0 into WORKDIR/profile/ (TensorBoard's
+  # profile plugin, XProf, ui.perfetto.dev), and perf/profile_step_time_s in
+  # metrics.jsonl (lev_jax/trainer.py). () or count 0 = off (nothing started). CLI:
+  # --config.train.profile_steps="(5, 3)". A run resumed inside the window traces the
+  # steps left; first + count <= train.steps.
+  t.profile_steps = ()
   # A step whose loss, gradient norm or update is not finite (checked in the jitted
   # step) leaves params and optimizer state unchanged. "stop": the run stops there with
   # one line and writes no checkpoint after it; "skip_step": training goes on, and
   # stops once more than max_skipped_steps steps of this process were skipped.
   t.nan_policy = "stop"
   t.max_skipped_steps = 10
+  # The cross-entropy (lev_jax/loss.py): "dense" builds the float32 logits [tokens,
+  # padded V] and applies optax's softmax cross-entropy (every CPU figure of the README);
+  # "chunked" holds float32 logits of loss_token_chunk tokens (0: automatic, at most
+  # 256 MiB per device) x loss_vocab_chunk ids (0: the whole vocab, the gradient made in
+  # the forward pass; a divisor of the padded vocab: recomputed in the backward pass).
+  t.loss_impl = "dense"
+  t.loss_token_chunk = 0
+  t.loss_vocab_chunk = 0
 
   c.optim = o = ml_collections.ConfigDict()
   o.lr = 3e-3
@@ -188,6 +220,10 @@ def base_config() -> ml_collections.ConfigDict:
   # lead over 1.0 on all 3 seeds at the smoke budget (experiments/smoke_study.py);
   # chosen at CPU scale only: sweep it when reproducing the ladder (README, study).
   o.lev_lr_multiplier = 3.0
+  # z-loss weight: z_loss * log(Z)^2 per target added to the objective, log Z the
+  # log-sum-exp of the token's logits (PaLM, Chowdhery et al. 2022, Sec. 5, used 1e-4);
+  # 0 = off. Logged as train/z_loss.
+  o.z_loss = 0.0
 
   c.eval = e = ml_collections.ConfigDict()
   e.batches = 8                # fixed validation batches
@@ -278,6 +314,78 @@ def _check_finite(node, prefix: str = "") -> None:
       _fail(field, tuple(value), "finite numbers")
 
 
+def splash_misfit(seq_len: int, block_q: int, block_kv: int) -> tuple | None:
+  """Why splash attention cannot run on rows of `seq_len` tokens with these blocks:
+  (field, value, expected) for `_fail`, or None when it can. Blocks larger than
+  seq_len are clipped to it (lev_jax/attention.py)."""
+  if seq_len % SPLASH_LANES:
+    return ("train.seq_len", seq_len, f"a multiple of {SPLASH_LANES} with model.attention "
+            f"= 'splash' (its key blocks are whole {SPLASH_LANES}-lane tiles)")
+  for field, block in (("model.splash_block_q", block_q), ("model.splash_block_kv", block_kv)):
+    if seq_len % min(block, seq_len):
+      return (field, block, f"a divisor of train.seq_len = {seq_len}, or >= it (blocks "
+              "are clipped to train.seq_len)")
+  return None
+
+
+def cudnn_misfit(dtype: str, head_dim: int, seq_len: int, segment_masking: bool,
+                 max_head_dim: int = CUDNN_MAX_HEAD_DIM) -> tuple | None:
+  """Why cuDNN flash attention cannot run this model: (field, value, expected) for
+  `_fail`, or None. Its limits (jax._src.cudnn.fused_attention_stablehlo, jax 0.10.2):
+  bfloat16 / float16 inputs; head_dim a multiple of 8, <= 128 before Hopper, <= 256
+  from Hopper on; even lengths in training with a mask (segment_masking)."""
+  if dtype not in CUDNN_DTYPES:
+    return ("model.dtype", dtype, "'bfloat16' or 'float16' with model.attention = "
+            "'cudnn' (cuDNN flash attention has no float32 kernel)")
+  if head_dim % 8 or head_dim > max_head_dim:
+    return ("model.head_dim", head_dim, f"a multiple of 8, at most {max_head_dim}, with "
+            "model.attention = 'cudnn'")
+  if segment_masking and seq_len % 2:
+    return ("train.seq_len", seq_len, "an even number with model.attention = 'cudnn' and "
+            "data.segment_masking (cuDNN's masked training kernel)")
+  return None
+
+
+def _check_attention(c) -> None:
+  """model.attention and its fields (the platform is checked when the step is traced:
+  lev_jax/attention.py)."""
+  m = c.model
+  _one_of(c, "model", "attention", ATTENTION_IMPLS)
+  for field in ("splash_block_q", "splash_block_kv"):
+    v = m[field]
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v % SPLASH_LANES:
+      _fail(f"model.{field}", v, f"a positive multiple of {SPLASH_LANES}")
+  misfit = None
+  if m.attention == "splash":
+    misfit = splash_misfit(c.train.seq_len, m.splash_block_q, m.splash_block_kv)
+  elif m.attention == "cudnn":
+    misfit = cudnn_misfit(m.dtype, m.head_dim, c.train.seq_len, c.data.segment_masking)
+  if misfit:
+    _fail(*misfit)
+
+
+def _check_profile_steps(t) -> None:
+  """train.profile_steps: () or (first, count), integers with first, count >= 0 and
+  first + count <= train.steps (checked after train.steps)."""
+  window = t.profile_steps
+  expected = ("() (off) or (first, count), two integers: e.g. (5, 3) traces steps 6 to 8; "
+              'from the command line --config.train.profile_steps="(5, 3)"')
+  if (not isinstance(window, (tuple, list)) or len(window) not in (0, 2)
+      or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                 for v in window)):
+    _fail("train.profile_steps", window, expected)
+  if not window:
+    return
+  first, count = window
+  if first < 0:
+    _fail("train.profile_steps", tuple(window), "first >= 0 (the steps before the trace)")
+  if count < 0:
+    _fail("train.profile_steps", tuple(window), "count >= 0 (0 = off)")
+  if first + count > t.steps:
+    _fail("train.profile_steps", tuple(window),
+          f"first + count <= train.steps = {t.steps} (the trace ends at step first + count)")
+
+
 def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every field once; returns the config unchanged.
 
@@ -303,11 +411,23 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if (isinstance(t.max_skipped_steps, bool) or not isinstance(t.max_skipped_steps, int)
       or t.max_skipped_steps < 0):
     _fail("train.max_skipped_steps", t.max_skipped_steps, "an integer >= 0")
+  _check_profile_steps(t)
   if t.seq_len > m.max_seq_len:
     _fail("train.seq_len", t.seq_len, f"<= model.max_seq_len = {m.max_seq_len}")
+  _check_attention(c)
   if t.global_batch_size % t.grad_accum_steps:
     _fail("train.grad_accum_steps", t.grad_accum_steps,
           f"a divisor of train.global_batch_size = {t.global_batch_size}")
+  _one_of(c, "train", "loss_impl", LOSS_IMPLS)
+  micro_tokens = t.global_batch_size // t.grad_accum_steps * t.seq_len
+  padded_vocab = padded_vocab_size(m.vocab_size, m.vocab_multiple)
+  for field, size, what in (("loss_token_chunk", micro_tokens, "tokens per micro-batch "
+                             "(train.global_batch_size / train.grad_accum_steps x "
+                             "train.seq_len)"),
+                            ("loss_vocab_chunk", padded_vocab, "ids of the padded vocab")):
+    v = t[field]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v and size % v):
+      _fail(f"train.{field}", v, f"0 (automatic) or a divisor of the {size:,} {what}")
   if m.embedding == "lev":
     _one_of(c, "lev", "sigmoid", SIGMOID_VARIANTS)
     _one_of(c, "lev", "basis", BASIS_VARIANTS)
@@ -347,6 +467,9 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("optim.warmup_steps", c.optim.warmup_steps, f"in [0, train.steps = {t.steps})")
   if not c.optim.weight_decay >= 0:
     _fail("optim.weight_decay", c.optim.weight_decay, "a number >= 0")
+  z = c.optim.z_loss
+  if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 <= z < math.inf:
+    _fail("optim.z_loss", z, "a finite number >= 0 (0 = off; PaLM used 1e-4)")
   _one_of(c, "data", "source", DATA_SOURCES)
   _one_of(c, "data", "tokenizer", TOKENIZERS)
   _one_of(c, "data", "host_batches", HOST_BATCHES)

@@ -1,8 +1,9 @@
 """Tied, untied and LEV embeddings behind one interface.
 
-Every embedding has `embed(ids_BxL) -> x_BxLxD` (compute dtype) and
+Every embedding has `embed(ids_BxL) -> x_BxLxD` (compute dtype),
 `unembed(x_BxLxD) -> logits_BxLxV` (float32, V = padded vocab, padded ids masked to
--1e9 so they are never predicted). The decoder touches nothing else.
+-1e9 so they are never predicted) and `head_DxV()` (the output projection, for the
+chunked loss in lev_jax/loss.py). The decoder touches nothing else.
 
   tied    one V x D table used by the input gather and the output matmul (one array).
   untied  a V x D input table and a separate D x V output head.
@@ -63,6 +64,10 @@ class _Head(nnx.Module):
   def unembed(self, x_BxLxD: jax.Array) -> jax.Array:
     return _logits(x_BxLxD, self.head[...], self.vocab_size)
 
+  def head_DxV(self) -> jax.Array:
+    """The output head [D, padded V] (param dtype), for the chunked loss (lev_jax.loss)."""
+    return self.head[...]
+
 
 class TiedEmbedding(nnx.Module):
   """One V x D table: input rows and output projection are the same array."""
@@ -77,6 +82,10 @@ class TiedEmbedding(nnx.Module):
 
   def unembed(self, x_BxLxD: jax.Array) -> jax.Array:
     return _logits(x_BxLxD, self.table[...].T, self.vocab_size)
+
+  def head_DxV(self) -> jax.Array:
+    """The output projection [D, padded V]: the table, transposed (param dtype)."""
+    return self.table[...].T
 
 
 class UntiedEmbedding(_Head):

@@ -4,9 +4,12 @@ Metric names are namespaced and carry their units, as in MaxText:
   train/loss, train/perplexity, train/grad_norm, train/lr, train/tokens_seen,
   train/grad_norm/<group> (gradient norm before clipping) and train/update_ratio/<group>
   (rms(update) / rms(param)) for each parameter group the model has (lev,
-  embedding_table, head, backbone: lev_jax.optimizer.param_group),
+  embedding_table, head, backbone: lev_jax.optimizer.param_group), train/z_loss (the
+  mean z-loss term per target, with optim.z_loss > 0; train/loss is the cross-entropy),
   perf/tokens_per_s, perf/step_time_s, eval/loss, eval/perplexity,
-  eval/perplexity_bucket_<lo>-<hi> (e.g. eval/perplexity_bucket_10-100).
+  eval/perplexity_bucket_<lo>-<hi> (e.g. eval/perplexity_bucket_10-100); with
+  train.profile_steps, perf/profile_step_time_s and perf/profile_steps (and
+  perf/profile_includes_compile) in the row of the traced window's last step.
 Only process 0 writes (jax.process_index() == 0). TensorBoard events via tensorboardX
 (no TensorFlow needed); docs: https://tensorboardx.readthedocs.io.
 """

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from lev_jax import attention, target
 from lev_jax.config import REMAT_POLICIES
 from lev_jax.dense import dense
 from lev_jax.embeddings import make_embedding
@@ -66,16 +67,23 @@ def rope(x_BxLxHxK: jax.Array, positions_BxL: jax.Array, theta: float) -> jax.Ar
   return out.astype(x_BxLxHxK.dtype)
 
 
-_HEADS = ("batch", "length", "act_heads", "head_dim")  # logical axes of q, k, v
-
-
 class Attention(nnx.Module):
-  """Causal multi-head attention with grouped-query heads (n_kv_heads <= n_heads)."""
+  """Causal multi-head attention with grouped-query heads (n_kv_heads <= n_heads).
+
+  The kernel of the full forward pass is config.model.attention (lev_jax/attention.py),
+  chosen when the step is traced, for `lev_jax.target.platform()`; `decode` is xla.
+
+  Raises (constructor):
+    ConfigError: an unknown model.attention (the platform is checked when traced).
+  """
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, rngs, dtype, param_dtype):
     d, h, kv, k = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     std = cfg.init_std
     self.theta, self.dtype = cfg.rope_theta, dtype
+    self.impl = attention.check_name(cfg.attention)  # "auto": chosen when traced
+    self.interpret = cfg.attention_interpret
+    self.splash_blocks = (cfg.splash_block_q, cfg.splash_block_kv)
     self.wq = _param(rngs, (d, h, k), std, ("embed", "heads", "head_dim"), param_dtype)
     self.wk = _param(rngs, (d, kv, k), std, ("embed", "kv_heads", "head_dim"), param_dtype)
     self.wv = _param(rngs, (d, kv, k), std, ("embed", "kv_heads", "head_dim"), param_dtype)
@@ -96,16 +104,22 @@ class Attention(nnx.Module):
   def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array,
                segment_ids_BxL: jax.Array | None = None) -> jax.Array:
     """x [B, L, D] -> [B, L, D]. positions [B, L] int (RoPE); segment_ids [B, L] int or
-    None: a query attends only to earlier keys of its own segment (packed documents)."""
+    None: a query attends only to earlier keys of its own segment (packed documents).
+
+    Raises:
+      ConfigError: model.attention cannot run here (`attention.choose`: e.g. splash in
+        a program that is not for a TPU, without model.attention_interpret).
+    """
     c = lambda w: w[...].astype(self.dtype)
-    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = (constrain(t, _HEADS)
-                                       for t in self._qkv(x_BxLxD, positions_BxL))
-    mask_Bx1xLxL = None
-    if segment_ids_BxL is not None:
-      mask_Bx1xLxL = (segment_ids_BxL[:, None, :, None] == segment_ids_BxL[:, None, None, :])
-    out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
-                                               mask=mask_Bx1xLxL, is_causal=True,
-                                               implementation="xla")
+    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = self._qkv(x_BxLxD, positions_BxL)
+    block_q, block_kv = self.splash_blocks
+    impl, _ = attention.choose(self.impl, target.platform(), dtype=self.dtype,
+                               seq_len=x_BxLxD.shape[1], head_dim=q_BxLxHxK.shape[-1],
+                               segments=segment_ids_BxL is not None, block_q=block_q,
+                               block_kv=block_kv, interpret=self.interpret)
+    out_BxLxHxK = attention.attend(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, impl,
+                                   block_q=block_q, block_kv=block_kv,
+                                   interpret=self.interpret)
     return dense(out_BxLxHxK, c(self.wo), 2)
 
   def decode(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, cache: dict,
@@ -130,7 +144,7 @@ class Attention(nnx.Module):
         cache["k"], k_BxTxGxK.astype(cache["k"].dtype), start)
     v_BxSxGxK = jax.lax.dynamic_update_slice(
         cache["v"], v_BxTxGxK.astype(cache["v"].dtype), start)
-    q_BxTxHxK, k_BxSxGxK, v_BxSxGxK = (constrain(t, _HEADS)
+    q_BxTxHxK, k_BxSxGxK, v_BxSxGxK = (constrain(t, attention.HEADS)
                                        for t in (q_BxTxHxK, k_BxSxGxK, v_BxSxGxK))
     t, s = x_BxTxD.shape[1], k_BxSxGxK.shape[1]
     causal_TxS = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]
@@ -223,6 +237,15 @@ class Decoder(nnx.Module):
     [B, L] (default None: one sequence per row) restrict attention to earlier tokens of
     the same segment, for rows packed from several documents (data.segment_masking).
     """
+    logits_BxLxV = self.embedding.unembed(self.hidden(ids_BxL, positions_BxL,
+                                                      segment_ids_BxL))
+    return constrain(logits_BxLxV, ("batch", "length", "act_vocab"))
+
+  def hidden(self, ids_BxL: jax.Array, positions_BxL: jax.Array | None = None,
+             segment_ids_BxL: jax.Array | None = None) -> jax.Array:
+    """The final hidden states [B, L, D] (compute dtype, after the final RMSNorm): what
+    the head projects to logits (`__call__`) and the chunked loss takes (lev_jax.loss).
+    Arguments as `__call__`."""
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(ids_BxL.shape[1]), ids_BxL.shape)
     x_BxLxD = constrain(self.embedding.embed(ids_BxL), ("batch", "length", "act_embed"))
@@ -236,8 +259,7 @@ class Decoder(nnx.Module):
     else:
       for block in self.blocks:
         x_BxLxD = apply(block, x_BxLxD, positions_BxL, segment_ids_BxL)
-    logits_BxLxV = self.embedding.unembed(self.final_norm(x_BxLxD))
-    return constrain(logits_BxLxV, ("batch", "length", "act_vocab"))
+    return self.final_norm(x_BxLxD)
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
     """An empty key/value cache: {"k", "v"}, each zeros [n_layers, B, S, G, K].

@@ -256,6 +256,21 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
+def active() -> tuple[Mesh, dict] | None:
+  """(mesh, rules) of the innermost `activation_sharding`, or None outside one."""
+  return _ACTIVE[-1] if _ACTIVE else None
+
+
+def split_count(name: str) -> int:
+  """How many ways the active rules split the logical axis `name` (the product of the
+  sizes of its mesh axes); 1 outside `activation_sharding` or without a rule."""
+  if not _ACTIVE:
+    return 1
+  mesh, rules = _ACTIVE[-1]
+  sizes = mesh_sizes(mesh)
+  return math.prod(sizes.get(a, 1) for a in rules.get(name, ()))
+
+
 def _axes(entry) -> tuple[str, ...]:
   """The mesh axes of one PartitionSpec entry (None, "a" or ("a", "b"))."""
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)

@@ -7,7 +7,7 @@ input elsewhere) and the Pallas kernels (interpreted on CPU, Mosaic on TPU, Trit
 GPU). They ask `platform()`, which is `jax.default_backend()` unless `compiling_for` is
 active: `lev-compile` (lev_jax/aot.py) traces on a CPU host for a TPU slice, and the
 program it compiles must be the one the TPU would run. `unrolled_loops` traces LEV's
-loops unrolled, for the cost model's estimate only.
+and the chunked loss's loops unrolled, for the cost model's estimate only.
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ def compiling_for(target: str):
 
 def loops_unrolled() -> bool:
   """True inside `unrolled_loops`: LEV's loops (its chunks, the fused core's coordinate
-  groups and backward scan) are traced unrolled."""
+  groups and backward scan) and the chunked loss's are traced unrolled."""
   return bool(_UNROLLED)
 
 
 @contextlib.contextmanager
 def unrolled_loops():
-  """Traces LEV's loops unrolled: the same computation, loop-free. XLA's cost models
+  """Traces LEV's and the chunked loss's loops unrolled: the same computation, loop-free. XLA's cost models
   count a loop's body once, so lev-compile estimates a step's time from programs traced
   this way (lev_jax/aot.py); nothing that runs uses it."""
   _UNROLLED.append(True)

@@ -30,7 +30,7 @@ from flax import nnx
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from lev_jax import sharding
+from lev_jax import loss as loss_lib, sharding
 from lev_jax.model import Decoder
 from lev_jax.optimizer import (group_diagnostics, learning_rate_schedule, make_optimizer,
                                schedule_count)
@@ -163,17 +163,18 @@ def create_train_state(config: ml_collections.ConfigDict, mesh: Mesh | None = No
   return part, init_state(part, config)
 
 
-def token_nll(graphdef, params, batch) -> jax.Array:
-  """float32 [B, L] negative log-likelihood of each target (ids >= vocab masked)."""
+def token_nll(graphdef, params, batch, train_cfg=None) -> jax.Array:
+  """float32 [B, L] negative log-likelihood of each target (ids >= vocab masked), by
+  train_cfg.loss_impl (lev_jax/loss.py; default: the dense loss)."""
   model = nnx.merge(graphdef, params)
-  logits_BxLxV = model(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
-  return optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, batch["targets"])
+  return loss_lib.token_losses(model, batch, train_cfg or loss_lib.DENSE)[0]
 
 
-def _sum_loss(params, graphdef, batch):
-  nll_BxL = token_nll(graphdef, params, batch)
-  w_BxL = batch["weights"]
-  return jnp.sum(nll_BxL * w_BxL), jnp.sum(w_BxL)
+def _sum_loss(params, graphdef, batch, train_cfg=None, z_loss: float = 0.0):
+  """(objective, (cross-entropy sum, real targets, z-loss sum)) of a batch
+  (lev_jax.loss.loss_sums; default: the dense loss without z-loss)."""
+  model = nnx.merge(graphdef, params)
+  return loss_lib.loss_sums(model, batch, train_cfg or loss_lib.DENSE, z_loss)
 
 
 def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
@@ -195,24 +196,27 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
   tx = make_optimizer(config)
   schedule = learning_rate_schedule(config)
   n_micro = config.train.grad_accum_steps
-  grad_fn = jax.value_and_grad(_sum_loss, has_aux=True)
-  graphdef = part.graphdef
+  z_loss = float(config.optim.z_loss)
+  train_cfg = ml_collections.FrozenConfigDict(config.train)
+  grad_fn = jax.value_and_grad(
+      lambda p, mb: _sum_loss(p, part.graphdef, mb, train_cfg, z_loss), has_aux=True)
 
   def train_step(state, batch):
     params = state["params"]
     if n_micro == 1:
-      (loss_sum, n_tokens), grads = grad_fn(params, graphdef, batch)
+      (_, (loss_sum, n_tokens, z_sum)), grads = grad_fn(params, batch)
     else:
       micro = jax.tree.map(
           lambda x: sharding.constrain(x.reshape(-1, n_micro, *x.shape[1:]).swapaxes(0, 1),
                                        (None, "batch", "length")), batch)
 
       def body(carry, mb):
-        (l, n), g = grad_fn(params, graphdef, mb)
-        return jax.tree.map(jnp.add, carry, (l, n, g)), None
+        (_, (l, n, z)), g = grad_fn(params, mb)
+        return jax.tree.map(jnp.add, carry, (l, n, z, g)), None
 
-      zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-      (loss_sum, n_tokens, grads), _ = jax.lax.scan(body, zeros, micro)
+      zeros = (jnp.zeros(()), jnp.zeros(()), jnp.zeros(()),
+               jax.tree.map(jnp.zeros_like, params))
+      (loss_sum, n_tokens, z_sum, grads), _ = jax.lax.scan(body, zeros, micro)
     denom = jnp.maximum(n_tokens, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
@@ -228,6 +232,8 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
                "lr": schedule(schedule_count(state["opt_state"])), "tokens": n_tokens,
                "nonfinite": 1.0 - finite.astype(jnp.float32),
                **group_diagnostics(grads, updates, params)}
+    if z_loss > 0:
+      metrics["z_loss"] = z_sum / denom  # mean z-loss term per real target
     return new_state, metrics
 
   batch_sh = part.batch_sharding  # one sharding for every [B, L] leaf of the batch
@@ -269,12 +275,15 @@ def abstract_batch(part: Partitioned, config: ml_collections.ConfigDict,
                                   sharding=part.batch_sharding) for k in keys}
 
 
-def make_eval_step(part: Partitioned):
+def make_eval_step(part: Partitioned, config: ml_collections.ConfigDict | None = None):
   """Builds `eval_step(params, batch) -> nll_BxL` (float32 numpy, unweighted), jitted,
-  sharded; every process gets the whole result (evaluation is small)."""
+  sharded; every process gets the whole result (evaluation is small). The loss is
+  config.train.loss_impl's (default: dense)."""
   batch_sh = part.batch_sharding
+  train_cfg = None if config is None else ml_collections.FrozenConfigDict(config.train)
+
   def eval_step(params, batch):
-    return token_nll(part.graphdef, params, batch)
+    return token_nll(part.graphdef, params, batch, train_cfg)
 
   jitted = jax.jit(eval_step, in_shardings=(part.state_sharding["params"], batch_sh),
                    out_shardings=NamedSharding(part.mesh, P()))

@@ -11,16 +11,20 @@ checkpoint exists, so re-running the same command continues the run. Outputs:
   WORKDIR/tokenizer/        the tokenizer (save_tokenizer), for inference and export
   WORKDIR/token_counts.npy  int64 [V] training-split count of each id (frequency buckets)
   WORKDIR/checkpoints/<step>/{state,data,config}
+  WORKDIR/profile/          jax.profiler traces of train.profile_steps (when set; _Profile)
 (the names: lev_jax.workdir).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
+import shutil
 import signal
+import tempfile
 import time
 
 import jax
@@ -38,12 +42,13 @@ from lev_jax.data.tokenizer_files import save_tokenizer
 from lev_jax.eval.evaluate import coverage, evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
-from lev_jax import sharding
+from lev_jax import attention, sharding, target
 from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
-from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, EVAL_JSON, METRICS, RUN_OUTPUTS,
-                             TOKEN_COUNTS, TOKENIZER, loads_json, write_json_atomic)
+from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, EVAL_JSON, METRICS, PROFILE,
+                             PROFILE_TRACES, RUN_OUTPUTS, TOKEN_COUNTS, TOKENIZER,
+                             loads_json, write_json_atomic)
 
 
 class _StopSignals:
@@ -167,18 +172,20 @@ class DivergenceError(RuntimeError):
   written after the first such step."""
 
 
-def _check_workdir(workdir: epath.Path) -> None:
+def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
   """Refuses a workdir that cannot hold a run, before anything is read or written.
 
   Raises:
-    ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS) or an entry of
-      tokenizer/ (files only) has the wrong kind (file vs folder), or the workdir, an output
-      folder or metrics.jsonl (appended to) is not writable.
+    ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS; with `profile`,
+      also profile/) or an entry of tokenizer/ (files only) has the wrong kind (file vs
+      folder), or the workdir, an output folder or metrics.jsonl (appended to) is not
+      writable.
   """
   if workdir.exists() and not workdir.is_dir():
     raise ConfigError(f"--workdir={workdir}: is a file; expected a folder")
   present = []
-  for name, want_dir in RUN_OUTPUTS.items():
+  outputs = dict(RUN_OUTPUTS, **({PROFILE: True} if profile else {}))
+  for name, want_dir in outputs.items():
     p = workdir / name
     if p.exists() and p.is_dir() != want_dir:
       raise ConfigError(f"{p}: is a {'file' if want_dir else 'folder'}; expected a "
@@ -277,6 +284,123 @@ class _Health:
     return None
 
 
+class _Profile:
+  """train.profile_steps = (first, count): a jax.profiler trace of the train steps
+  first + 1 .. first + count (as metrics.jsonl numbers them), on process 0 only.
+
+  The trace goes to a local temporary folder and is copied when it stops to
+  WORKDIR/profile/plugins/profile/<time>/ (workdir.PROFILE, PROFILE_TRACES:
+  <host>.xplane.pb for TensorBoard's profile plugin and XProf, perfetto_trace.json.gz
+  for ui.perfetto.dev; docs: https://docs.jax.dev/en/latest/profiling.html), so a gs://
+  workdir works and nothing reaches the workdir when the run fails before its first
+  step passed; one log line names the folder. Python calls are not traced (the Python
+  tracer made a tiny CPU step ~1M events, 20 MB, and slowed it). Each step is a
+  StepTraceAnnotation ("train", step number): XProf's step boundaries (on CPU they span
+  only the host's dispatch; XLA:CPU's ops are in the trace viewer's host threads).
+
+  The window is timed with block_until_ready at both ends, without the evaluations and
+  checkpoint saves inside it (`paused`): `stop` returns perf/profile_step_time_s
+  (seconds per step) and perf/profile_steps (how many), and
+  perf/profile_includes_compile when the window opens at this process's first step.
+  A run resumed inside the window traces the steps left; one resumed at or past its
+  end traces nothing. Off (count 0, or not process 0): every method returns at once
+  and jax.profiler is never started.
+  """
+
+  def __init__(self, config, workdir: epath.Path, resumed: int):
+    first, count = (int(v) for v in (tuple(config.train.profile_steps) or (0, 0)))
+    self.begin, self.end, self.resumed = max(first, resumed), first + count, resumed
+    self.on = count > 0 and resumed < self.end and jax.process_index() == 0
+    self.workdir = workdir
+    self._local = None  # the temporary folder of the trace in progress
+    self._t0 = self._paused_s = 0.0
+
+  @property
+  def tracing(self) -> bool:
+    return self._local is not None
+
+  def start(self, step: int, state) -> float:
+    """Starts the trace when `step` (steps done) opens the window; returns the seconds
+    it took (0.0 otherwise), for the caller to leave out of perf/step_time_s."""
+    if not self.on or self.tracing or step != self.begin:
+      return 0.0
+    jax.block_until_ready(state)  # the steps before the window are not in its time
+    t = time.perf_counter()
+    self._local = tempfile.mkdtemp(prefix="lev_jax_profile_")
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0  # every Python call: ~1M events per tiny CPU step
+    jax.profiler.start_trace(self._local, create_perfetto_trace=True,
+                             profiler_options=options)
+    self._t0, self._paused_s = time.perf_counter(), 0.0
+    return self._t0 - t
+
+  def marker(self, step: int):
+    """While tracing, a StepTraceAnnotation of train step `step` (the step boundaries
+    XProf's overview and step-time graph read); else a context that does nothing."""
+    if not self.tracing:
+      return contextlib.nullcontext()
+    return jax.profiler.StepTraceAnnotation("train", step_num=step)
+
+  @contextlib.contextmanager
+  def paused(self, state):
+    """Leaves the block's time (an evaluation, a checkpoint save) out of the window's."""
+    if not self.tracing:
+      yield
+      return
+    jax.block_until_ready(state)
+    t = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._paused_s += time.perf_counter() - t
+
+  def stop(self, step: int, state) -> tuple[dict, float]:
+    """Ends the trace after `step`, copies it into the workdir and logs its folder.
+
+    Returns:
+      (the perf/ scalars of the window, the seconds spent stopping and copying).
+    """
+    jax.block_until_ready(state)
+    t1 = time.perf_counter()
+    n = step - self.begin
+    local, self._local = epath.Path(self._local), None
+    try:
+      jax.profiler.stop_trace()
+      (trace,) = (local / PROFILE_TRACES).iterdir()  # <time>/: one trace per folder
+      root = self.workdir / PROFILE / PROFILE_TRACES
+      dest, i = root / trace.name, 1
+      while dest.exists():  # a resumed run's trace within the same second
+        dest, i = root / f"{trace.name}_{i}", i + 1
+      dest.mkdir(parents=True)
+      for f in trace.iterdir():
+        with f.open("rb") as src, (dest / f.name).open("wb") as dst:
+          shutil.copyfileobj(src, dst)
+    finally:
+      shutil.rmtree(local, ignore_errors=True)
+    per_step = (t1 - self._t0 - self._paused_s) / n
+    logging.info("profile of steps %d-%d (%.4g s per step): %s (tensorboard --logdir %s, "
+                 "Profile tab; or perfetto_trace.json.gz in ui.perfetto.dev)",
+                 self.begin + 1, step, per_step, dest, self.workdir)
+    scalars = {"perf/profile_step_time_s": per_step, "perf/profile_steps": n}
+    if self.begin == self.resumed:
+      scalars["perf/profile_includes_compile"] = 1.0
+    return scalars, time.perf_counter() - t1
+
+  def discard(self) -> None:
+    """Stops a trace left running by an error; nothing is written to the workdir."""
+    if not self.tracing:
+      return
+    local, self._local = self._local, None
+    try:
+      jax.profiler.stop_trace()
+    except RuntimeError as e:  # the error being raised matters more
+      logging.warning("stopping the profiler: %s", e)
+    finally:
+      shutil.rmtree(local, ignore_errors=True)
+    logging.warning("the profile of steps from %d was discarded: the run stopped with an "
+                    "error inside its window", self.begin + 1)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
                        stop_at_step: int | None = None,
                        restore_fallback: bool = False) -> dict | Stopped:
@@ -308,13 +432,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   workdir = epath.Path(workdir).expanduser()
   if "://" not in str(workdir):
     workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative
-  _check_workdir(workdir)
   t = config.train
+  _check_workdir(workdir, profile=bool(t.profile_steps) and t.profile_steps[1] > 0)
   bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree
   bundle.eval_data()  # DataError now, not after training, if validation is too small
   part = partition(config)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())
+  logging.info("attention %s (%s)", *attention.resolve(config, target.platform()))
   if config.model.embedding == "lev":
     logging.info("%s", lev_plan_line(config))
   global_stream = config.data.host_batches == "global"
@@ -424,7 +549,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
   t = config.train
   step = resumed = int(state["step"])
   train_step = make_train_step(part, config)
-  eval_step = make_eval_step(part)
+  eval_step = make_eval_step(part, config)
   health = _Health(config, outputs, state)
   tokens_per_step = t.global_batch_size * t.seq_len
   flops_per_step = train_flops_per_step(config)["total"]
@@ -432,16 +557,20 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
   stop.install()  # before: Ctrl-C is KeyboardInterrupt (nothing to save yet)
   bar = tqdm(total=t.steps, initial=step, desc=config.name, unit="step",
              disable=jax.process_index() != 0)
-  window_start, window_steps, compiled = time.perf_counter(), 0, False
+  # The step-time window: from window_start, when step window_step was complete (or the
+  # loop began), to the flush of step s, which waits for step s: s - window_step steps.
+  window_start, window_step, compiled = time.perf_counter(), step, False
   pending = None  # (step, device metrics) fetched after the next step is dispatched
+  profile = _Profile(config, workdir, resumed)
+  profiled = {}  # step -> the profile's perf/ scalars, written in that step's train row
 
   def flush(pending):
-    nonlocal window_start, window_steps, compiled
+    nonlocal window_start, window_step, compiled
     s, m = pending
     diverged = health.count(upto=s)  # the row of step s counts steps <= s, and is written
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     now = time.perf_counter()
-    step_time = (now - window_start) / max(window_steps, 1)
+    step_time = (now - window_start) / max(s - window_step, 1)
     scalars = {"train/loss": m["loss"], "train/perplexity": math.exp(min(m["loss"], 50.0)),
                "train/grad_norm": m["grad_norm"], "train/lr": m["lr"],
                "train/tokens_seen": s * tokens_per_step,
@@ -454,18 +583,29 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
     # Per parameter group (lev_jax.optimizer.param_group): train/grad_norm/<group>,
     # train/update_ratio/<group>; only the groups the model has.
     scalars.update({f"train/{k}": v for k, v in m.items()
-                    if k.startswith(("grad_norm/", "update_ratio/"))})
+                    if k.startswith(("grad_norm/", "update_ratio/")) or k == "z_loss"})
     utilisation = mfu(flops_per_step, step_time, n_devices, device_kind)
     if utilisation is not None:  # unknown device (e.g. CPU): omitted, not faked
       scalars["perf/mfu"] = utilisation
     if not compiled:
       scalars["perf/includes_compile"] = 1.0
     compiled = True
+    scalars.update(profiled.pop(s, {}))
     outputs.writer().write(s, scalars)
     bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{tokens_per_step / step_time:,.0f}")
-    window_start, window_steps = now, 0
+    window_start, window_step = now, s
     if diverged is not None:
       raise diverged
+
+  def end_profile():
+    """The trace's perf/ scalars go into this step's train row, or a row of their own."""
+    nonlocal window_start
+    scalars, seconds = profile.stop(step, state)
+    window_start += seconds  # stopping and copying the trace is not a step's time
+    if pending is not None and pending[0] == step:
+      profiled[step] = scalars
+    else:
+      outputs.writer().write(step, scalars)
 
   try:
     stopped = None
@@ -474,13 +614,14 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
                       step, stop_at_step)
       return Stopped(step, "stop_at_step")
     while step < t.steps:
-      batch = feed(next(train_iter))
-      state, metrics = train_step(state, batch)
+      window_start += profile.start(step, state)  # train.profile_steps opens here
+      with profile.marker(step + 1):
+        batch = feed(next(train_iter))
+        state, metrics = train_step(state, batch)
       step += 1
       if not outputs.started:  # this run's first step was the last check: write from here
         jax.block_until_ready(metrics)  # an execution error (memory) too, not only compile
         outputs.start(resumed, step)
-      window_steps += 1
       health.add(step, metrics)
       bar.update(1)
       if pending is not None:
@@ -488,22 +629,28 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
         pending = None
       if step % t.log_every == 0 or step == t.steps:
         pending = (step, metrics)
+      if profile.tracing and step == profile.end:
+        end_profile()
       if step % t.eval_every == 0 and step != t.steps:
         if pending is not None:
           flush(pending)
           pending = None
         health.check()
-        _eval_and_log(eval_step, state["params"], bundle, config, step, outputs.writer(),
-                      workdir)
-        window_start, window_steps = time.perf_counter(), 0
+        with profile.paused(state):
+          _eval_and_log(eval_step, state["params"], bundle, config, step, outputs.writer(),
+                        workdir)
+        window_start, window_step = time.perf_counter(), step
       signalled = stop.agreed()
       stopping = signalled or step == stop_at_step
+      if stopping and profile.tracing:  # the steps traced so far; a resume traces the rest
+        end_profile()
       if step % t.checkpoint_every == 0 or step == t.steps or stopping:
         if pending is not None:  # its row first (a save syncs anyway)
           flush(pending)
           pending = None
         health.check()  # never a checkpoint after a non-finite step
-        outputs.checkpointer().save(step, state, train_iter, config)
+        with profile.paused(state):
+          outputs.checkpointer().save(step, state, train_iter, config)
         if bundle.report.get("source") == "jsonl_stream":  # counts grow as it is read
           _write_data_report(workdir, bundle, step)
       if stopping:
@@ -520,6 +667,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
     return _eval_and_log(eval_step, state["params"], bundle, config, step, outputs.writer(),
                          workdir)
   finally:
+    profile.discard()  # an error inside the window: its trace is not kept
     bar.close()
 
 

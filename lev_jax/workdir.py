@@ -12,13 +12,20 @@ A run folder (`lev-train --workdir=WORKDIR`, default runs/<config.name>):
                              skipped lines by reason)
   WORKDIR/metrics.jsonl      METRICS: one JSON object per log / eval step (lev_jax.metrics)
   WORKDIR/tensorboard/       TENSORBOARD: TensorBoard event files (lev_jax.metrics)
+  WORKDIR/profile/           PROFILE: jax.profiler traces (config.train.profile_steps;
+                             process 0), one folder per trace under PROFILE_TRACES
+                             (plugins/profile/<time>/: <host>.xplane.pb for TensorBoard's
+                             profile plugin and XProf, perfetto_trace.json.gz for
+                             ui.perfetto.dev); `tensorboard --logdir WORKDIR` shows them
+                             beside the scalars
   WORKDIR/eval.json          EVAL_JSON: the latest validation result
   WORKDIR/lev_eval.json      LEV_EVAL_JSON: `lev-eval`'s result (its default --output)
   WORKDIR/study_eval.json    STUDY_EVAL_JSON: a study's evaluation of a finished run
                              (lev_jax.ladder.study.evaluate_run)
 
 lev_jax.trainer writes checkpoints/ to eval.json (RUN_OUTPUTS; nothing before the
-run's first step passed); lev_jax.inference, lev_jax.ladder.runs and lev_jax.ladder.study read them.
+run's first step passed), and profile/ when train.profile_steps is on;
+lev_jax.inference, lev_jax.ladder.runs and lev_jax.ladder.study read them.
 
 An export folder (`lev-export --output=DIR`; lev_jax.inference.save), read by
 `inference.load` like a run folder:
@@ -62,6 +69,10 @@ TOKEN_COUNTS = "token_counts.npy"
 DATA_REPORT = "data_report.json"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
+PROFILE = "profile"
+# Where jax.profiler puts each trace under its log folder, and TensorBoard's profile
+# plugin looks for them: PROFILE_TRACES/<time>/ (a path: join it to a folder).
+PROFILE_TRACES = "plugins/profile"
 EVAL_JSON = "eval.json"
 LEV_EVAL_JSON = "lev_eval.json"
 STUDY_EVAL_JSON = "study_eval.json"

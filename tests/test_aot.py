@@ -88,7 +88,7 @@ def test_tiny_train_and_eval_steps_compile_for_a_v5p_slice(make_config, embeddin
 def test_the_loop_free_estimate_counts_every_iteration_of_lev_s_loops(make_config):
   """XLA's cost model counts a loop body once: the looped program's own estimate misses
   LEV's chunk and coordinate iterations, the loop-free one (the default) has them."""
-  c = _tiny(make_config, "lev", mode="tokens", chunk_size=32)  # 4 chunks
+  c = _tiny(make_config, "lev", mode="tokens", chunk_size=64)  # 2 chunks
   c.model.n_layers = 1  # one loop-free compile (depth 1) besides the real program
   topo = parse_topology("v5p:2x2x1")
   (looped,) = aot.compile_steps(c, topo, steps=("train",), estimate_time=False)

@@ -31,7 +31,8 @@ def _check_timed(r: dict, what: str):
 def test_tiny_cpu_mode_writes_every_section(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, str(SCRIPT), "--tiny", "--platform", "cpu", "--out", str(tmp_path)],
+      [sys.executable, str(SCRIPT), "--tiny", "--platform", "cpu", "--out", str(tmp_path),
+       "--layers", "1"],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   data = loads_json((tmp_path / "device_check.json").read_text())
@@ -60,12 +61,16 @@ def test_tiny_cpu_mode_writes_every_section(tmp_path):
   impl = data["lev_impl"]["smoke"]
   _check_timed(impl["fused"], "fused")
   _check_timed(impl["pallas"], "pallas (interpreted on a CPU)")
-  assert _finite(impl["pallas_over_fused"])
-  assert impl["first_loss_abs_diff"] < 1e-3  # same init, same batch, same LEV maths
+  _check_timed(impl["vectorized"], "vectorized")
+  assert impl["base"] == "fused"  # the smoke config's core
+  for core in ("pallas", "vectorized"):
+    assert _finite(impl[f"{core}_over_fused"])
+    # same init, same batch, same LEV maths
+    assert impl[f"{core}_first_loss_abs_diff"] < 1e-3
 
   md = (tmp_path / "device_check.md").read_text()
   assert "1 x cpu" in md and "not accelerator figures" in md
   for title in ("## Tied vs Leviathan", "## bf16 vs float32",
-                "## LEV core: fused vs Pallas"):
+                "## LEV cores: fused, vectorized, Pallas"):
     assert title in md
   assert "| smoke | smoke.py:leviathan |" in md and "| smoke | pallas |" in md

@@ -170,30 +170,35 @@ def _equivalence_worker():
   batches = [{"inputs": rng.integers(0, 300, (8, 16)).astype(np.int32),
               "targets": rng.integers(0, 300, (8, 16)).astype(np.int32),
               "weights": np.ones((8, 16), np.float32)} for _ in range(3)]
-  for embedding, shapes in EQUIVALENCE_MESHES.items():
-    for shape in ((1, 1, 1), *shapes):
-      c = tiny_config(embedding)
-      c.model.n_heads = c.model.n_kv_heads = 8
-      c.model.head_dim = 4
-      c.train.global_batch_size = 8
-      c.eval.batch_size = 8
-      c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
-      devices = jax.devices()[:int(np.prod(shape))]
-      mesh = sharding.make_mesh(c.mesh, devices)
-      part, state = create_train_state(c, mesh)
-      step = make_train_step(part, c)
-      losses = []
-      for b in batches:
-        state, m = step(state, sharding.to_global(b, part.batch_sharding))
-        losses.append(float(m["loss"]))
-      wq = state["params"]["blocks"][0]["attn"]["wq"][...]
-      results[f"{embedding}{shape}"] = {"losses": losses, "wq_spec": str(wq.sharding.spec),
-                                        "wq_devices": len(wq.sharding.device_set)}
+  cases = [(e, shape) for e, shapes in EQUIVALENCE_MESHES.items()
+           for shape in ((1, 1, 1), *shapes)] + [("lev_chunked", (2, 2, 2))]
+  for embedding, shape in cases:
+    c = tiny_config(embedding.removesuffix("_chunked"))
+    if embedding.endswith("_chunked"):  # the chunked loss: 4 token x 3 vocab chunks
+      c.train.loss_impl, c.train.loss_token_chunk, c.train.loss_vocab_chunk = (
+          "chunked", 32, 128)
+    c.model.n_heads = c.model.n_kv_heads = 8
+    c.model.head_dim = 4
+    c.train.global_batch_size = 8
+    c.eval.batch_size = 8
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
+    devices = jax.devices()[:int(np.prod(shape))]
+    mesh = sharding.make_mesh(c.mesh, devices)
+    part, state = create_train_state(c, mesh)
+    step = make_train_step(part, c)
+    losses = []
+    for b in batches:
+      state, m = step(state, sharding.to_global(b, part.batch_sharding))
+      losses.append(float(m["loss"]))
+    wq = state["params"]["blocks"][0]["attn"]["wq"][...]
+    results[f"{embedding}{shape}"] = {"losses": losses, "wq_spec": str(wq.sharding.spec),
+                                      "wq_devices": len(wq.sharding.device_set)}
   print(json.dumps(results))
 
 
 def test_one_device_and_eight_device_meshes_give_the_same_losses():
-  """3 steps of tied and Leviathan on 8-device meshes (EQUIVALENCE_MESHES) vs 1 device.
+  """3 steps of tied and Leviathan on 8-device meshes (EQUIVALENCE_MESHES) vs 1 device,
+  and Leviathan with the chunked loss on the (2, 2, 2) mesh.
 
   Tolerance rtol 2e-5: the same float32 math, with reductions split across devices in
   a different order.
@@ -206,6 +211,9 @@ def test_one_device_and_eight_device_meshes_give_the_same_losses():
       got = results[f"{embedding}{shape}"]
       np.testing.assert_allclose(got["losses"], ref, rtol=2e-5, err_msg=f"{embedding} {shape}")
       assert got["wq_devices"] == 8
+  # The chunked loss (lev_jax/loss.py) on the (2, 2, 2) mesh: the dense loss's losses.
+  np.testing.assert_allclose(results["lev_chunked(2, 2, 2)"]["losses"],
+                             results["lev(1, 1, 1)"]["losses"], rtol=2e-5)
   assert results["tied(1, 8, 1)"]["wq_spec"] == str(jax.P("fsdp", None, None))
   assert results["lev(2, 2, 2)"]["wq_spec"] == str(jax.P("fsdp", "tensor", None))
 

@@ -333,3 +333,77 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line():
     stop.install()
     assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # stays ignored
     stop.uninstall()
+
+
+# --- train.profile_steps: a jax.profiler trace of a window of steps (trainer._Profile)
+
+def test_profile_steps_write_a_trace_a_log_line_and_a_perf_row_and_a_resume_traces_the_rest(
+    data_cache, tmp_path, caplog):
+  """(1, 2) traces steps 2 and 3; stopped after step 2, the resumed run traces step 3."""
+  import gzip
+  c = run_config("tied", data_cache, steps=4)  # finished_tied_run's programs: cached
+  c.train.profile_steps = (1, 2)
+  with caplog.at_level("INFO"):
+    assert train_and_evaluate(c, tmp_path, stop_at_step=2) == Stopped(2, "stop_at_step")
+    train_and_evaluate(c, tmp_path)
+  traces = sorted((tmp_path / "profile" / "plugins" / "profile").iterdir())
+  assert len(traces) == 2, traces
+  for trace in traces:  # one log line names each
+    assert len(list(trace.glob("*.xplane.pb"))) == 1 and f"): {trace} (" in caplog.text
+    events = json.loads(gzip.decompress((trace / "perfetto_trace.json.gz").read_bytes()))
+    assert {"train", "PjitFunction(train_step)"} <= {e.get("name") for e in
+                                                     events["traceEvents"]}
+  rows = metrics(tmp_path)
+  profiled = {r["step"]: r for r in rows if "perf/profile_step_time_s" in r}
+  assert sorted(profiled) == [2, 3] and len(rows) == len({(r["step"], "eval/loss" in r)
+                                                          for r in rows})
+  assert all(r["perf/profile_steps"] == 1 and r["perf/profile_step_time_s"] > 0
+             for r in profiled.values())
+  assert "train/loss" in profiled[2]  # a log step (log_every=2): the train row
+  assert "train/loss" not in profiled[3] and profiled[3]["perf/profile_includes_compile"] == 1
+  assert "perf/profile_includes_compile" not in profiled[2]
+
+
+def test_profile_window_after_a_resume_and_no_profiler_when_off(finished_tied_run,
+                                                                monkeypatch):
+  from lev_jax.trainer import _Profile
+  c, run = finished_tied_run  # trained with profile_steps off: nothing written
+  assert not (run / "profile").exists()
+  assert not any(k.startswith("perf/profile") for r in metrics(run) for k in r)
+  monkeypatch.setattr(jax.profiler, "start_trace", lambda *a, **k: pytest.fail("started"))
+  c = c.copy_and_resolve_references()
+  for window in ((), (0, 0), (2, 0)):
+    c.train.profile_steps = window
+    profile = _Profile(c, run, resumed=0)
+    assert not profile.on and profile.start(0, {}) == 0.0 and not profile.tracing
+  c.train.profile_steps = (1, 2)  # steps 2 and 3
+  for resumed, expected in ((0, (True, 1)), (2, (True, 2)), (3, (False, 3)), (4, (False, 4))):
+    profile = _Profile(c, run, resumed)
+    assert (profile.on, profile.begin) == expected, resumed
+
+
+@pytest.mark.parametrize("window,match", [
+    ((-1, 2), r"= \(-1, 2\): expected first >= 0"),
+    ((1, -2), r"= \(1, -2\): expected count >= 0"),
+    ((3, 2), r"= \(3, 2\): expected first \+ count <= train.steps = 4"),
+    ((1.5, 2), r"= \(1.5, 2\): expected \(\) \(off\) or \(first, count\), two integers"),
+    ((True, 2), r"= \(True, 2\): expected \(\) \(off\)"),
+    (("1", 2), r"= \('1', 2\): expected \(\) \(off\)"),
+    ((5,), r"= \(5,\): expected \(\) \(off\)"),
+    ((1, 2, 3), r"= \(1, 2, 3\): expected \(\) \(off\)"),
+])
+def test_bad_profile_steps_are_one_line_before_any_work(window, match, data_cache, tmp_path):
+  c = run_config("tied", data_cache, steps=4)
+  c.train.profile_steps = window
+  with pytest.raises(ConfigError, match=r"^config.train.profile_steps " + match) as e:
+    train_and_evaluate(c, tmp_path / "run")
+  assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_profile_folder_that_is_a_file_is_refused_before_any_work(data_cache, tmp_path):
+  c = run_config("tied", data_cache, steps=4)
+  c.train.profile_steps = (1, 2)
+  (tmp_path / "profile").write_text("")
+  with pytest.raises(ConfigError, match=r"profile: is a file; expected a folder"):
+    train_and_evaluate(c, tmp_path)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["profile"]

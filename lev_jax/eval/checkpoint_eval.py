@@ -81,8 +81,8 @@ def perplexity(im, config, validation_override: bool = False, eval_step=None, *,
     schemes["equal_mass"] = equal_mass_edges(counts, config.eval.equal_mass_buckets)
   part = partition(config)
   params = jax.device_put(nnx.state(im.model, nnx.Param), part.state_sharding["params"])
-  results = evaluate_schemes(eval_step or make_eval_step(part), params, batches, counts,
-                             schemes)
+  results = evaluate_schemes(eval_step or make_eval_step(part, config), params, batches,
+                             counts, schemes)
   out = {"validation": results["log"]}
   if "equal_mass" in results:
     out["validation_equal_mass"] = results["equal_mass"]

@@ -214,7 +214,7 @@ def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
   from lev_jax.train import make_eval_step, partition
   im = inference.load(workdir)
   overrides = {"eval.batches": eval_batches} if eval_batches else {}
-  step_fn = make_eval_step(partition(im.config))  # one compilation for both splits
+  step_fn = make_eval_step(partition(im.config), im.config)  # one compile, both splits
   out = {"step": im.step, "eval_batches": eval_batches or im.config.eval.batches}
   for split in SPLITS:
     r = evaluate_model(im, split=split, overrides=overrides, eval_step=step_fn)

@@ -1,0 +1,155 @@
+"""The chunked cross-entropy and z-loss (lev_jax/loss.py) against the dense loss."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from lev_jax import loss, train
+from lev_jax.config import ConfigError, validate
+
+
+def _batch(c, seed=0):
+  rng = np.random.default_rng(seed)
+  b, l = c.train.global_batch_size, c.train.seq_len
+  ids = rng.integers(0, c.model.vocab_size, (b, l + 1)).astype(np.int32)
+  return {"inputs": ids[:, :-1], "targets": ids[:, 1:],
+          "weights": (rng.random((b, l)) < 0.8).astype(np.float32)}
+
+
+def _loss_and_grads(c, params, graphdef, batch, z_loss=0.0):
+  cfg = jax.tree.map(lambda x: x, c.train)
+  fn = lambda p: train._sum_loss(p, graphdef, batch, cfg, z_loss)  # noqa: SLF001
+  return jax.jit(jax.value_and_grad(fn, has_aux=True))(params)
+
+
+def _rel(a, b):
+  return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30))
+
+
+@pytest.mark.parametrize("embedding,token_chunk,vocab_chunk,z_loss", [
+    ("tied", 16, 128, 0.0),    # 4 token chunks x 3 vocab chunks (recomputing backward)
+    ("lev", 16, 0, 1e-2),      # whole vocab: the gradient made in the forward pass
+    ("untied", 0, 64, 1e-2),
+])
+def test_chunked_loss_equals_the_dense_loss(embedding, token_chunk, vocab_chunk, z_loss):
+  """Loss to 1e-6 relative and every gradient to 1e-5 (float32, CPU), z-loss included."""
+  c = tiny_config(embedding)
+  model = train.create_model(c)
+  from flax import nnx  # noqa: PLC0415
+  graphdef, params = nnx.split(model, nnx.Param)
+  batch = _batch(c)
+  (dense, dense_aux), dense_g = _loss_and_grads(c, params, graphdef, batch, z_loss)
+  c.train.loss_impl = "chunked"
+  c.train.loss_token_chunk, c.train.loss_vocab_chunk = token_chunk, vocab_chunk
+  validate(c)
+  (chunked, chunked_aux), chunked_g = _loss_and_grads(c, params, graphdef, batch, z_loss)
+  assert abs(float(chunked) - float(dense)) <= 1e-6 * abs(float(dense))
+  for a, b in zip(chunked_aux, dense_aux):  # cross-entropy sum, targets, z-loss sum
+    np.testing.assert_allclose(float(a), float(b), rtol=1e-6)
+  assert (float(dense_aux[2]) > 0) == (z_loss > 0)
+  for (path, g), ref in zip(jax.tree_util.tree_flatten_with_path(chunked_g)[0],
+                            jax.tree.leaves(dense_g)):
+    assert _rel(g, ref) <= 1e-5, jax.tree_util.keystr(path)
+
+
+def test_z_loss_is_logged_and_changes_the_update_but_not_the_loss_metric():
+  c = tiny_config("tied")
+  c.train.loss_impl = "chunked"
+  batch = _batch(c)
+  results = {}
+  for z in (0.0, 1e-1):
+    c.optim.z_loss = z
+    part, state = train.create_train_state(c)
+    state, m = train.make_train_step(part, c)(state, batch)
+    results[z] = (m, state["params"])
+  (m0, p0), (m1, p1) = results[0.0], results[1e-1]
+  assert "z_loss" not in m0 and float(m1["z_loss"]) > 0
+  assert float(m1["loss"]) == pytest.approx(float(m0["loss"]), rel=1e-6)  # cross-entropy
+  assert any(_rel(a, b) > 1e-4 for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p0)))
+
+
+def test_chunked_loss_with_gradient_accumulation_is_the_one_batch_update():
+  c = tiny_config("tied")
+  c.train.loss_impl, c.train.loss_vocab_chunk = "chunked", 128
+  c.train.global_batch_size = 8
+  batch = _batch(c)
+  out = []
+  for n_micro in (1, 4):
+    c.train.grad_accum_steps = n_micro
+    part, state = train.create_train_state(c)
+    state, m = train.make_train_step(part, c)(state, batch)
+    out.append((m, state["params"]))
+  (m1, p1), (m4, p4) = out
+  for key in ("loss", "grad_norm", "tokens"):
+    assert float(m4[key]) == pytest.approx(float(m1[key]), rel=1e-5), key
+  # Parameters after one AdamW step, whose first update is ~ lr * sign(g): a gradient
+  # entry near 0 may flip, so this only checks the update is the same one.
+  for a, b in zip(jax.tree.leaves(p4), jax.tree.leaves(p1)):
+    assert _rel(a, b) <= 1e-3
+
+
+def test_the_eval_step_gives_the_dense_per_token_nll():
+  c = tiny_config("lev")
+  part, state = train.create_train_state(c)
+  batch = _batch(c)
+  dense = train.make_eval_step(part, c)(state["params"], batch)
+  c.train.loss_impl, c.train.loss_token_chunk = "chunked", 16
+  chunked = train.make_eval_step(part, c)(state["params"], batch)
+  np.testing.assert_allclose(chunked, dense, rtol=1e-5, atol=1e-6)
+
+
+def test_the_chunked_loss_never_holds_the_tokens_x_vocab_logits():
+  """Compiled train step, 1,024 tokens x 8,192 ids: the dense loss's program has
+  [1024, 8192] buffers (float32 logits and their gradient, 32 MiB each); the chunked
+  loss's has none, with 256-token chunks over the whole vocab (gradient in the forward
+  pass) or 512-id vocab chunks (recomputing backward), and 40 % of the dense
+  temporaries or less (the model's own are a few MiB)."""
+  temps, programs = {}, {}
+  for name, settings in {"dense": ("dense", 0, 0), "tokens": ("chunked", 256, 0),
+                         "vocab": ("chunked", 0, 512)}.items():
+    c = tiny_config("tied")
+    c.model.vocab_size, c.train.global_batch_size, c.train.seq_len = 8192, 16, 64
+    c.train.loss_impl, c.train.loss_token_chunk, c.train.loss_vocab_chunk = settings
+    part = train.partition(c)
+    state = train.abstract_state(part, c)
+    compiled = train.make_train_step(part, c).lower(
+        state, train.abstract_batch(part, c, c.train.global_batch_size)).compile()
+    temps[name] = compiled.memory_analysis().temp_size_in_bytes
+    programs[name] = compiled.as_text()
+  assert "f32[16,64,8192]" in programs["dense"] or "f32[1024,8192]" in programs["dense"]
+  for name in ("tokens", "vocab"):
+    assert not any(s in programs[name] for s in ("[16,64,8192]", "[1024,8192]")), name
+    assert temps[name] <= 0.4 * temps["dense"], temps
+  assert "f32[256,8192]" in programs["tokens"]
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("train.loss_impl", "blockwise", "one of 'dense', 'chunked'"),
+    ("train.loss_token_chunk", 24, "a divisor of the 64 tokens per micro-batch"),
+    ("train.loss_vocab_chunk", 100, "a divisor of the 384 ids of the padded vocab"),
+    ("train.loss_vocab_chunk", -128, "0 (automatic) or a divisor"),
+    ("optim.z_loss", -1e-4, "a finite number >= 0"),
+])
+def test_bad_loss_settings_are_one_line_config_errors(field, value, needle):
+  c = tiny_config("tied")
+  section, name = field.split(".")
+  c[section][name] = value
+  with pytest.raises(ConfigError, match=f"config.{field} = ") as e:
+    validate(c)
+  assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_chunk_size_defaults_and_errors():
+  assert loss.vocab_chunk_size(200_064, 0) == 200_064  # the whole vocab
+  assert loss.vocab_chunk_size(384, 128) == 128
+  with pytest.raises(ConfigError, match=r"e\.g\. 4,168, 6,252, 8,336, 12,504"):
+    loss.vocab_chunk_size(200_064, 8192)
+  # Automatic token chunks: float32 logits per device within LOGITS_CHUNK_BYTES.
+  assert loss.token_chunk_size(64, 0, 384) == 64
+  assert loss.token_chunk_size(4096, 0, 200_064) == 256  # 195 MiB; 512 would be 391 MiB
+  assert loss.token_chunk_size(262_144, 0, 200_064, shards=64) == 16_384  # 256 a device
+  assert loss.token_chunk_size(64, 16, 384) == 16
+  with pytest.raises(ConfigError, match="loss_token_chunk = 24"):
+    loss.token_chunk_size(64, 24, 384)
