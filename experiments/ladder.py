@@ -79,16 +79,17 @@ def get_config(variant: str = "leviathan_1.2b"):
   # by the vectorized core (every seed coordinate at once): the fused core's loop over
   # the 128 coordinates moves [rows, 8, 64] arrays through HBM once per coordinate and
   # is the slowest core on a TPU (XLA:TPU's cost-model estimate for 4,096 rows per
-  # chip: 80 ms vs 3.8 ms; benchmarks/lev_tpu_estimate.py). The vectorized core holds
-  # [rows, 8, 128, 64] float32 per chunk, so chunks of 65,536 ids: 1,024 rows per chip
-  # per chunk on a v5p-128 slice (64 chips), 4 chunks per step; one chunk of 262,144
-  # made the 200M step 1.20x tied's memory per chip, 4 chunks 1.03x (lev-compile;
-  # README "Every rung on its slice"). `unique` sorts the ids of the whole batch and
+  # chip: 80 ms vs 4.2 ms; benchmarks/lev_tpu_estimate.py). The vectorized core holds
+  # [rows, 8, 128, 64] float32 per chunk, so chunks of 32,768 ids: 512 rows per chip
+  # per chunk on a v5p-128 slice (64 chips), 8 chunks per step. One chunk of 262,144
+  # made the 200M step 1.29x tied's memory per chip; chunks of 65,536 and of 32,768
+  # both 1.11x, the chunk's buffers then off the step's peak (lev-compile; README
+  # "Every rung on its slice"). `unique` sorts the ids of the whole batch and
   # compiles its 200,064-row table fallback beside it (lax.cond: memory for the larger
   # branch).
   c.lev.mode = "tokens"
   c.lev.impl = "vectorized"
-  c.lev.chunk_size = 65_536
+  c.lev.chunk_size = 32_768
   # The head's loss and the attention kernel, by lev-compile on a v5p-128 slice
   # (tied_200m; ESTIMATES, no TPU measured): the dense loss 6.98 GiB per chip, 0.0202 s;
   # train.loss_impl = "chunked" 3.60 GiB, 0.028 s (the dense loss fits with 93 % of HBM

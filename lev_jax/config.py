@@ -421,13 +421,13 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _one_of(c, "train", "loss_impl", LOSS_IMPLS)
   micro_tokens = t.global_batch_size // t.grad_accum_steps * t.seq_len
   padded_vocab = padded_vocab_size(m.vocab_size, m.vocab_multiple)
-  for field, size, what in (("loss_token_chunk", micro_tokens, "tokens per micro-batch "
-                             "(train.global_batch_size / train.grad_accum_steps x "
-                             "train.seq_len)"),
-                            ("loss_vocab_chunk", padded_vocab, "ids of the padded vocab")):
+  for field, zero, size, what in (
+      ("loss_token_chunk", "automatic", micro_tokens, "tokens per micro-batch "
+       "(train.global_batch_size / train.grad_accum_steps x train.seq_len)"),
+      ("loss_vocab_chunk", "the whole vocab", padded_vocab, "ids of the padded vocab")):
     v = t[field]
     if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v and size % v):
-      _fail(f"train.{field}", v, f"0 (automatic) or a divisor of the {size:,} {what}")
+      _fail(f"train.{field}", v, f"0 ({zero}) or a divisor of the {size:,} {what}")
   if m.embedding == "lev":
     _one_of(c, "lev", "sigmoid", SIGMOID_VARIANTS)
     _one_of(c, "lev", "basis", BASIS_VARIANTS)

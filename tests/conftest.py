@@ -39,6 +39,25 @@ def pytest_unconfigure(config):
     shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
+def run_on_8_devices(test_file: str, *args: str) -> tuple[dict, str]:
+  """Runs `python test_file *args` with 8 simulated host devices (the device count is
+  fixed when jax starts, so in a subprocess) and this checkout's lev_jax first on the
+  path (not an installed copy); returns (its last stdout line as JSON, its stderr,
+  where XLA's C++ log lines go)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  here = os.path.dirname(os.path.abspath(test_file))
+  path = os.pathsep.join(p for p in (os.path.dirname(here), os.environ.get("PYTHONPATH"))
+                         if p)
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
+             " --xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+             TF_CPP_MIN_LOG_LEVEL="0", PYTHONPATH=path)
+  proc = subprocess.run([sys.executable, test_file, *args], capture_output=True, text=True,
+                        env=env, cwd=here, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
 def tiny_config(embedding="lev", **lev):
   """A 2-layer d_model=32 model over a 300-id vocab (padded to 384)."""
   c = base_config()

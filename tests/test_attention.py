@@ -9,9 +9,6 @@ cudnn lowers for "cuda" from this CPU host (see `test_cudnn_lowers_for_cuda`).
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import run_on_8_devices
 from lev_jax import aot, attention, sharding, target
 from lev_jax.config import ConfigError, validate
 from lev_jax.model import Decoder
@@ -173,15 +171,7 @@ def _mesh_worker():
 
 
 def test_splash_in_a_shard_map_over_batch_and_heads_on_8_devices_equals_xla():
-  here = os.path.dirname(os.path.abspath(__file__))
-  path = os.pathsep.join(p for p in (os.path.dirname(here), os.environ.get("PYTHONPATH")) if p)
-  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
-             " --xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-             PYTHONPATH=path)
-  proc = subprocess.run([sys.executable, __file__, "mesh"], capture_output=True, text=True,
-                        env=env, cwd=here, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result, _ = run_on_8_devices(__file__, "mesh")
   assert result["shard_map"] and result["local_q"], result
   assert max(result["errors"]) <= 1e-5, f"value, dq, dk, dv: {result['errors']}"
 

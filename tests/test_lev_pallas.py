@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import run_on_8_devices
 from lev_jax.lev import signed_log_product
 from lev_jax.lev_pallas import lev_modes_pallas
 
@@ -184,18 +185,7 @@ def test_pallas_core_inside_a_sharded_program_equals_the_fused_core():
   shard_map over the LEV rows (XLA cannot partition a Pallas call; on TPU it refuses
   with "Mosaic kernels cannot be automatically partitioned"), and equals the fused
   core on one device: values and gradients to 1e-5 (relative to the largest entry)."""
-  import json  # noqa: PLC0415
-  import subprocess  # noqa: PLC0415
-  import sys  # noqa: PLC0415
-  here = os.path.dirname(os.path.abspath(__file__))
-  path = os.pathsep.join(p for p in (os.path.dirname(here), os.environ.get("PYTHONPATH")) if p)
-  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
-             " --xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-             PYTHONPATH=path)
-  proc = subprocess.run([sys.executable, __file__, "mesh"], capture_output=True, text=True,
-                        env=env, cwd=here, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result, _ = run_on_8_devices(__file__, "mesh")
   for basis, err in result.items():
     assert err["shard_map"], f"{basis}: no shard_map in the lowered program"
     assert err["x"] <= 1e-5 and err["grads"] <= 1e-5, f"{basis}: {err}"

@@ -129,7 +129,7 @@ def test_the_chunked_loss_never_holds_the_tokens_x_vocab_logits():
     ("train.loss_impl", "blockwise", "one of 'dense', 'chunked'"),
     ("train.loss_token_chunk", 24, "a divisor of the 64 tokens per micro-batch"),
     ("train.loss_vocab_chunk", 100, "a divisor of the 384 ids of the padded vocab"),
-    ("train.loss_vocab_chunk", -128, "0 (automatic) or a divisor"),
+    ("train.loss_vocab_chunk", -128, "0 (the whole vocab) or a divisor"),
     ("optim.z_loss", -1e-4, "a finite number >= 0"),
 ])
 def test_bad_loss_settings_are_one_line_config_errors(field, value, needle):

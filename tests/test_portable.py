@@ -94,10 +94,14 @@ def test_same_bits_on_an_emulated_haswell():
   benchmarks/cpu_portability.py compares whole train steps of the smoke models."""
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   tests = str(Path(__file__).parent)
-  run = lambda prefix: subprocess.run(
-      [*prefix, sys.executable, "-c", _GRADS_PROGRAM, tests], env=env, capture_output=True,
-      text=True, check=True).stdout.split()
-  assert run([]) == run(["qemu-x86_64", "-cpu", "Haswell-v4"])
+  start = lambda prefix: subprocess.Popen(
+      [*prefix, sys.executable, "-c", _GRADS_PROGRAM, tests], env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  procs = [start([]), start(["qemu-x86_64", "-cpu", "Haswell-v4"])]  # side by side
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  assert outs[0][0].split() == outs[1][0].split()
 
 
 def test_importing_lev_jax_after_a_backend_started_warns():

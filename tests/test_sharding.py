@@ -4,7 +4,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import tiny_config
+from conftest import run_on_8_devices, tiny_config
 from lev_jax import sharding
 from lev_jax.sharding import ShardingError
 from lev_jax.train import abstract_model
@@ -150,17 +149,7 @@ def test_golden_sharding(variant, mesh):
 # --- 1 device vs 8 simulated devices (in a subprocess: the device count is fixed at import)
 
 def _run_on_8_devices(*args: str) -> tuple[dict, str]:
-  """Runs `python this_file *args` with 8 host devices and this checkout's lev_jax first
-  on the path (not an installed copy); returns (its last stdout line as JSON, its
-  stderr, where XLA's C++ log lines go)."""
-  path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)
-  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
-             " --xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-             TF_CPP_MIN_LOG_LEVEL="0", PYTHONPATH=path)
-  proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
-                        env=env, cwd=HERE, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+  return run_on_8_devices(__file__, *args)
 
 
 def _equivalence_worker():
