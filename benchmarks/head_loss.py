@@ -26,7 +26,6 @@ memory is the compiler's buffer assignment.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -42,6 +41,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from lev_jax import loss  # noqa: E402
+from lev_jax.workdir import write_json_atomic  # noqa: E402
 
 DEFAULT_CASES = "32768x512,32768x2048,200064x512,200064x2048"
 
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     _print("medium train step, V = 32,768, tied", out["step"])
   if args.json:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    write_json_atomic(args.json, out)  # strict JSON, never a partial file
   return 0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -83,8 +82,9 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   out = estimate(args.rung, args.rows, args.generation, args.impl)
   if args.json:
+    from lev_jax.workdir import write_json_atomic  # pylint: disable=import-outside-toplevel
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    write_json_atomic(args.json, out)  # strict JSON, never a partial file
   return 0
 
 

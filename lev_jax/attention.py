@@ -163,26 +163,29 @@ def attend(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array,
   if impl == "xla":
     q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = (sharding.constrain(t, HEADS)
                                        for t in (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK))
-    mask_Bx1xLxL = None
-    if segment_ids_BxL is not None:
-      mask_Bx1xLxL = (segment_ids_BxL[:, None, :, None] == segment_ids_BxL[:, None, None, :])
-    return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask=mask_Bx1xLxL,
+    return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
+                                        mask=_segment_mask(segment_ids_BxL),
                                         is_causal=True, implementation="xla")
   if impl == "cudnn":
     names = _kernel_axes(q_BxLxHxK, k_BxLxGxK)
     q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = (sharding.constrain(t, names)
                                        for t in (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK))
-    mask_Bx1xLxL = None
-    if segment_ids_BxL is not None:
-      mask_Bx1xLxL = sharding.constrain(
-          segment_ids_BxL[:, None, :, None] == segment_ids_BxL[:, None, None, :],
-          ("batch", None, None, None))
+    mask_Bx1xLxL = _segment_mask(segment_ids_BxL)
+    if mask_Bx1xLxL is not None:
+      mask_Bx1xLxL = sharding.constrain(mask_Bx1xLxL, ("batch", None, None, None))
     return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask=mask_Bx1xLxL,
                                         is_causal=True, implementation="cudnn")
   if impl == "splash":
     return _splash(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, block_q, block_kv,
                    interpret)
   raise ValueError(f"attention impl {impl!r}: expected 'xla', 'splash' or 'cudnn'")
+
+
+def _segment_mask(segment_ids_BxL: jax.Array | None) -> jax.Array | None:
+  """bool [B, 1, L, L]: key j is in query i's segment (None without segment ids)."""
+  if segment_ids_BxL is None:
+    return None
+  return segment_ids_BxL[:, None, :, None] == segment_ids_BxL[:, None, None, :]
 
 
 def _kernel_axes(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array) -> tuple:

@@ -38,12 +38,12 @@ import optax
 
 from lev_jax import sharding, target
 from lev_jax.config import LOSS_IMPLS, ConfigError
+from lev_jax.embeddings import PAD_LOGIT
 
 # The dense loss's settings (config.train's loss fields at their defaults).
 DENSE = ml_collections.FrozenConfigDict(
     {"loss_impl": "dense", "loss_token_chunk": 0, "loss_vocab_chunk": 0})
 LOGITS_CHUNK_BYTES = 256 * 2**20  # float32 logits per device per chunk, automatic sizes
-_PAD_LOGIT = -1e9  # embeddings.PAD_LOGIT: a padded id's logit, never predicted
 
 
 def _divisors(n: int) -> list[int]:
@@ -159,7 +159,13 @@ def _chunk_logits(x_CxD, w_DxU, ids_U, vocab_size):
   """float32 logits [C, U] of one vocab chunk (ids_U), padded ids at the pad logit."""
   logits = jax.lax.dot_general(x_CxD, w_DxU, (((1,), (0,)), ((), ())),
                                preferred_element_type=jnp.float32)
-  return jnp.where(ids_U < vocab_size, logits, _PAD_LOGIT)
+  return jnp.where(ids_U < vocab_size, logits, PAD_LOGIT)
+
+
+def _cpu_transposed(a):
+  """a.T, materialised behind a barrier on the CPU so that the dots that read it run in
+  the standard layout there (YNNPACK, not Eigen: lev_jax/dense.py); a.T elsewhere."""
+  return jax.lax.optimization_barrier(a.T) if target.platform() == "cpu" else a.T
 
 
 def _unroll():
@@ -213,16 +219,12 @@ def _lse_and_target_bwd(vocab_size, token_chunk, vocab_chunk, residuals, g):
   n_tc = x_NxD.shape[0] // token_chunk
   vocab = _Vocab(w_DxV, vocab_chunk)
   f32, dtype = jnp.float32, x_NxD.dtype
-  on_cpu = target.platform() == "cpu"
 
   def token_chunk_fn(g_w, args):
     x_CxD, t_C, lse_C, g_lse_C, g_tgt_C = args
-    xt_DxC = x_CxD.T
-    if on_cpu:
-      # Every dot in the standard layout (the left operand's minor dim and the right
-      # operand's major dim contracted), with the transposes materialised behind a
-      # barrier: XLA:CPU runs such dots in YNNPACK, not Eigen (lev_jax/dense.py).
-      xt_DxC = jax.lax.optimization_barrier(xt_DxC)
+    # Every dot in the standard layout (the left operand's minor dim and the right
+    # operand's major dim contracted): `_cpu_transposed`.
+    xt_DxC = _cpu_transposed(x_CxD)
 
     def vocab_step(carry, k):
       g_x_CxD, g_w = carry
@@ -232,9 +234,7 @@ def _lse_and_target_bwd(vocab_size, token_chunk, vocab_chunk, residuals, g):
       g_logits_CxU = (g_lse_C[:, None] * jnp.exp(logits_CxU - lse_C[:, None])
                       + jnp.where(ids_U == t_C[:, None], g_tgt_C[:, None], 0.0))
       g_logits_CxU = jnp.where(ids_U < vocab_size, g_logits_CxU, 0.0).astype(dtype)
-      wt_UxD = w_DxU.T
-      if on_cpu:
-        wt_UxD = jax.lax.optimization_barrier(wt_UxD)
+      wt_UxD = _cpu_transposed(w_DxU)
       g_x_CxD = g_x_CxD + jnp.dot(g_logits_CxU, wt_UxD, preferred_element_type=f32)
       g_w = vocab.add(g_w, k, jnp.dot(xt_DxC, g_logits_CxU, preferred_element_type=f32))
       return (g_x_CxD, g_w), None
@@ -253,25 +253,18 @@ def _lse_and_target_bwd(vocab_size, token_chunk, vocab_chunk, residuals, g):
 _lse_and_target.defvjp(_lse_and_target_fwd, _lse_and_target_bwd)
 
 
-def _cpu_transposed(a):
-  """a.T, materialised behind a barrier on the CPU so that the dots that read it run in
-  the standard layout there (YNNPACK, not Eigen: lev_jax/dense.py); a.T elsewhere."""
-  return jax.lax.optimization_barrier(a.T) if target.platform() == "cpu" else a.T
-
-
 def _sums_forward(x_NxD, w_DxV, targets_N, weights_N, vocab_size, z_loss, token_chunk,
                   with_grads: bool):
   """Per token chunk, the float32 logits over the whole vocab, their log-sum-exp, and
   (with_grads) the gradient of the chunk's objective to x and w, right there."""
   f32, dtype = jnp.float32, x_NxD.dtype
   n_tc = x_NxD.shape[0] // token_chunk
-  valid_V = jnp.arange(w_DxV.shape[1]) < vocab_size
+  ids_V = jnp.arange(w_DxV.shape[1])
   wt_VxD = _cpu_transposed(w_DxV) if with_grads else None
 
   def chunk(g_w, args):
     x_CxD, t_C, w_C = args
-    logits_CxV = jnp.where(valid_V, jax.lax.dot_general(
-        x_CxD, w_DxV, (((1,), (0,)), ((), ())), preferred_element_type=f32), _PAD_LOGIT)
+    logits_CxV = _chunk_logits(x_CxD, w_DxV, ids_V, vocab_size)
     log_z_C = jax.nn.logsumexp(logits_CxV, axis=-1)
     tgt_C = jnp.take_along_axis(logits_CxV, t_C[:, None], axis=-1)[:, 0]
     sums = (jnp.sum(w_C * (log_z_C - tgt_C)), z_loss * jnp.sum(w_C * jnp.square(log_z_C)))
@@ -282,7 +275,7 @@ def _sums_forward(x_NxD, w_DxV, targets_N, weights_N, vocab_size, z_loss, token_
                     * jnp.exp(logits_CxV - log_z_C[:, None]))
     g_logits_CxV = g_logits_CxV - w_C[:, None] * jax.nn.one_hot(t_C, w_DxV.shape[1],
                                                                 dtype=f32)
-    g_logits_CxV = jnp.where(valid_V, g_logits_CxV, 0.0).astype(dtype)
+    g_logits_CxV = jnp.where(ids_V < vocab_size, g_logits_CxV, 0.0).astype(dtype)
     g_x_CxD = jnp.dot(g_logits_CxV, wt_VxD, preferred_element_type=f32).astype(dtype)
     g_w = g_w + jnp.dot(_cpu_transposed(x_CxD), g_logits_CxV, preferred_element_type=f32)
     return g_w, (sums, g_x_CxD)

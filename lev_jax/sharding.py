@@ -264,9 +264,9 @@ def active() -> tuple[Mesh, dict] | None:
 def split_count(name: str) -> int:
   """How many ways the active rules split the logical axis `name` (the product of the
   sizes of its mesh axes); 1 outside `activation_sharding` or without a rule."""
-  if not _ACTIVE:
+  if active() is None:
     return 1
-  mesh, rules = _ACTIVE[-1]
+  mesh, rules = active()
   sizes = mesh_sizes(mesh)
   return math.prod(sizes.get(a, 1) for a in rules.get(name, ()))
 
