@@ -14,6 +14,7 @@ import ml_collections
 
 EMBEDDINGS = ("tied", "untied", "lev")
 DTYPES = ("float32", "bfloat16", "float16")
+LOGITS_DTYPES = ("float32", "bfloat16")
 SIGMOID_VARIANTS = ("half", "full")  # sigmoid(u / 2) [default] or sigmoid(u) (KHRONOS)
 BASIS_VARIANTS = ("normalized", "khronos")
 LEV_MODES = ("auto", "table", "tokens", "unique")
@@ -70,6 +71,11 @@ def base_config() -> ml_collections.ConfigDict:
   m.init_std = 0.02
   m.dtype = "float32"          # compute dtype
   m.param_dtype = "float32"
+  # What the head's matmul returns (float32 accumulation either way; the loss's softmax
+  # is float32 either way): float32, or bfloat16, one rounding per logit and half the
+  # bytes of the [tokens, V] logits and their gradient (MaxText's default,
+  # logits_dot_in_fp32: False). Only the dense loss (train.loss_impl) stores them.
+  m.logits_dtype = "float32"
   m.remat = "none"             # a key of REMAT_POLICIES: none, full, dots, dots_no_batch
   m.scan_layers = False        # lax.scan over stacked layers (compile time flat in depth)
   # Attention kernel, one of ATTENTION_IMPLS (lev_jax/attention.py): auto, xla (any
@@ -111,6 +117,11 @@ def base_config() -> ml_collections.ConfigDict:
   lv.impl = "fused"
   lv.log_group = 4             # seed coordinates multiplied directly per log (fused, pallas)
   lv.chunk_size = 4096         # ids per chunk (one loop step of LEV over the rows)
+  # Recompute LEV's forward pass in the backward pass (jax.checkpoint around the input
+  # embedding) instead of keeping its residuals (per row: t [h, d_seed] float32 and
+  # the modes) from the start of the step to its end: on a TPU they are live at the
+  # peak, in the backbone's backward pass. Same values; one more LEV forward per step.
+  lv.remat = False
   # W_out initialisation: "paper" = N(0, 0.02 / sqrt(h)) (LEV.md); "match_table" = the
   # same draw rescaled so LEV's output RMS over a fixed sample of ids equals
   # model.init_std, the tied table's per-row RMS at init (one of LEV_OUT_PROJ_INITS).
@@ -398,6 +409,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _one_of(c, "model", "embedding", EMBEDDINGS)
   _one_of(c, "model", "dtype", DTYPES)
   _one_of(c, "model", "param_dtype", DTYPES)
+  _one_of(c, "model", "logits_dtype", LOGITS_DTYPES)
   _one_of(c, "model", "remat", REMAT_POLICIES)
   _positive(c, "model", ["vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
                          "n_kv_heads", "head_dim", "d_ff", "max_seq_len", "rope_theta"])
@@ -442,6 +454,8 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if lv.log_group > 64 or lv.d_seed % lv.log_group:
       _fail("lev.log_group", lv.log_group, f"a divisor of lev.d_seed = {lv.d_seed}, at "
             "most 64")
+    if not isinstance(lv.remat, bool):
+      _fail("lev.remat", lv.remat, "True or False")
     if not isinstance(lv.unique_size, int) or lv.unique_size < 0:
       _fail("lev.unique_size", lv.unique_size, "an integer >= 0 (0 = automatic)")
     if lv.n_knots < 3:

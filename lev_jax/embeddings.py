@@ -1,8 +1,8 @@
 """Tied, untied and LEV embeddings behind one interface.
 
 Every embedding has `embed(ids_BxL) -> x_BxLxD` (compute dtype),
-`unembed(x_BxLxD) -> logits_BxLxV` (float32, V = padded vocab, padded ids masked to
--1e9 so they are never predicted) and `head_DxV()` (the output projection, for the
+`unembed(x_BxLxD) -> logits_BxLxV` (config.model.logits_dtype, float32 by default;
+V = padded vocab, padded ids masked to -1e9 so they are never predicted) and `head_DxV()` (the output projection, for the
 chunked loss in lev_jax/loss.py). The decoder touches nothing else.
 
   tied    one V x D table used by the input gather and the output matmul (one array).
@@ -42,15 +42,19 @@ def mask_padded_logits(logits_xV: jax.Array, vocab_size: int,
   return jnp.where(valid_V, logits_xV, fill)
 
 
-def _logits(x_BxLxD: jax.Array, w_DxV: jax.Array, vocab_size: int) -> jax.Array:
-  """float32 logits [B, L, V] = x . w_DxV (the head, D x padded V), padded ids at PAD_LOGIT.
+def _logits(x_BxLxD: jax.Array, w_DxV: jax.Array, vocab_size: int,
+            logits_dtype=jnp.float32) -> jax.Array:
+  """Logits [B, L, V] = x . w_DxV (the head, D x padded V), padded ids at PAD_LOGIT.
 
-  The matmul takes its inputs in the compute dtype (x's) and accumulates and returns
-  float32 (preferred_element_type): with bfloat16 compute the logits are not rounded
-  to bfloat16 on the way out (jax.lax.dot_general docs).
+  The matmul takes its inputs in the compute dtype (x's), accumulates in float32 and
+  returns `logits_dtype` (config.model.logits_dtype; preferred_element_type,
+  jax.lax.dot_general docs): float32 keeps the accumulator's bits; bfloat16 rounds
+  each logit once on the way out (MaxText's default, `logits_dot_in_fp32: False`), so
+  a train step stores bfloat16 [B, L, V] logits and gradient, half the bytes
+  (lev_jax.loss takes them to float32 inside its reductions).
   """
   logits_BxLxV = dense(x_BxLxD, w_DxV.astype(x_BxLxD.dtype),
-                       preferred_element_type=jnp.float32)
+                       preferred_element_type=logits_dtype)
   return mask_padded_logits(logits_BxLxV, vocab_size)
 
 
@@ -62,7 +66,7 @@ class _Head(nnx.Module):
     self.head = nnx.Param(w, logical_axes=("embed", "vocab"))
 
   def unembed(self, x_BxLxD: jax.Array) -> jax.Array:
-    return _logits(x_BxLxD, self.head[...], self.vocab_size)
+    return _logits(x_BxLxD, self.head[...], self.vocab_size, self.logits_dtype)
 
   def head_DxV(self) -> jax.Array:
     """The output head [D, padded V] (param dtype), for the chunked loss (lev_jax.loss)."""
@@ -72,8 +76,9 @@ class _Head(nnx.Module):
 class TiedEmbedding(nnx.Module):
   """One V x D table: input rows and output projection are the same array."""
 
-  def __init__(self, vocab_size, padded_vocab, d_model, *, std, dtype, rngs, param_dtype):
-    self.vocab_size, self.dtype = vocab_size, dtype
+  def __init__(self, vocab_size, padded_vocab, d_model, *, std, dtype, rngs, param_dtype,
+               logits_dtype=jnp.float32):
+    self.vocab_size, self.dtype, self.logits_dtype = vocab_size, dtype, logits_dtype
     w = std * jax.random.normal(rngs.params(), (padded_vocab, d_model), param_dtype)
     self.table = nnx.Param(w, logical_axes=("vocab", "embed"))
 
@@ -81,7 +86,7 @@ class TiedEmbedding(nnx.Module):
     return take_rows(self.table[...], ids_BxL, self.dtype)
 
   def unembed(self, x_BxLxD: jax.Array) -> jax.Array:
-    return _logits(x_BxLxD, self.table[...].T, self.vocab_size)
+    return _logits(x_BxLxD, self.table[...].T, self.vocab_size, self.logits_dtype)
 
   def head_DxV(self) -> jax.Array:
     """The output projection [D, padded V]: the table, transposed (param dtype)."""
@@ -91,8 +96,9 @@ class TiedEmbedding(nnx.Module):
 class UntiedEmbedding(_Head):
   """A V x D input table and a separate D x V head (ablation)."""
 
-  def __init__(self, vocab_size, padded_vocab, d_model, *, std, dtype, rngs, param_dtype):
-    self.vocab_size, self.dtype = vocab_size, dtype
+  def __init__(self, vocab_size, padded_vocab, d_model, *, std, dtype, rngs, param_dtype,
+               logits_dtype=jnp.float32):
+    self.vocab_size, self.dtype, self.logits_dtype = vocab_size, dtype, logits_dtype
     w = std * jax.random.normal(rngs.params(), (padded_vocab, d_model), param_dtype)
     self.table = nnx.Param(w, logical_axes=("vocab", "embed"))
     self._init_head(d_model, padded_vocab, std, rngs, param_dtype)
@@ -111,9 +117,10 @@ class LEVEmbedding(_Head):
   """
 
   def __init__(self, vocab_size, padded_vocab, d_model, lev_cfg, *, std, dtype, rngs,
-               param_dtype):
+               param_dtype, logits_dtype=jnp.float32):
     self.vocab_size, self.dtype, self.mode = vocab_size, dtype, lev_cfg.mode
-    self.unique_size = lev_cfg.unique_size
+    self.logits_dtype = logits_dtype
+    self.unique_size, self.remat = lev_cfg.unique_size, lev_cfg.remat
     self.lev = LEV(padded_vocab, d_model, lev_cfg, rngs=rngs, param_dtype=param_dtype,
                    init_std=std)
     self._init_head(d_model, padded_vocab, std, rngs, param_dtype)
@@ -151,6 +158,13 @@ class LEVEmbedding(_Head):
         lambda: fallback(ids_BxL))
 
   def embed(self, ids_BxL: jax.Array) -> jax.Array:
+    """LEV's embedding of ids_BxL, [B, L, D] in the compute dtype; with `lev.remat`
+    under jax.checkpoint (nothing saved: the backward pass evaluates LEV again)."""
+    if self.remat:
+      return nnx.remat(type(self)._embed)(self, ids_BxL)
+    return self._embed(ids_BxL)
+
+  def _embed(self, ids_BxL: jax.Array) -> jax.Array:
     strategy, rows = evaluation_plan(self.mode, self.lev.vocab_size, ids_BxL.size,
                                      self.unique_size)
     if strategy == "table":
@@ -180,7 +194,8 @@ def make_embedding(model_cfg: ml_collections.ConfigDict, lev_cfg: ml_collections
   """
   v = model_cfg.vocab_size
   vp = padded_vocab_size(v, model_cfg.vocab_multiple)
-  kw = dict(std=model_cfg.init_std, dtype=dtype, rngs=rngs, param_dtype=param_dtype)
+  kw = dict(std=model_cfg.init_std, dtype=dtype, rngs=rngs, param_dtype=param_dtype,
+            logits_dtype=jnp.dtype(model_cfg.logits_dtype))
   kind = model_cfg.embedding
   if kind == "tied":
     return TiedEmbedding(v, vp, model_cfg.d_model, **kw)

@@ -2,7 +2,10 @@
 
   dense    the head's float32 logits [B, L, V] in full, then
            optax.softmax_cross_entropy_with_integer_labels (what every figure before
-           `train.loss_impl` existed was made with; the default).
+           `train.loss_impl` existed was made with; the default). With
+           model.logits_dtype = bfloat16 the logits stay bfloat16 and a custom-VJP
+           cross-entropy takes them to float32 inside its reductions
+           (`_low_precision_cross_entropy`; MaxText's default precision).
   chunked  never the whole [tokens, V] logits: the tokens are cut into chunks of
            `train.loss_token_chunk` (automatic: float32 logits of at most 256 MiB per
            device). Each chunk's float32 logits (bfloat16 or float32 operands, float32
@@ -381,6 +384,42 @@ def chunked_loss_sums(x_NxD: jax.Array, w_DxV: jax.Array, targets_N: jax.Array,
                      weights_N.astype(jnp.float32), vocab_size, float(z_loss), tc)
 
 
+@jax.custom_vjp
+def _low_precision_cross_entropy(logits_xV: jax.Array, targets_x: jax.Array
+                                 ) -> tuple[jax.Array, jax.Array]:
+  """(nll, log Z) [...] float32 of bfloat16 logits [..., V], softmax in float32.
+
+  A custom VJP whose residuals are the bfloat16 logits and log Z: autodiff of the
+  float32 softmax would keep the float32 copy of the logits for the backward pass (a
+  [tokens, V] float32 buffer, twice the bfloat16 logits). The backward pass
+  recomputes softmax = exp(logits - log Z) in float32 and returns the logits' gradient
+  in their dtype. d nll / d logits = softmax - onehot(target); d log Z / d logits =
+  softmax (so z-loss's gradient flows through log Z).
+  """
+  return _low_precision_ce_fwd(logits_xV, targets_x)[0]
+
+
+def _low_precision_ce_fwd(logits_xV, targets_x):
+  log_z_x = jax.nn.logsumexp(logits_xV.astype(jnp.float32), axis=-1)
+  # The target logit gathered from the bfloat16 logits (then widened: exact), so that
+  # no float32 [..., V] array has a consumer outside the log-sum-exp's fusion.
+  target_x = jnp.take_along_axis(logits_xV, targets_x[..., None], axis=-1)[..., 0]
+  target_x = target_x.astype(jnp.float32)
+  return (log_z_x - target_x, log_z_x), (logits_xV, targets_x, log_z_x)
+
+
+def _low_precision_ce_bwd(residuals, g):
+  logits_xV, targets_x, log_z_x = residuals
+  g_nll_x, g_log_z_x = g
+  softmax_xV = jnp.exp(logits_xV.astype(jnp.float32) - log_z_x[..., None])
+  onehot_xV = jax.nn.one_hot(targets_x, logits_xV.shape[-1], dtype=jnp.float32)
+  g_xV = (g_nll_x + g_log_z_x)[..., None] * softmax_xV - g_nll_x[..., None] * onehot_xV
+  return g_xV.astype(logits_xV.dtype), None
+
+
+_low_precision_cross_entropy.defvjp(_low_precision_ce_fwd, _low_precision_ce_bwd)
+
+
 def _head_inputs(model, batch):
   """(x [N, D] compute dtype, head [D, V] in x's dtype) of a batch."""
   x_BxLxD = model.hidden(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
@@ -412,7 +451,10 @@ def token_losses(model, batch: dict, cfg: ml_collections.ConfigDict, z_loss: flo
   _check_impl(cfg)
   inputs, targets = batch["inputs"], batch["targets"]
   if cfg.loss_impl == "dense":
-    logits_BxLxV = model(inputs, batch.get("positions"), batch.get("segment_ids"))
+    logits_BxLxV = model.head_logits(inputs, batch.get("positions"),
+                                     batch.get("segment_ids"))
+    if logits_BxLxV.dtype != jnp.float32:  # model.logits_dtype = bfloat16
+      return _low_precision_cross_entropy(logits_BxLxV, targets)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets)
     log_z = jax.nn.logsumexp(logits_BxLxV, axis=-1) if z_loss > 0 else None
     return nll, log_z

@@ -237,6 +237,13 @@ class Decoder(nnx.Module):
     [B, L] (default None: one sequence per row) restrict attention to earlier tokens of
     the same segment, for rows packed from several documents (data.segment_masking).
     """
+    return self.head_logits(ids_BxL, positions_BxL, segment_ids_BxL).astype(jnp.float32)
+
+  def head_logits(self, ids_BxL: jax.Array, positions_BxL: jax.Array | None = None,
+                  segment_ids_BxL: jax.Array | None = None) -> jax.Array:
+    """The logits [B, L, V_padded] in config.model.logits_dtype, as the head's matmul
+    returns them (the dense loss keeps bfloat16 ones so; lev_jax.loss). Arguments as
+    `__call__`."""
     logits_BxLxV = self.embedding.unembed(self.hidden(ids_BxL, positions_BxL,
                                                       segment_ids_BxL))
     return constrain(logits_BxLxV, ("batch", "length", "act_vocab"))
@@ -306,5 +313,5 @@ class Decoder(nnx.Module):
       for i, block in enumerate(self.blocks):
         x_BxTxD, layer = apply(block, x_BxTxD, {"k": cache["k"][i], "v": cache["v"][i]})
         cache = {n: cache[n].at[i].set(layer[n]) for n in ("k", "v")}
-    logits_BxTxV = self.embedding.unembed(self.final_norm(x_BxTxD))
+    logits_BxTxV = self.embedding.unembed(self.final_norm(x_BxTxD)).astype(jnp.float32)
     return constrain(logits_BxTxV, ("batch", "length", "act_vocab")), cache

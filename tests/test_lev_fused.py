@@ -191,10 +191,10 @@ def test_evaluation_plan(mode, vocab, n, size, expected):
   assert evaluation_plan(mode, vocab, n, size) == expected
 
 
-def _embed_and_grads(mode, unique_size, ids):
+def _embed_and_grads(mode, unique_size, ids, **lev):
   """LEV embeddings of ids and the gradient of a fixed projection of them, by mode."""
   from lev_jax.embeddings import make_embedding  # noqa: PLC0415
-  c = tiny_config(mode=mode, unique_size=unique_size)
+  c = tiny_config(mode=mode, unique_size=unique_size, **lev)
   emb = make_embedding(c.model, c.lev, rngs=nnx.Rngs(0), dtype=jnp.float32,
                        param_dtype=jnp.float32)
   graphdef, params = nnx.split(emb, nnx.Param)
@@ -217,6 +217,28 @@ def test_unique_mode_equals_table_mode_also_when_the_bound_overflows():
     # Same math on 24 or 384 rows: XLA may round the out_proj matmul differently.
     _assert_close_tree(x_unique, x_table, 1e-6)
     _assert_close_tree(g_unique, g_table, 1e-6)
+
+
+def test_lev_remat_gives_the_same_values_and_gradients_and_saves_no_lev_residual():
+  """lev.remat: the embedding under jax.checkpoint (the same values and gradients to
+  1e-6: the same ops, which XLA may fuse differently), and the forward pass hands the
+  backward pass no [rows, h, d_seed] residual."""
+  ids = jax.random.randint(jax.random.key(3), (4, 16), 0, 300)
+  x_plain, g_plain = _embed_and_grads("tokens", 0, ids)
+  x_remat, g_remat = _embed_and_grads("tokens", 0, ids, remat=True)
+  _assert_close_tree(x_remat, x_plain, 1e-6)
+  _assert_close_tree(g_remat, g_plain, 1e-6)
+  from lev_jax.embeddings import make_embedding  # noqa: PLC0415
+  for remat in (False, True):
+    c = tiny_config(mode="tokens", impl="vectorized", remat=remat)
+    emb = make_embedding(c.model, c.lev, rngs=nnx.Rngs(0), dtype=jnp.float32,
+                         param_dtype=jnp.float32)
+    graphdef, params = nnx.split(emb, nnx.Param)
+    embed = lambda p: nnx.merge(graphdef, p).embed(ids)
+    _, residuals = jax.vjp(embed, params)
+    shapes = {tuple(r.shape) for r in jax.tree.leaves(residuals)}
+    per_row = (64, c.lev.n_heads, c.lev.d_seed)  # t of the vectorized core, 64 tokens
+    assert (per_row in shapes) != remat, shapes
 
 
 def test_unique_mode_loss_is_bitwise_the_table_mode_loss():

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from conftest import tiny_config
@@ -125,12 +126,74 @@ def test_the_chunked_loss_never_holds_the_tokens_x_vocab_logits():
   assert "f32[256,8192]" in programs["tokens"]
 
 
+def test_bfloat16_logits_round_once_and_halve_the_stored_logits():
+  """model.logits_dtype = bfloat16 (bfloat16 compute): each logit is the float32 one
+  rounded to bfloat16 (within 2^-7 relative: XLA:CPU may round partial sums too), the loss is
+  softmax in float32 of those, and the train step's head matmul returns bfloat16
+  (lev-compile shows the bytes this saves on a TPU: README, issue 24's table)."""
+  from flax import nnx  # noqa: PLC0415
+  programs, logits = {}, {}
+  for dtype in ("float32", "bfloat16"):
+    c = tiny_config("lev")
+    c.model.vocab_size, c.train.global_batch_size, c.train.seq_len = 8100, 4, 64
+    c.model.dtype, c.model.logits_dtype = "bfloat16", dtype
+    validate(c)
+    model = train.create_model(c)
+    x_BxLxD = jax.random.normal(jax.random.key(0), (4, 64, c.model.d_model), jnp.bfloat16)
+    logits[dtype] = model.embedding.unembed(x_BxLxD)
+    assert logits[dtype].dtype == jnp.dtype(dtype)
+    logits[dtype] = logits[dtype].astype(jnp.float32)
+    part = train.partition(c)
+    programs[dtype] = train.make_train_step(part, c).lower(
+        train.abstract_state(part, c), train.abstract_batch(part, c, 4)).as_text()
+  ref, got = logits["float32"][..., :8100], logits["bfloat16"][..., :8100]
+  np.testing.assert_allclose(got, ref, rtol=2**-7, atol=1e-6)
+  assert not np.array_equal(got, ref)
+  padded = logits["bfloat16"][..., 8100:]  # the padded ids (to 8,192), at PAD_LOGIT
+  assert float(jnp.max(padded)) == float(jnp.bfloat16(-1e9))
+  # The head's matmul (and so its gradient) in the traced program: [.., 8192] bf16 only
+  # with bfloat16 logits.
+  head = "(tensor<256x32xbf16>, tensor<32x8192xbf16>) -> tensor<256x8192x"
+  assert head + "bf16>" in programs["bfloat16"] and head + "f32>" in programs["float32"]
+  assert head + "f32>" not in programs["bfloat16"]
+
+
+def test_the_bfloat16_logits_cross_entropy_is_the_float32_softmax_of_them():
+  """The dense loss's custom VJP for bfloat16 logits: nll and log Z as the float32
+  softmax of the widened logits (optax), and their gradients (cross-entropy and z-loss
+  weights) as autodiff's, rounded once to bfloat16."""
+  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+  logits = (4 * jax.random.normal(k1, (3, 5, 384))).astype(jnp.bfloat16)
+  targets = jax.random.randint(k2, (3, 5), 0, 384)
+  w = jax.random.uniform(k3, (3, 5))
+
+  def objective(ce):
+    def f(l):
+      nll, log_z = ce(l, targets)
+      return jnp.sum(w * nll) + 0.1 * jnp.sum(w * log_z**2), (nll, log_z)
+    return jax.jit(jax.value_and_grad(f, has_aux=True))
+
+  def autodiff(l, t):
+    l32 = l.astype(jnp.float32)
+    return (optax.softmax_cross_entropy_with_integer_labels(l32, t),
+            jax.nn.logsumexp(l32, axis=-1))
+
+  (_, (nll, log_z)), g = objective(loss._low_precision_cross_entropy)(logits)  # noqa: SLF001
+  (_, (nll_ref, log_z_ref)), g_ref = objective(autodiff)(logits)
+  np.testing.assert_allclose(nll, nll_ref, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(log_z, log_z_ref, rtol=1e-6)
+  assert g.dtype == jnp.bfloat16
+  np.testing.assert_allclose(g.astype(jnp.float32), g_ref.astype(jnp.float32),
+                             rtol=2**-8, atol=1e-7)
+
+
 @pytest.mark.parametrize("field,value,needle", [
     ("train.loss_impl", "blockwise", "one of 'dense', 'chunked'"),
     ("train.loss_token_chunk", 24, "a divisor of the 64 tokens per micro-batch"),
     ("train.loss_vocab_chunk", 100, "a divisor of the 384 ids of the padded vocab"),
     ("train.loss_vocab_chunk", -128, "0 (the whole vocab) or a divisor"),
     ("optim.z_loss", -1e-4, "a finite number >= 0"),
+    ("model.logits_dtype", "float16", "one of 'float32', 'bfloat16'"),
 ])
 def test_bad_loss_settings_are_one_line_config_errors(field, value, needle):
   c = tiny_config("tied")

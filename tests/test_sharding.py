@@ -160,10 +160,10 @@ def _equivalence_worker():
               "targets": rng.integers(0, 300, (8, 16)).astype(np.int32),
               "weights": np.ones((8, 16), np.float32)} for _ in range(3)]
   cases = [(e, shape) for e, shapes in EQUIVALENCE_MESHES.items()
-           for shape in ((1, 1, 1), *shapes)] + [("lev_chunked", (2, 2, 2))]
+           for shape in ((1, 1, 1), *shapes)]
   for embedding, shape in cases:
-    c = tiny_config(embedding.removesuffix("_chunked"))
-    if embedding.endswith("_chunked"):  # the chunked loss: 4 token x 3 vocab chunks
+    c = tiny_config(embedding)
+    if embedding == "lev" and shape != (1, 1, 1):  # the chunked loss: 4 x 3 chunks
       c.train.loss_impl, c.train.loss_token_chunk, c.train.loss_vocab_chunk = (
           "chunked", 32, 128)
     c.model.n_heads = c.model.n_kv_heads = 8
@@ -186,8 +186,9 @@ def _equivalence_worker():
 
 
 def test_one_device_and_eight_device_meshes_give_the_same_losses():
-  """3 steps of tied and Leviathan on 8-device meshes (EQUIVALENCE_MESHES) vs 1 device,
-  and Leviathan with the chunked loss on the (2, 2, 2) mesh.
+  """3 steps of tied and Leviathan on 8-device meshes (EQUIVALENCE_MESHES) vs 1 device;
+  Leviathan's 8-device run uses the chunked loss (lev_jax/loss.py; 4 token x 3 vocab
+  chunks of the split head), its 1-device run the dense loss.
 
   Tolerance rtol 2e-5: the same float32 math, with reductions split across devices in
   a different order.
@@ -200,9 +201,6 @@ def test_one_device_and_eight_device_meshes_give_the_same_losses():
       got = results[f"{embedding}{shape}"]
       np.testing.assert_allclose(got["losses"], ref, rtol=2e-5, err_msg=f"{embedding} {shape}")
       assert got["wq_devices"] == 8
-  # The chunked loss (lev_jax/loss.py) on the (2, 2, 2) mesh: the dense loss's losses.
-  np.testing.assert_allclose(results["lev_chunked(2, 2, 2)"]["losses"],
-                             results["lev(1, 1, 1)"]["losses"], rtol=2e-5)
   assert results["tied(1, 8, 1)"]["wq_spec"] == str(jax.P("fsdp", None, None))
   assert results["lev(2, 2, 2)"]["wq_spec"] == str(jax.P("fsdp", "tensor", None))
 
