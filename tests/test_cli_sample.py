@@ -76,6 +76,8 @@ def test_stop_string_cuts_the_completion(export, capsys):
     ([], "no prompt: give --prompt=TEXT"),
     (["--prompt=a", "--top_p=0"], "--top_p=0.0: expected a number in (0, 1]"),
     (["--prompt=a", "--temperature=-1"], "--temperature=-1.0: expected a finite number"),
+    (["--prompt=a", "--temperature=1e-38"], "--temperature=1e-38: expected 0 (greedy) or a "
+     "normal float32 number, 1.1754944e-38 to 3.4028235e+38"),
     (["--prompt=a", "--max_new_tokens=0"], "--max_new_tokens=0: expected an integer >= 1"),
     (["--prompt=a", "--stop="], "--stop is empty"),
     (["--prompt=a", "--max_new_tokens=2048"],

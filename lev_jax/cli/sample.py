@@ -88,6 +88,11 @@ def check_decoding(max_new_tokens, temperature, top_k, top_p, batch_size, stops=
   if not temperature >= 0 or temperature == float("inf"):
     raise ValueError(f"--temperature={temperature}: expected a finite number >= 0 "
                      "(0 = greedy)")
+  if temperature != 0:  # sampling: jax is imported for it anyway
+    from lev_jax.decode import MAX_TEMPERATURE, MIN_TEMPERATURE
+    if not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+      raise ValueError(f"--temperature={temperature}: expected 0 (greedy) or a normal "
+                       f"float32 number, {MIN_TEMPERATURE:.8g} to {MAX_TEMPERATURE:.8g}")
   if top_k < 0:
     raise ValueError(f"--top_k={top_k}: expected an integer >= 0 (0 = off)")
   if not 0 < top_p <= 1:
