@@ -109,6 +109,23 @@ def test_missing_checkpoint_or_prompts_file_is_named(tmp_path, capsys):
     assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
 
 
+def test_bytes_that_are_not_utf8_are_named_by_file_and_line(tmp_path, capsys):
+  """Invalid UTF-8 in --prompts_file (or in a --prompt: Python keeps such argv bytes
+  as lone surrogates) is one line naming where, before any loading; not the text
+  "\\xff\\xfe"."""
+  bad = tmp_path / "p.txt"
+  bad.write_bytes(b"one\r\ntwo\n\xff\xfe three\n")
+  for args, message in [
+      ([f"--prompts_file={bad}"], f"{bad}:3 is not valid UTF-8 (byte 0xff); expected a "
+       "UTF-8 text file"),
+      (["--prompt=ok", "--prompt=a\udcff\udcfe"], "--prompt 2 is not valid UTF-8 "
+       "(character 2)")]:
+    with pytest.raises(SystemExit) as e:
+      lev_sample(f"--checkpoint={tmp_path / 'not_loaded'}", *args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
 def test_generation_ends_at_eos_which_is_not_printed(export):
   """With eos = the first greedy token of "Hi", that row ends there with no text."""
   _, im = export

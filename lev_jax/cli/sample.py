@@ -60,18 +60,31 @@ def read_prompts(prompts, prompts_file: str | None) -> list[tuple[str, str]]:
 
   Labels name the source for messages: "--prompt 2", "FILE:3" (1-based).
   Raises:
-    ValueError: no prompt at all, an empty --prompt, a blank line, an unreadable file.
+    ValueError: no prompt at all, an empty --prompt, a blank line, an unreadable file,
+      or bytes that are not UTF-8 (the file and line, or the --prompt, named: never
+      passed on as the text "\\xff\\xfe").
   """
   out = [(f"--prompt {i}", p) for i, p in enumerate(prompts or (), 1)]
   for label, text in out:
     if not text:
       raise ValueError(f"{label} is empty; expected some text to continue")
+    try:  # Python keeps argv bytes that are not UTF-8 as lone surrogates
+      text.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise ValueError(f"{label} is not valid UTF-8 (character {e.start + 1}); expected "
+                       "UTF-8 text") from None
   if prompts_file:
     try:
-      with open(prompts_file, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+      with open(prompts_file, "rb") as f:
+        data = f.read()
+    except OSError as e:
       raise ValueError(f"--prompts_file={prompts_file}: cannot read it ({e})") from e
+    try:
+      lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:  # the line as splitlines numbers it (e.start: valid before)
+      n = len((data[:e.start].decode("utf-8") + "x").splitlines())
+      raise ValueError(f"{prompts_file}:{n} is not valid UTF-8 (byte 0x{data[e.start]:02x}); "
+                       "expected a UTF-8 text file, one prompt per line") from None
     for n, line in enumerate(lines, 1):
       if not line.strip():
         raise ValueError(f"{prompts_file}:{n} is blank; expected one prompt per line")
