@@ -32,15 +32,15 @@ PROG = "lev-sample"
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command's flags on `fv` (tests pass a fresh FlagValues)."""
-  flags.DEFINE_string("checkpoint", None, "A lev-train workdir or a lev-export folder.",
-                      flag_values=fv)
+  common.define_path("checkpoint", None, "A lev-train workdir or a lev-export folder.",
+                     what="a lev-train workdir or a lev-export folder", fv=fv)
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).",
                        flag_values=fv)
   flags.DEFINE_enum("dtype", None, list(DTYPES),
                     "Parameter dtype for decoding (default: as stored).", flag_values=fv)
   flags.DEFINE_multi_string("prompt", None, "A prompt (repeatable).", flag_values=fv)
-  flags.DEFINE_string("prompts_file", None, "A UTF-8 text file, one prompt per line.",
-                      flag_values=fv)
+  common.define_path("prompts_file", None, "A UTF-8 text file, one prompt per line.",
+                     what="a UTF-8 text file, one prompt per line", fv=fv)
   flags.DEFINE_integer("max_new_tokens", 64, "Most tokens generated per prompt.",
                        flag_values=fv)
   flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.",

@@ -4,7 +4,8 @@
   lev-train --config=experiments/smoke.py:tied --workdir=runs/tied --config.train.steps=50
 
 Flags follow ml_collections.config_flags: any field can be overridden with
---config.<section>.<field>=value. Without --workdir the run goes to ./runs/<config.name>.
+--config.<section>.<field>=value. Without --workdir the run goes to ./runs/<config.name>
+(an empty --workdir= is an error, not that default).
 Re-running the same command on the same workdir resumes from its latest checkpoint.
 SIGTERM (preemption) and Ctrl-C save a checkpoint of the step reached and exit 143 and
 130; a second Ctrl-C aborts at once, keeping the checkpoints already complete.
@@ -52,7 +53,8 @@ DEFAULT_CONFIG = str(experiments_dir() / "smoke.py") + ":leviathan"
 def _define_flags():
   config_flags.DEFINE_config_file(
       "config", DEFAULT_CONFIG, "Experiment file and variant, e.g. experiments/smoke.py:tied.")
-  flags.DEFINE_string("workdir", None, "Output directory (default ./runs/<config.name>).")
+  common.define_path("workdir", None, "Output directory (default ./runs/<config.name>).",
+                     what="the run's folder, or leave the flag out for ./runs/<config.name>")
   flags.DEFINE_integer("stop_at_step", None, "Stop after this step with a checkpoint (for "
                        "time-sliced jobs; the schedule still spans train.steps); at least 1.",
                        lower_bound=1)
