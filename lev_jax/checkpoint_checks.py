@@ -4,6 +4,7 @@ config against this run's, and the quarantine of steps that fail them.
   write_manifest(step_dir)     # process 0, once Orbax has finalised the step
   verify_manifest(step_dir)    # before a restore: True, False (no manifest) or raises
   config_differences(saved, config, SHAPE_FIELDS)   # ["model.d_model: checkpoint 64, ..."]
+  config_differences(saved, config, result_fields(config), stored_only=True)  # finished run
   quarantine(directory, [4])   # DIRECTORY/4 -> DIRECTORY_quarantine/4-<ns>
 
 The manifest, `<step>/checksums.json` (MANIFEST), holds the sha256 and size of every
@@ -38,6 +39,15 @@ DATA_FIELDS = {"train": ("seq_len", "global_batch_size"),
                "data": ("source", "train_files", "prepared_dir", "pile_set_names",
                         "tokenizer", "seed", "shuffle_buffer", "segment_masking",
                         "worker_processes")}
+
+
+# Fields that cannot change a finished run's results (its name, how often it logged or
+# saved, what it profiled, where caches live, how many processes prepared data): a re-run
+# of a finished run may differ in these and still be the same run. Every other field
+# counts (`result_fields`).
+RUN_ONLY_FIELDS = ("name", "train.log_every", "train.checkpoint_every",
+                   "train.keep_checkpoints", "train.profile_steps", "data.cache_dir",
+                   "data.prepare_workers")
 
 
 class CheckpointMismatchError(ValueError):
@@ -129,14 +139,35 @@ def quarantine(directory, steps) -> epath.Path:
   return folder
 
 
+def result_fields(config: ml_collections.ConfigDict) -> dict:
+  """{section: field names} of every field of `config` but RUN_ONLY_FIELDS, for
+  `config_differences`; section "" holds the top-level values (name, seed)."""
+  table = {"": tuple(k for k, v in config.items()
+                     if not isinstance(v, ml_collections.ConfigDict) and k not in RUN_ONLY_FIELDS)}
+  for section, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      table[section] = tuple(f for f in value.keys() if f"{section}.{f}" not in RUN_ONLY_FIELDS)
+  return table
+
+
+def _as_stored(value):
+  """`value` as the config item stores it: JSON (tuples as lists, sections as dicts)."""
+  if isinstance(value, ml_collections.ConfigDict):
+    value = value.to_dict()
+  return json.loads(json.dumps(value))
+
+
 def config_differences(saved: dict, config: ml_collections.ConfigDict,
-                       table: dict = SHAPE_FIELDS) -> list[str]:
-  """The fields of `table` (SHAPE_FIELDS or DATA_FIELDS) whose stored value differs.
+                       table: dict = SHAPE_FIELDS, *, stored_only: bool = False) -> list[str]:
+  """The fields of `table` (SHAPE_FIELDS, DATA_FIELDS, result_fields) whose stored value
+  differs.
 
   Args:
     saved: a stored config (`saved_config`, JSON: tuples stored as lists).
     config: this run's config; its `lev` fields count only for model.embedding "lev".
-    table: {section: field names}.
+    table: {section: field names}; section "" = the config's top-level values.
+    stored_only: compare only the fields `saved` holds (a run saved before a field
+      existed ran as its default did); else a missing one counts as None.
   Returns:
     One line per difference: "section.field: checkpoint OLD, this run NEW"; [] if none.
   """
@@ -144,11 +175,13 @@ def config_differences(saved: dict, config: ml_collections.ConfigDict,
   for section, fields in table.items():
     if section == "lev" and config.model.embedding != "lev":
       continue
+    stored = saved.get(section, {}) if section else saved
     for f in fields:
-      old = saved.get(section, {}).get(f)
-      new = config[section][f]
-      if isinstance(new, tuple):
-        new = list(new)  # JSON stores tuples as lists
+      if stored_only and f not in stored:
+        continue
+      old = stored.get(f)
+      new = _as_stored(config[section][f] if section else config[f])
       if old != new:
-        diffs.append(f"{section}.{f}: checkpoint {old!r}, this run {new!r}")
+        diffs.append(f"{section + '.' if section else ''}{f}: checkpoint {old!r}, "
+                     f"this run {new!r}")
   return diffs

@@ -17,7 +17,13 @@ Token choice per step, on the float32 logits of the real vocabulary (padded ids
   temperature > 0    sample from softmax(logits / temperature) after `filter_logits`:
                      top-k (Fan et al. 2018, "Hierarchical Neural Story Generation",
                      Sec. 5.1) then top-p / nucleus (Holtzman et al. 2019, "The Curious
-                     Case of Neural Text Degeneration", Sec. 3.1).
+                     Case of Neural Text Degeneration", Sec. 3.1); top_k = 0 and
+                     top_p = 1 are off: the logits pass through bit for bit.
+The logits are divided by the temperature in float32, so a temperature > 0 must be a
+normal float32 number (MIN_TEMPERATURE to MAX_TEMPERATURE): a subnormal one (1e-38)
+overflows the logits to inf (every prompt then got the same few ids), one beyond
+float32's range rounds to inf; both are refused (ValueError), not taken as greedy: 0
+is the only way to ask for greedy.
 Sampling is seeded (jax.random), so the same call returns the same tokens.
 """
 
@@ -34,15 +40,25 @@ from flax import nnx
 
 from lev_jax.embeddings import mask_padded_logits
 
+# The range of a temperature > 0: float32's normal numbers (the logits are divided by it
+# in float32; below, a subnormal, they overflow to inf; above, it rounds to inf).
+MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)  # 1.1754944e-38
+MAX_TEMPERATURE = float(np.finfo(np.float32).max)   # 3.4028235e+38
+
 
 def filter_logits(logits_BxV: jax.Array, top_k=0, top_p=1.0) -> jax.Array:
   """Top-k, then top-p (nucleus) filtering: removed entries become -inf.
+
+  Off is exact: top_k = 0 (or >= V) and top_p >= 1.0 select every entry by a flag, not
+  by a comparison with a float32 cumulative sum (which reaches 1.0 before the last id
+  when one logit dominates, and would remove the rest), so with both off the result is
+  `logits_BxV` bit for bit.
 
   Args:
     logits_BxV: float logits (already divided by the temperature).
     top_k: int (Python or traced scalar); keep the top_k largest logits per row (ties
       with the k-th largest are kept too); 0 = no top-k (Fan et al. 2018, Sec. 5.1).
-      Values above V keep everything.
+      Values of V or more keep everything.
     top_p: float in (0, 1]; keep the smallest set of largest logits whose probability
       mass (under the softmax of the top-k-filtered row) is >= top_p (ties with the
       last kept logit are kept too); 1.0 = no top-p (Holtzman et al. 2019, Sec. 3.1).
@@ -51,16 +67,18 @@ def filter_logits(logits_BxV: jax.Array, top_k=0, top_p=1.0) -> jax.Array:
     every row is always kept.
   """
   v = logits_BxV.shape[-1]
+  top_k_on = (jnp.asarray(top_k) > 0) & (jnp.asarray(top_k) < v)
   sorted_BxV = -jnp.sort(-logits_BxV, axis=-1)  # descending
-  k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
+  k = jnp.where(top_k_on, top_k, v)
   kth_Bx1 = jax.lax.dynamic_slice_in_dim(sorted_BxV, k - 1, 1, axis=-1)
-  logits_BxV = jnp.where(logits_BxV >= kth_Bx1, logits_BxV, -jnp.inf)
+  logits_BxV = jnp.where(~top_k_on | (logits_BxV >= kth_Bx1), logits_BxV, -jnp.inf)
   sorted_BxV = jnp.where(jnp.arange(v) < k, sorted_BxV, -jnp.inf)
   probs_BxV = jax.nn.softmax(sorted_BxV.astype(jnp.float32), axis=-1)
   mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
   n_keep_B = jnp.sum(mass_before_BxV < top_p, axis=-1)  # >= 1: mass before the first is 0
   last_Bx1 = jnp.take_along_axis(sorted_BxV, n_keep_B[:, None] - 1, axis=-1)
-  return jnp.where(logits_BxV >= last_Bx1, logits_BxV, -jnp.inf)
+  return jnp.where((jnp.asarray(top_p) >= 1) | (logits_BxV >= last_Bx1), logits_BxV,
+                   -jnp.inf)
 
 
 def _choose(logits_BxV, key, temperature, top_k, top_p, *, vocab_size, greedy):
@@ -157,7 +175,9 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
     model: a `lev_jax.model.Decoder`.
     prompts: one list of token ids per row (each non-empty, ids in [0, vocab_size)).
     max_new_tokens: int >= 1, the most tokens generated per prompt.
-    temperature: >= 0; 0 = greedy (argmax), else sample from softmax(logits / T).
+    temperature: 0 = greedy (argmax), else sample from softmax(logits / T); T must then
+      be a normal float32 number, MIN_TEMPERATURE (1.18e-38) to MAX_TEMPERATURE
+      (3.40e38): a subnormal one is refused, not taken as greedy.
     top_k: int >= 0; keep only the k most likely tokens (0 = all; Fan et al. 2018).
     top_p: in (0, 1]; nucleus sampling (1.0 = off; Holtzman et al. 2019).
     stop_ids: a row stops after its first id in stop_ids (that id is returned as the
@@ -170,8 +190,9 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
     Per prompt, the generated ids (without the prompt).
   Raises:
     ValueError: no prompts, an empty prompt (naming its index), an id out of range
-      (naming prompt, position and vocab size), a bad max_new_tokens, temperature,
-      top_k, top_p, stop id or pad id, or longest prompt + max_new_tokens >
+      (naming prompt, position and vocab size), a bad max_new_tokens, temperature
+      (negative, not finite, or not 0 nor a normal float32), top_k, top_p, stop id or
+      pad id, or longest prompt + max_new_tokens >
       config.model.max_seq_len (the RoPE positions the model was built for).
   """
   vocab_size = model.vocab_size
@@ -197,6 +218,10 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
       or not math.isfinite(temperature) or temperature < 0):
     raise ValueError(f"temperature = {temperature!r}: expected a finite number >= 0 "
                      "(0 = greedy)")
+  if temperature != 0 and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+    raise ValueError(f"temperature = {temperature!r}: expected 0 (greedy) or a normal "
+                     f"float32 number, {MIN_TEMPERATURE:.8g} to {MAX_TEMPERATURE:.8g} (the "
+                     "logits are divided by it in float32)")
   if not _is_int(top_k) or top_k < 0:
     raise ValueError(f"top_k = {top_k!r}: expected an integer >= 0 (0 = off)")
   if (not isinstance(top_p, (int, float, np.number)) or isinstance(top_p, bool)

@@ -1,7 +1,11 @@
 """The training loop: data -> jitted steps -> metrics, evaluation and checkpoints.
 
 `train_and_evaluate(config, workdir)` resumes from WORKDIR/checkpoints when a
-checkpoint exists, so re-running the same command continues the run. Outputs:
+checkpoint exists, so re-running the same command continues the run. A finished run
+(its latest checkpoint at or past train.steps, evaluated in eval.json) is only read:
+re-run with the same config it returns `Finished` and writes nothing; with a config that
+differs in a field that decides results, it is refused naming them (`finished_run`).
+Outputs:
   WORKDIR/metrics.jsonl     one JSON object per log / eval step
   WORKDIR/tensorboard/      TensorBoard event files
   WORKDIR/eval.json         the latest validation result (with frequency buckets, and
@@ -35,7 +39,8 @@ from etils import epath
 from tqdm import tqdm
 
 from lev_jax import data as data_lib
-from lev_jax.checkpoint import Checkpointer
+from lev_jax.checkpoint import Checkpointer, CheckpointMismatchError, CheckpointReader
+from lev_jax.checkpoint_checks import config_differences, result_fields
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import save_tokenizer
@@ -167,6 +172,15 @@ class Stopped:
   reason: str
 
 
+@dataclasses.dataclass
+class Finished:
+  """`train_and_evaluate`'s result for a run that had already finished: `result` is its
+  evaluation at `step` as eval.json holds it; nothing was trained, evaluated or
+  written."""
+  step: int
+  result: dict
+
+
 class DivergenceError(RuntimeError):
   """The loss or gradient became non-finite (train.nan_policy); no checkpoint was
   written after the first such step."""
@@ -207,6 +221,51 @@ def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
     if ((p.is_dir() and not os.access(p, os.W_OK | os.X_OK)) or
         (p.name == METRICS and not os.access(p, os.W_OK))):
       raise ConfigError(f"{p}: is not writable")
+
+
+def finished_run(config: ml_collections.ConfigDict, workdir) -> Finished | None:
+  """A finished run in `workdir`, read without writing anything (no lock needed).
+
+  Finished: its latest checkpoint is at or past config.train.steps. Its stored config
+  (that step's) is compared with `config` field by field (checkpoint_checks.
+  result_fields: every field but the RUN_ONLY_FIELDS, such as train.log_every), the
+  comparison a resume makes of the model shape.
+
+  Returns:
+    `Finished(step, eval.json)` when the configs agree and eval.json is that step's;
+    None when the run is not finished, or finished but not evaluated (killed during its
+    final evaluation: training completes it), or the latest step's config cannot be
+    read (the restore then says why).
+  Raises:
+    CheckpointMismatchError: finished with another config, in one line naming every
+      differing field (e.g. train.steps 20 vs 4, eval.batches); nothing was changed.
+    ConfigError: a gs:// workdir without Google Cloud Storage support.
+  """
+  _check_gcs_support(config, workdir)
+  workdir = epath.Path(workdir).expanduser()
+  if "://" not in str(workdir):
+    workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative
+  checkpoints = workdir / CHECKPOINTS
+  if not checkpoints.is_dir():
+    return None
+  with CheckpointReader(checkpoints) as reader:  # never writes, cleans or deletes
+    steps = reader.all_steps()
+    if not steps or steps[-1] < config.train.steps:
+      return None
+    step = steps[-1]
+    try:
+      saved = reader.saved_config(step)
+    except Exception:  # a deleted or damaged config item (any Orbax error type)
+      return None
+  diffs = config_differences(saved, config, result_fields(config), stored_only=True)
+  if diffs or step > config.train.steps:
+    raise CheckpointMismatchError(
+        f"{workdir} holds a run finished at step {step} with other settings: "
+        f"{'; '.join(diffs or [f'train.steps: checkpoint {step}, this run {config.train.steps}'])}. "
+        "Nothing was changed: use a new --workdir, or the run's own config (lev-eval "
+        "evaluates it under other data or eval settings, into its own file)")
+  finished = _finished_eval(workdir / EVAL_JSON, step)
+  return None if finished is None else Finished(step, finished)
 
 
 def _finished_eval(path: epath.Path, step: int) -> dict | None:
@@ -406,10 +465,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
                        restore_fallback: bool = False) -> dict | Stopped:
   """Trains config.train.steps optimizer steps (resuming if possible); returns final eval.
 
-  Every check (config, workdir kinds and permissions, data, tokenizer, validation size,
-  mesh, checkpoint shapes and checksums, then this run's first step: its batch, its
-  compile under the mesh, its memory) runs before the first write into the workdir; a
-  new workdir is created only then (`_Outputs`).
+  Every check (config, workdir kinds and permissions, a finished run's config, data,
+  tokenizer, validation size, mesh, checkpoint shapes and checksums, then this run's
+  first step: its batch, its compile under the mesh, its memory) runs before the first
+  write into the workdir; a new workdir is created only then (`_Outputs`). A finished
+  run is never written to (`finished_run`).
 
   Args:
     config: a validated-on-entry experiment config.
@@ -421,17 +481,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
       corrupt or unreadable (a warning names it); without it, that is an error.
 
   Returns:
-    The final evaluation (as eval.json), or `Stopped` when the run stopped early.
+    The final evaluation (as eval.json), `Stopped` when the run stopped early, or
+    `Finished` when it had already finished (nothing written).
 
   Raises:
     ConfigError, data_lib.DataError, CheckpointMismatchError, CheckpointWriteError,
-    DivergenceError: with a message naming the field, file, checkpoint or step at fault.
+    DivergenceError: with a message naming the field, file, checkpoint or step at fault;
+    CheckpointMismatchError also for a finished run and a config that differs from its
+    own (`finished_run`).
   """
   validate(config)
   _check_gcs_support(config, workdir)
   workdir = epath.Path(workdir).expanduser()
   if "://" not in str(workdir):
     workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative
+  finished = finished_run(config, workdir)  # also on a read-only copy of a run
+  if finished is not None:
+    logging.info("the run already finished at step %d; its evaluation is %s",
+                 finished.step, workdir / EVAL_JSON)
+    return finished
   t = config.train
   _check_workdir(workdir, profile=bool(t.profile_steps) and t.profile_steps[1] > 0)
   bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree
@@ -527,14 +595,11 @@ def _run(config, workdir, bundle, part, train_iter, feed, stop_at_step, restore_
     else:
       state = init_state(part, config)
     step = int(state["step"])
-    eval_path = workdir / EVAL_JSON
-    if step == t.steps:
-      finished = _finished_eval(eval_path, step)
-      if finished is not None:
-        outputs.start(step, step)  # as a finished run of old wrote them
-        logging.info("the run already finished at step %d; its evaluation is %s", step,
-                     eval_path)
-        return finished
+    if step > t.steps:  # finished_run could not read that step's config: never evaluate it
+      raise CheckpointMismatchError(
+          f"checkpoint {workdir / CHECKPOINTS / str(step)} is past train.steps = "
+          f"{t.steps}: the run finished with other settings. Nothing was changed: use a "
+          "new --workdir, or the run's own config")
     return _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs,
                  state, stop)
   finally:

@@ -179,6 +179,13 @@ def finished_tied_run(tmp_path_factory, data_cache):
   return c, root / "run"
 
 
+def files_of(workdir):
+  """{path: (bytes, mtime in ns)} of every file under `workdir`, and its folders (None):
+  equal before and after only if nothing was written, replaced or created."""
+  return {p: (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
+          for p in [workdir, *workdir.rglob("*")]}
+
+
 def copy_run(finished, dst):
   """A private copy of a finished run: (a copy of its config, the copied workdir)."""
   c, src = finished

@@ -21,6 +21,14 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 OVERRIDE = "--config.eval.batches=2"  # a field of every experiment's config
 MAX_HELP_LINES = 60
+# Every flag naming a file or folder, per command (common.define_path; --config, a file
+# and variant, through common.config_or_exit). lev-lm-eval's flags are lm-eval's own.
+PATH_FLAGS = {
+    "lev-train": ["workdir", "config"], "lev-eval": ["checkpoint", "baseline", "output"],
+    "lev-export": ["checkpoint", "output"], "lev-sample": ["checkpoint", "prompts_file"],
+    "lev-ladder": ["ladder", "root", "report_dir"], "lev-study": ["study", "root", "report_dir"],
+    "lev-prepare-data": ["output_dir", "config"], "lev-compile": ["json", "dump_hlo", "config"],
+    "lev-params": ["config"]}
 
 
 def listed_flags(help_text: str) -> list[str]:
@@ -82,8 +90,10 @@ def _attempt(entry, prog: str, argv: list[str], parse_only: bool) -> tuple[int, 
 
 
 def _drive() -> dict:
-  """For each console script: its --help, a parse of every flag it lists, and the same
-  with a --config.<section>.<field> override."""
+  """For each console script: its --help, a parse of every flag it lists, the same
+  with a --config.<section>.<field> override, and each of its PATH_FLAGS given empty
+  (after the listed flags, so only that one is wrong; --config= alone, run up to where
+  the config is first read)."""
   entries = {}
   for prog, target in SCRIPTS.items():
     module, func = target.split(":")
@@ -97,7 +107,10 @@ def _drive() -> dict:
     context = listed if listed and listed_parse[0] == 0 else []
     results[prog] = {
         "help_code": code, "help": text, "listed": listed, "listed_parse": listed_parse,
-        "override_parse": _attempt(entry, prog, [*context, OVERRIDE], parse_only=True)}
+        "override_parse": _attempt(entry, prog, [*context, OVERRIDE], parse_only=True),
+        "empty": {name: _attempt(entry, prog, ["--config="] if name == "config" else
+                                 [*context, f"--{name}="], parse_only=name != "config")
+                  for name in PATH_FLAGS.get(prog, [])}}
   return results
 
 
@@ -124,6 +137,35 @@ def test_help_lists_only_flags_the_command_accepts(prog, helps):
   assert r["listed"], f"{prog} --help lists no flags as examples (--name=VALUE):\n{text}"
   code, out = r["listed_parse"]
   assert code == 0, f"{prog} rejects the flags its --help lists {r['listed']}:\n{out[-2000:]}"
+
+
+@pytest.mark.parametrize("prog", sorted(PATH_FLAGS))
+def test_an_empty_path_flag_is_one_line_naming_it(prog, helps):
+  """`--workdir=` (an unset shell variable) meant ./runs/<config.name>: every flag naming
+  a file or folder refuses an empty value in one line, before anything runs."""
+  for name in PATH_FLAGS[prog]:
+    code, out = helps[prog]["empty"][name]
+    lines = out.strip().splitlines()
+    assert code == 2 and len(lines) == 1, (name, out[-2000:])
+    assert lines[0].startswith(f"{prog}: error: --{name} is empty (an unset shell "
+                               "variable?); expected "), (name, lines)
+
+
+def test_define_path_refuses_an_empty_or_blank_value(capsys):
+  from absl import flags
+  from lev_jax.cli import common
+  fv = flags.FlagValues()
+  common.define_path("output", None, "Where.", what="the folder to write", fv=fv)
+  parse = common.flags_parser("lev-x", None, fv)
+  assert parse(["lev-x"]) == ["lev-x"] and fv.output is None  # left out: the default
+  for value in ("", "  "):
+    with pytest.raises(SystemExit) as e:
+      parse(["lev-x", f"--output={value}"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("lev-x: error: --output is empty (an unset shell "
+                                       "variable?); expected the folder to write\n")
+  parse(["lev-x", "--output=out"])
+  assert fv.output == "out"
 
 
 def test_eval_help_does_not_dump_the_config(helps):

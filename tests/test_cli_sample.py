@@ -76,6 +76,8 @@ def test_stop_string_cuts_the_completion(export, capsys):
     ([], "no prompt: give --prompt=TEXT"),
     (["--prompt=a", "--top_p=0"], "--top_p=0.0: expected a number in (0, 1]"),
     (["--prompt=a", "--temperature=-1"], "--temperature=-1.0: expected a finite number"),
+    (["--prompt=a", "--temperature=1e-38"], "--temperature=1e-38: expected 0 (greedy) or a "
+     "normal float32 number, 1.1754944e-38 to 3.4028235e+38"),
     (["--prompt=a", "--max_new_tokens=0"], "--max_new_tokens=0: expected an integer >= 1"),
     (["--prompt=a", "--stop="], "--stop is empty"),
     (["--prompt=a", "--max_new_tokens=2048"],
@@ -103,6 +105,23 @@ def test_missing_checkpoint_or_prompts_file_is_named(tmp_path, capsys):
       (["--prompt=a"], "--checkpoint is required")]:
     with pytest.raises(SystemExit) as e:
       lev_sample(*args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_bytes_that_are_not_utf8_are_named_by_file_and_line(tmp_path, capsys):
+  """Invalid UTF-8 in --prompts_file (or in a --prompt: Python keeps such argv bytes
+  as lone surrogates) is one line naming where, before any loading; not the text
+  "\\xff\\xfe"."""
+  bad = tmp_path / "p.txt"
+  bad.write_bytes(b"one\r\ntwo\n\xff\xfe three\n")
+  for args, message in [
+      ([f"--prompts_file={bad}"], f"{bad}:3 is not valid UTF-8 (byte 0xff); expected a "
+       "UTF-8 text file"),
+      (["--prompt=ok", "--prompt=a\udcff\udcfe"], "--prompt 2 is not valid UTF-8 "
+       "(character 2)")]:
+    with pytest.raises(SystemExit) as e:
+      lev_sample(f"--checkpoint={tmp_path / 'not_loaded'}", *args)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ctrl_c_not_ignored
+from conftest import copy_run, ctrl_c_not_ignored, files_of
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = str(REPO / "experiments" / "smoke.py")
@@ -89,6 +89,26 @@ def test_kill_9_mid_run_then_rerun_continues_from_last_complete_checkpoint(tmp_p
   assert max(resumed_steps) == end
   assert f"step {end}" in rerun.stdout
   assert "resumed from step" in rerun.stderr
+
+
+def test_rerun_of_a_finished_run_prints_one_line_and_writes_nothing(finished_tied_run,
+                                                                    tmp_path):
+  """Issue 26.1 as a user meets it: the finished run's own config again is one line on
+  stdout and exit 0; no file of the run is written or touched, its lock not even taken
+  (another config is refused: tests/test_trainer.py)."""
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  same = tmp_path / "same.py"
+  same.write_text("import ml_collections\n\n\ndef get_config():\n  return "
+                  f"ml_collections.ConfigDict({c.to_dict()!r})\n")
+  evaluated = json.loads((workdir / "eval.json").read_text())
+  before = files_of(workdir)
+  proc = lev("train", f"--config={same}", f"--workdir={workdir}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.splitlines() == [
+      f"lev-train: tiny_tied already finished at step 4 (validation loss "
+      f"{evaluated['loss']:.4f}, perplexity {evaluated['perplexity']:.2f} in "
+      f"{workdir}/eval.json); nothing to do, nothing written"]
+  assert files_of(workdir) == before
 
 
 def test_lev_params_prints_parts_and_the_lev_difference():

@@ -189,6 +189,32 @@ def test_filter_logits_top_k_then_top_p_on_the_renormalised_rest():
   assert _kept(logits, top_k=3, top_p=0.52) == [1]  # 0.5 / 0.95 > 0.52 after top-3
 
 
+def test_filter_logits_off_is_a_bitwise_no_op():
+  """top_k = 0 (or >= V) and top_p = 1.0 keep every id bit for bit, also when one logit
+  holds all but 1e-10 of the mass: a float32 cumulative sum reaches 1.0 at the first id
+  there, and comparing with it removed the other 2,047 (mlx-lm #1912, gemma #789)."""
+  rng = np.random.default_rng(0)
+  logits = rng.standard_normal((3, 2048)).astype(np.float32)
+  logits[0, 7] = 30.0  # the rest: ~1e-10 of the mass in all
+  logits[1, 9], logits[1, 10] = 29.0, 29.0
+  logits[2, :100] = -np.inf  # masked (padded) ids stay -inf
+  for top_k in (0, 2048, 5000):
+    out = np.asarray(_filter(jnp.asarray(logits), top_k, 1.0))
+    np.testing.assert_array_equal(out.view(np.uint32), logits.view(np.uint32),
+                                  err_msg=f"top_k={top_k}")
+  top3 = np.asarray(_filter(jnp.asarray(logits), 3, 1.0))  # top-p off after top-k too
+  assert (np.isfinite(top3).sum(axis=1) == [3, 3, 3]).all()
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 5e-324, 1e39])
+def test_a_temperature_outside_float32s_normal_range_is_refused(temperature):
+  """A subnormal float32 temperature overflowed the logits to inf (the same ids for
+  every prompt, vLLM #1623); 0 alone means greedy, so these are errors, not greedy."""
+  with pytest.raises(ValueError, match=r"temperature = .*: expected 0 \(greedy\) or a "
+                     r"normal float32 number, 1.1754944e-38 to 3.4028235e\+38"):
+    generate(_model("tied", False), PROMPTS, max_new_tokens=2, temperature=temperature)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(prompts=[]), r"prompts: expected at least one prompt"),
     (dict(prompts=[[1, 2], []]), r"prompts\[1\] is empty"),

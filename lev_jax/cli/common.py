@@ -3,7 +3,8 @@ line, quiet logs.
 
 Errors a user can fix (a bad flag, config file, variant or value) end the program with
 `<prog>: error: <one line>` on stderr and exit status 2, never a traceback. Ctrl-C
-ends it with `<prog>: interrupted (Ctrl-C) ...` and exit status 130 (`run`).
+ends it with `<prog>: interrupted (Ctrl-C) ...` and exit status 130 (`run`). Every flag
+naming a file or folder is defined with `define_path`, which refuses an empty value.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+# The flags `define_path` defines belong to the command calling it (its --help lists
+# them), not to this module.
+flags.disclaim_key_flags()
+
 # 128 + SIGINT: the shell's status for a command ended by Ctrl-C.
 INTERRUPTED_EXIT = 130
 
@@ -27,6 +32,36 @@ INTERRUPTED_EXIT = 130
 def fail(prog: str, message: str):
   print(f"{prog}: error: {message}", file=sys.stderr)
   sys.exit(2)
+
+
+def define_path(name: str, default: str | None, help: str, *, what: str,
+                fv: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines a string flag naming a file or folder, which may be left out but not empty.
+
+  `--NAME=` (e.g. `--workdir=$UNSET`) would otherwise mean the default (or, where a
+  command joins it to a folder, the current directory): it is refused when the flags
+  are parsed, which `flags_parser` ends with the one line
+  `<prog>: error: --NAME is empty (an unset shell variable?); expected WHAT`.
+  A value of only spaces counts as empty.
+
+  Args:
+    name, default, help: as flags.DEFINE_string's.
+    what: what the value must name, for the message, e.g. "the run's folder".
+    fv: the FlagValues to define it on (tests pass a fresh one).
+  """
+  flags.DEFINE_string(name, default, help, flag_values=fv)
+  flags.register_validator(name, lambda value: value is None or bool(value.strip()),
+                           message=empty_message(name, what), flag_values=fv)
+
+
+def empty_message(name: str, what: str) -> str:
+  """The one line for a path flag given empty: `--NAME is empty (...); expected WHAT`."""
+  return f"--{name} is empty (an unset shell variable?); expected {what}"
+
+
+# absl's prefix of a validator's message, "flag --NAME=VALUE: ", when the message itself
+# starts with --NAME (define_path's, whose VALUE is blank).
+_REPEATED_FLAG = re.compile(r"^flag (--[\w.]+)=\s*: (?=\1 )")
 
 
 def run(prog: str, main, module: str,
@@ -177,23 +212,25 @@ def command_help(prog: str, module: str, fv: flags.FlagValues = flags.FLAGS) -> 
   return "\n".join(lines)
 
 
-def flags_parser(prog: str, module: str | None = None):
+def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = flags.FLAGS):
   """An `app.run(flags_parser=...)` that turns flag errors into one line.
 
   ``--help`` prints `command_help(prog, module)` (the command's own module, e.g.
   "lev_jax.cli.prepare_data") and exits 0 (absl would print the console-script wrapper's
   empty docstring and every flag of every module). An unknown `--config.<field>` and a
   config file that does not load (`--config=FILE` is read here) end as in
-  `define_or_exit`.
+  `define_or_exit`; an empty path flag (`define_path`) as `--NAME is empty ...`.
+  `fv`: the FlagValues parsed (tests pass a fresh one).
   """
   def parse(argv):
     if module is not None and any(a in _HELP for a in argv[1:]):
-      print(command_help(prog, module))
+      print(command_help(prog, module, fv))
       sys.exit(0)
     try:
-      return flags.FLAGS(argv)
+      return fv(argv)
     except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
-      fail(prog, re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e)))
+      line = re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e))
+      fail(prog, _REPEATED_FLAG.sub("", line))
     except Exception as e:  # raised by ml_collections while it loads --config=FILE
       _fail_on_config_error(prog, e, argv)
   return parse
@@ -343,6 +380,9 @@ def config_or_exit(prog: str):
     return config
   except Exception as e:  # config_flags defers file errors until first access
     given = flags.FLAGS["config"].serialize().split("=", 1)[-1]
+    if not given.strip():  # --config= is a path flag too (define_path)
+      fail(prog, empty_message("config", "a Python config file and variant, e.g. "
+                               "experiments/smoke.py:leviathan"))
     fail(prog, _not_a_config_file(given.split(":", 1)[0]) or
          f"--config={given}: {_last_line(e)}")
 

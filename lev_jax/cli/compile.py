@@ -46,9 +46,11 @@ def _define_flags():
   flags.DEFINE_integer("num_slices", 1, "Identical slices joined over DCN (the config's "
                        "mesh.dcn_* axes must span them).", lower_bound=1)
   flags.DEFINE_list("steps", list(STEPS), "Steps to compile: train, eval.")
-  flags.DEFINE_string("json", None, "Also write the figures as JSON to this file.")
-  flags.DEFINE_string("dump_hlo", None, "Keep XLA's dumps (optimized HLO, buffer "
-                      "assignment, memory-usage report) under this folder, one per step.")
+  common.define_path("json", None, "Also write the figures as JSON to this file.",
+                     what="a JSON file to write, or leave the flag out")
+  common.define_path("dump_hlo", None, "Keep XLA's dumps (optimized HLO, buffer "
+                     "assignment, memory-usage report) under this folder, one per step.",
+                     what="a folder for the dumps, or leave the flag out")
   flags.DEFINE_bool("estimate_time", True, "Estimate the step time from loop-free "
                     "compiles when the program loops (scanned layers, LEV, grad "
                     "accumulation: XLA's cost model counts a loop body once); two more "

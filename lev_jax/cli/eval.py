@@ -46,7 +46,8 @@ PROG = "lev-eval"
 
 
 def _define_flags():
-  flags.DEFINE_string("checkpoint", None, "A lev-train workdir or a lev-export folder.")
+  common.define_path("checkpoint", None, "A lev-train workdir or a lev-export folder.",
+                     what="a lev-train workdir or a lev-export folder")
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
   flags.DEFINE_enum("dtype", None, list(DTYPES),
                     "Parameter dtype for evaluation (default: as stored).")
@@ -54,12 +55,14 @@ def _define_flags():
                     "validation: data.validation_files (or the embedded split); "
                     "test: data.test_files (or the embedded source's test split, "
                     "data.test_fraction > 0).")
-  flags.DEFINE_string("baseline", None, f"Another run's {LEV_EVAL_JSON} (or its folder): "
-                      "adds the per-bucket relative perplexity change against it.")
+  common.define_path("baseline", None, f"Another run's {LEV_EVAL_JSON} (or its folder): "
+                     "adds the per-bucket relative perplexity change against it.",
+                     what=f"another run's {LEV_EVAL_JSON} or its folder")
   flags.DEFINE_bool("allow_different_data", False, "Compare with a --baseline evaluated "
                     "on other data (other files, split, token count or tokenizer), or "
                     f"whose {LEV_EVAL_JSON} does not record its data.")
-  flags.DEFINE_string("output", None, f"Result file (default CHECKPOINT/{LEV_EVAL_JSON}).")
+  common.define_path("output", None, f"Result file (default CHECKPOINT/{LEV_EVAL_JSON}).",
+                     what=f"the result file, or leave the flag out for CHECKPOINT/{LEV_EVAL_JSON}")
   flags.DEFINE_bool("perplexity", True, "Evaluate validation perplexity and buckets.")
   config_flags.DEFINE_config_dict(
       "config", base_config(), "Overrides of the checkpoint's config, as "

@@ -37,11 +37,12 @@ MB = 1 << 20
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command's flags on `fv` (tests pass a fresh FlagValues)."""
-  flags.DEFINE_string("checkpoint", None, "A lev-train workdir or a lev-export folder.",
-                      flag_values=fv)
+  common.define_path("checkpoint", None, "A lev-train workdir or a lev-export folder.",
+                     what="a lev-train workdir or a lev-export folder", fv=fv)
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).",
                        flag_values=fv)
-  flags.DEFINE_string("output", None, "The export folder to write.", flag_values=fv)
+  common.define_path("output", None, "The export folder to write.",
+                     what="the export folder to write", fv=fv)
   flags.DEFINE_enum("dtype", None, list(DTYPES),
                     "Parameter dtype of the export (default: as stored).", flag_values=fv)
   flags.DEFINE_bool("materialize_lev", False, "Replace LEV by its V x D table (a "

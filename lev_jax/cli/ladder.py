@@ -49,9 +49,10 @@ REPO_ROOT = experiments_dir().parent
 
 
 def _define_flags():
-  flags.DEFINE_string("ladder", None, "Ladder experiment file with RUNGS and get_config, "
-                      "e.g. experiments/smoke_ladder.py.")
-  flags.DEFINE_string("root", None, "Folder holding one workdir per rung (ROOT/VARIANT).")
+  common.define_path("ladder", None, "Ladder experiment file with RUNGS and get_config, "
+                     "e.g. experiments/smoke_ladder.py.", what="a ladder experiment file")
+  common.define_path("root", None, "Folder holding one workdir per rung (ROOT/VARIANT).",
+                     what="the folder holding one workdir per rung")
   flags.DEFINE_boolean("run", False, "Train the rungs that are not finished before reporting.")
   flags.DEFINE_enum("launcher", "local", LAUNCHERS, "How --run trains: local subprocesses, "
                     "print the commands, or launch/tpu.py / launch/slurm.py per rung.")
@@ -60,7 +61,8 @@ def _define_flags():
                       "--accelerator_type=v5p-128\".")
   flags.DEFINE_string("train_flags", "", "Extra lev-train flags for every rung, e.g. "
                       "\"--config.data.prepared_dir=...\".")
-  flags.DEFINE_string("report_dir", None, f"Where the report goes (default ROOT/{REPORT}).")
+  common.define_path("report_dir", None, f"Where the report goes (default ROOT/{REPORT}).",
+                     what=f"the report's folder, or leave the flag out for ROOT/{REPORT}")
   flags.mark_flags_as_required(["ladder", "root"])
 
 

@@ -38,7 +38,9 @@ PROG = "lev-prepare-data"
 def _define_flags():
   config_flags.DEFINE_config_file(
       "config", None, "Experiment file and variant, e.g. experiments/ladder.py:tied_1.2b.")
-  flags.DEFINE_string("output_dir", None, "Dataset folder (default config.data.prepared_dir).")
+  common.define_path("output_dir", None, "Dataset folder (default config.data.prepared_dir).",
+                     what="the dataset folder, or leave the flag out for "
+                     "config.data.prepared_dir")
   flags.DEFINE_integer("workers", None, "Worker processes (default "
                        "config.data.prepare_workers, 0 = one per CPU core).", lower_bound=1)
   flags.DEFINE_bool("overwrite", False, "Replace a folder holding another preparation "

@@ -32,15 +32,15 @@ PROG = "lev-sample"
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command's flags on `fv` (tests pass a fresh FlagValues)."""
-  flags.DEFINE_string("checkpoint", None, "A lev-train workdir or a lev-export folder.",
-                      flag_values=fv)
+  common.define_path("checkpoint", None, "A lev-train workdir or a lev-export folder.",
+                     what="a lev-train workdir or a lev-export folder", fv=fv)
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).",
                        flag_values=fv)
   flags.DEFINE_enum("dtype", None, list(DTYPES),
                     "Parameter dtype for decoding (default: as stored).", flag_values=fv)
   flags.DEFINE_multi_string("prompt", None, "A prompt (repeatable).", flag_values=fv)
-  flags.DEFINE_string("prompts_file", None, "A UTF-8 text file, one prompt per line.",
-                      flag_values=fv)
+  common.define_path("prompts_file", None, "A UTF-8 text file, one prompt per line.",
+                     what="a UTF-8 text file, one prompt per line", fv=fv)
   flags.DEFINE_integer("max_new_tokens", 64, "Most tokens generated per prompt.",
                        flag_values=fv)
   flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.",
@@ -60,18 +60,31 @@ def read_prompts(prompts, prompts_file: str | None) -> list[tuple[str, str]]:
 
   Labels name the source for messages: "--prompt 2", "FILE:3" (1-based).
   Raises:
-    ValueError: no prompt at all, an empty --prompt, a blank line, an unreadable file.
+    ValueError: no prompt at all, an empty --prompt, a blank line, an unreadable file,
+      or bytes that are not UTF-8 (the file and line, or the --prompt, named: never
+      passed on as the text "\\xff\\xfe").
   """
   out = [(f"--prompt {i}", p) for i, p in enumerate(prompts or (), 1)]
   for label, text in out:
     if not text:
       raise ValueError(f"{label} is empty; expected some text to continue")
+    try:  # Python keeps argv bytes that are not UTF-8 as lone surrogates
+      text.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise ValueError(f"{label} is not valid UTF-8 (character {e.start + 1}); expected "
+                       "UTF-8 text") from None
   if prompts_file:
     try:
-      with open(prompts_file, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+      with open(prompts_file, "rb") as f:
+        data = f.read()
+    except OSError as e:
       raise ValueError(f"--prompts_file={prompts_file}: cannot read it ({e})") from e
+    try:
+      lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:  # the line as splitlines numbers it (e.start: valid before)
+      n = len((data[:e.start].decode("utf-8") + "x").splitlines())
+      raise ValueError(f"{prompts_file}:{n} is not valid UTF-8 (byte 0x{data[e.start]:02x}); "
+                       "expected a UTF-8 text file, one prompt per line") from None
     for n, line in enumerate(lines, 1):
       if not line.strip():
         raise ValueError(f"{prompts_file}:{n} is blank; expected one prompt per line")
@@ -88,6 +101,11 @@ def check_decoding(max_new_tokens, temperature, top_k, top_p, batch_size, stops=
   if not temperature >= 0 or temperature == float("inf"):
     raise ValueError(f"--temperature={temperature}: expected a finite number >= 0 "
                      "(0 = greedy)")
+  if temperature != 0:  # sampling: jax is imported for it anyway
+    from lev_jax.decode import MAX_TEMPERATURE, MIN_TEMPERATURE
+    if not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+      raise ValueError(f"--temperature={temperature}: expected 0 (greedy) or a normal "
+                       f"float32 number, {MIN_TEMPERATURE:.8g} to {MAX_TEMPERATURE:.8g}")
   if top_k < 0:
     raise ValueError(f"--top_k={top_k}: expected an integer >= 0 (0 = off)")
   if not 0 < top_p <= 1:

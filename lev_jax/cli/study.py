@@ -42,15 +42,17 @@ PROG = "lev-study"
 
 
 def _define_flags():
-  flags.DEFINE_string("study", None, "Study file (RUNGS + get_config), e.g. "
-                      "experiments/fidelity_study.py.")
-  flags.DEFINE_string("root", None, "Folder holding one workdir per run (ROOT/RUN).")
+  common.define_path("study", None, "Study file (RUNGS + get_config), e.g. "
+                     "experiments/fidelity_study.py.", what="a study file")
+  common.define_path("root", None, "Folder holding one workdir per run (ROOT/RUN).",
+                     what="the folder holding one workdir per run")
   flags.DEFINE_boolean("run", False, "Train the runs that are not finished first.")
   flags.DEFINE_string("train_flags", "", "Extra lev-train flags for every run (the same "
                       "for all, e.g. \"--config.data.cache_dir=/tmp/c\").")
   flags.DEFINE_integer("eval_batches", 0, "eval.batches of the validation / test "
                        "evaluation (0: the study's FINAL_EVAL_BATCHES, else each run's).")
-  flags.DEFINE_string("report_dir", None, f"Where the report goes (default ROOT/{REPORT}).")
+  common.define_path("report_dir", None, f"Where the report goes (default ROOT/{REPORT}).",
+                     what=f"the report's folder, or leave the flag out for ROOT/{REPORT}")
   flags.mark_flags_as_required(["study", "root"])
 
 

@@ -4,8 +4,12 @@
   lev-train --config=experiments/smoke.py:tied --workdir=runs/tied --config.train.steps=50
 
 Flags follow ml_collections.config_flags: any field can be overridden with
---config.<section>.<field>=value. Without --workdir the run goes to ./runs/<config.name>.
-Re-running the same command on the same workdir resumes from its latest checkpoint.
+--config.<section>.<field>=value. Without --workdir the run goes to ./runs/<config.name>
+(an empty --workdir= is an error, not that default).
+Re-running the same command on the same workdir resumes from its latest checkpoint. On
+a finished run it prints one line and exits 0, writing nothing (not even the lock); a
+config that differs from the finished run's in a field that decides results is refused
+naming the fields (lev_jax.trainer.finished_run).
 SIGTERM (preemption) and Ctrl-C save a checkpoint of the step reached and exit 143 and
 130; a second Ctrl-C aborts at once, keeping the checkpoints already complete.
 
@@ -52,7 +56,8 @@ DEFAULT_CONFIG = str(experiments_dir() / "smoke.py") + ":leviathan"
 def _define_flags():
   config_flags.DEFINE_config_file(
       "config", DEFAULT_CONFIG, "Experiment file and variant, e.g. experiments/smoke.py:tied.")
-  flags.DEFINE_string("workdir", None, "Output directory (default ./runs/<config.name>).")
+  common.define_path("workdir", None, "Output directory (default ./runs/<config.name>).",
+                     what="the run's folder, or leave the flag out for ./runs/<config.name>")
   flags.DEFINE_integer("stop_at_step", None, "Stop after this step with a checkpoint (for "
                        "time-sliced jobs; the schedule still spans train.steps); at least 1.",
                        lower_bound=1)
@@ -92,6 +97,17 @@ def preflight(spec: str) -> None:
         f"devices, mesh (data, fsdp, tensor) = {tuple(ici)} x DCN {tuple(dcn)}")
 
 
+def finished_line(name: str, workdir, finished) -> str:
+  """The one line lev-train prints for a run that had already finished (trainer.Finished)."""
+  r = finished.result
+  try:
+    figures = f"validation loss {float(r['loss']):.4f}, perplexity {float(r['perplexity']):.2f}"
+  except (KeyError, TypeError, ValueError):  # an eval.json of another shape: name it only
+    figures = "evaluated"
+  return (f"lev-train: {name} already finished at step {finished.step} ({figures} in "
+          f"{workdir}/{EVAL_JSON}); nothing to do, nothing written")
+
+
 def main(argv):
   if len(argv) > 1:
     common.fail("lev-train", f"unexpected arguments: {' '.join(argv[1:])}")
@@ -111,19 +127,27 @@ def main(argv):
     common.fail("lev-train", str(e))
   workdir = flags.FLAGS.workdir or default_workdir(config.name)
   logging.info("config %s -> workdir %s", config.name, workdir)
-  lock = (workdir_lock.hold(workdir, prog="lev-train", force_unlock=flags.FLAGS.force_unlock)
-          if distributed.is_primary() else contextlib.nullcontext())
   try:
-    with lock:  # released on every exit: return, error, KeyboardInterrupt, SystemExit
-      result = trainer.train_and_evaluate(config, workdir,
-                                          stop_at_step=flags.FLAGS.stop_at_step,
-                                          restore_fallback=flags.FLAGS.restore_fallback)
+    # A finished run is only read: before the lock, so nothing at all is written.
+    result = trainer.finished_run(config, workdir)
+    if result is None:
+      lock = (workdir_lock.hold(workdir, prog="lev-train",
+                                force_unlock=flags.FLAGS.force_unlock)
+              if distributed.is_primary() else contextlib.nullcontext())
+      with lock:  # released on every exit: return, error, KeyboardInterrupt, SystemExit
+        result = trainer.train_and_evaluate(config, workdir,
+                                            stop_at_step=flags.FLAGS.stop_at_step,
+                                            restore_fallback=flags.FLAGS.restore_fallback)
   except (ConfigError, DataError, CheckpointMismatchError, ShardingError,
           FileNotFoundError, workdir_lock.WorkdirLockError) as e:
     common.fail("lev-train", str(e))
   except (trainer.DivergenceError, CheckpointWriteError) as e:
     print(f"lev-train: error: {common.first_line(e)}", file=sys.stderr)
     sys.exit(1)
+  if isinstance(result, trainer.Finished):
+    if distributed.is_primary():
+      print(finished_line(config.name, workdir, result))
+    return
   if isinstance(result, trainer.Stopped) and result.reason == "stop_at_step":
     print(f"lev-train: {config.name} stopped at step {result.step} as asked; "
           "re-run without --stop_at_step to continue", file=sys.stderr)
