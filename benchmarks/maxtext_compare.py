@@ -20,7 +20,8 @@ MaxText needs its own environment (Python >= 3.12, its jax and libtpu):
   /work/maxtext_env/bin/pip install --no-deps -e .
 
 The shape is the rung's of experiments/ladder.py (d_model, heads, head_dim, d_ff, the
-padded vocab, seq_len, bf16 activations, float32 params, tied embedding, AdamW with the
+padded vocab, seq_len, bf16 activations, float32 params, tied embedding (a Leviathan
+rung: MaxText's untied model, its nearest program), AdamW with the
 rung's betas, eps, weight decay and clipping) with `--n_layers` layers and a global
 batch of `--global_batch` sequences, plain XLA attention on both sides (ours
 model.attention=xla, MaxText attention=dot_product), pure FSDP over every chip, the same
@@ -87,7 +88,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  help="Python(s) with lev_jax and libtpu for our side, comma-separated "
                       "(one table row each; default: this Python)")
   p.add_argument("--rung", default="tied_200m",
-                 help="a tied rung of experiments/ladder.py (MaxText has no LEV)")
+                 help="a rung of experiments/ladder.py: tied_* against MaxText's tied "
+                      "model, leviathan_* against its untied one (MaxText has no LEV)")
   p.add_argument("--n_layers", type=int, default=2)
   p.add_argument("--global_batch", type=int, default=64, help="sequences per step")
   p.add_argument("--topology", default="v5p:2x2x1",
@@ -125,9 +127,9 @@ def check_args(a: argparse.Namespace) -> None:
                       *(("--ours_python", p) for p in ours_pythons(a.ours_python))):
     if not (os.path.isfile(value) and os.access(value, os.X_OK)):
       raise CompareError(f"{flag}={value}: no such executable")
-  if not a.rung.startswith("tied_"):
-    raise CompareError(f"--rung={a.rung}: expected a tied rung (tied_200m, tied_400m, ...); "
-                       "MaxText has no LEV embedding to compare with")
+  if not a.rung.startswith(("tied_", "leviathan_")):
+    raise CompareError(f"--rung={a.rung}: expected a rung of experiments/ladder.py "
+                       "(tied_200m, leviathan_200m, ...)")
   if a.n_layers < 1:
     raise CompareError(f"--n_layers={a.n_layers}: expected a positive number")
   if a.global_batch < 1:
@@ -202,10 +204,13 @@ def rung_shape(rung: str) -> dict:
   except ValueError as e:
     raise CompareError(f"--rung={rung}: {e}") from e
   m, o = c.model, c.optim
-  if m.embedding != "tied":
-    raise CompareError(f"--rung={rung}: model.embedding = {m.embedding!r}; only tied rungs "
-                       "have a MaxText counterpart")
-  return {"d_model": m.d_model, "n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads,
+  if m.embedding not in ("tied", "lev"):
+    raise CompareError(f"--rung={rung}: model.embedding = {m.embedding!r}; expected a tied "
+                       "or Leviathan rung")
+  # MaxText has no LEV: a Leviathan rung is set beside MaxText's untied model (its own
+  # input table and a separate head), the nearest program it has.
+  return {"tied": m.embedding == "tied", "d_model": m.d_model, "n_heads": m.n_heads,
+          "n_kv_heads": m.n_kv_heads,
           "head_dim": m.head_dim, "d_ff": m.d_ff,
           "vocab": padded_vocab_size(m.vocab_size, m.vocab_multiple),
           "seq_len": c.train.seq_len, "dtype": m.dtype, "param_dtype": m.param_dtype,
@@ -238,7 +243,8 @@ def maxtext_overrides(shape: dict, a: argparse.Namespace, output_dir: str) -> li
       "vocab_size": shape["vocab"], "max_target_length": shape["seq_len"],
       "per_device_batch_size": a.global_batch // chips,
       "dtype": shape["dtype"], "weight_dtype": shape["param_dtype"],
-      "logits_via_embedding": "true",           # tied: the embedding table is the head
+      # tied: the embedding table is the head; for a Leviathan rung, untied
+      "logits_via_embedding": str(shape.get("tied", True)).lower(),
       "attention": "dot_product",               # plain XLA attention, as ours' "xla"
       "ici_fsdp_parallelism": chips,            # pure FSDP, as ours' mesh.fsdp=-1
       "remat_policy": a.remat, "scan_layers": str(a.scan_layers).lower(),

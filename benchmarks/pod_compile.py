@@ -38,19 +38,24 @@ def _ladder():
   return load_experiment(REPO / "experiments" / "ladder.py")
 
 
-def compile_cell(rung: str, topology: str, out: Path, estimate_time: bool = True) -> dict:
-  """Runs lev-compile for one rung on one slice (once); returns its JSON record."""
-  path = out / topology / f"{rung}.json"
+def compile_cell(rung: str, topology: str, out: Path, estimate_time: bool = True,
+                 overrides: tuple[str, ...] = (), name: str = "") -> dict:
+  """Runs lev-compile for one rung on one slice (once); returns its JSON record.
+
+  overrides: extra `--config.x=y` flags, the cell then stored as `name`
+  (OUT/TOPOLOGY/RUNG/NAME.json) instead of OUT/TOPOLOGY/RUNG.json."""
+  path = out / topology / (f"{rung}/{name}.json" if name else f"{rung}.json")
   if not path.exists():
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "lev_jax.cli.compile",
          f"--config=experiments/ladder.py:{rung}", f"--topology={topology}", "--steps=train",
-         f"--json={path}", f"--{'' if estimate_time else 'no'}estimate_time"],
+         f"--json={path}", f"--{'' if estimate_time else 'no'}estimate_time", *overrides],
         cwd=REPO, capture_output=True, text=True)
     took = time.perf_counter() - start
-    print(f"{rung} on {topology}: exit {proc.returncode} in {took:.0f} s"
+    print(f"{rung}{' ' + name if name else ''} on {topology}: exit {proc.returncode} in "
+          f"{took:.0f} s"
           + (f": {proc.stderr.strip().splitlines()[-1]}" if proc.returncode else ""),
           flush=True)
     if not path.exists():

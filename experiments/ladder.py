@@ -86,13 +86,15 @@ def get_config(variant: str = "leviathan_1.2b"):
   # both 1.11x, the chunk's buffers then off the step's peak (lev-compile; README
   # "Every rung on its slice"). `unique` sorts the ids of the whole batch and
   # compiles its 200,064-row table fallback beside it (lax.cond: memory for the larger
-  # branch). lev.remat: LEV's forward pass again in the backward pass, so nothing of
-  # LEV is held through the backbone's backward pass, where the step peaks: the 200M
-  # step from 7.75 GiB (1.11x tied) to 7.05 GiB per chip on v5p-128 (lev-compile).
+  # branch). lev.remat (LEV's forward pass again in the backward pass, so nothing of
+  # LEV is held through the backbone's backward pass) by lev-compile on v5p-128, per
+  # chip: 200M 7.75 -> 7.05 GiB (tied 6.98; v5p-32: 34.84 -> 34.14, tied 34.17), so on;
+  # from 400M up it raised memory (400M 14.38 -> 15.74 GiB, 1.2B 20.34 -> 23.22; tied
+  # 14.30, 20.33) and the estimated step, so off.
   c.lev.mode = "tokens"
   c.lev.impl = "vectorized"
   c.lev.chunk_size = 32_768
-  c.lev.remat = True
+  c.lev.remat = size == "200m"
   # The head's loss and the attention kernel, by lev-compile on a v5p-128 slice
   # (tied_200m; ESTIMATES, no TPU measured): the dense loss 6.98 GiB per chip, 0.0202 s;
   # train.loss_impl = "chunked" 3.60 GiB, 0.028 s (the dense loss fits with 93 % of HBM

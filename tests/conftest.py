@@ -33,6 +33,20 @@ import pytest
 from lev_jax.config import base_config
 
 
+# Files whose tests run longest (a minute or more of worker time each: emulated CPU,
+# several processes, 8 simulated devices, TPU compiles), collected first so that
+# pytest-xdist hands them out at the start and the short tests fill in around them,
+# rather than one of them starting last and running alone at the end.
+SLOW_FILES_FIRST = ("test_portable.py", "test_multiprocess.py",
+                    "test_launch_slurm_cluster.py", "test_sharding.py", "test_aot.py")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable otherwise
+
+
 def pytest_unconfigure(config):
   del config
   if _OWN_CACHE is not None and "PYTEST_XDIST_WORKER" not in os.environ:

@@ -53,7 +53,7 @@ def test_maxtext_python_is_required_with_one_line():
     (["--maxtext_python", "/nonexistent/python"], "no such executable"),
     (["--ours_python", ","], "--ours_python is empty"),
     (["--ours_python", "/nonexistent/python"], "--ours_python=/nonexistent/python"),
-    (["--rung", "leviathan_200m"], "MaxText has no LEV"),
+    (["--rung", "untied_200m"], "expected a rung of experiments/ladder.py"),
     (["--n_layers", "0"], "--n_layers=0"),
     (["--global_batch", "66"], "does not split over the 4 chips"),
     (["--topology", "v5p:2x2"], None),  # parsed: 4 chips, no shape check here
@@ -93,6 +93,9 @@ def test_maxtext_overrides_match_our_shape():
   assert kv["dtype"] == "bfloat16" and kv["weight_dtype"] == "float32"
   assert kv["attention"] == "dot_product" and kv["ici_fsdp_parallelism"] == "4"
   assert kv["logits_via_embedding"] == "true" and kv["dataset_type"] == "synthetic"
+  untied = dict(o.split("=", 1) for o in mc.maxtext_overrides({**SHAPE, "tied": False}, a,
+                                                                "/tmp/out"))
+  assert untied["logits_via_embedding"] == "false"  # a Leviathan rung: MaxText untied
   assert kv["remat_policy"] == "none" and kv["scan_layers"] == "false"
   assert float(kv["normalization_layer_epsilon"]) == 1e-5
   assert "." in kv["adam_eps"].split("e")[0]  # YAML 1.1 reads "1e-08" as a string

@@ -36,7 +36,7 @@ def _one_error_line(proc) -> str:
 @pytest.mark.parametrize("args,needle", [
     (["--topology=v9-8"], "unknown TPU generation 'v9'"),
     (["--topology=v5p-128", "--steps=train,backward"], "--steps=train,backward: expected"),
-    (["--json="], "--json is empty: expected a path"),
+    (["--json="], "--json is empty (an unset shell variable?); expected a JSON file"),
     (["--json=/no/such/folder/c.json"], "folder /no/such/folder does not exist"),
     (["--config=experiments/smoke.py:tied", "--config.model.d_model=-1"], "d_model"),
 ])
@@ -63,8 +63,12 @@ def test_a_fitting_config_prints_the_table_and_writes_the_json(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "lev-compile: smoke_tied on v5p:2x2x1 (4 x TPU v5" in proc.stdout
   assert "mesh data 1 x fsdp 4 x tensor 1" in proc.stdout
+  program = ("loss dense, logits float32, attention splash (auto), model.remat none, "
+             "float32 compute")  # the smoke config: auto -> splash on a TPU
+  assert f"lev-compile: {program}\n" in proc.stdout
   assert proc.stdout.count("compiler ESTIMATE") == 2
   record = json.loads(out.read_text())
+  assert record["program"] == program
   assert record["chips"] == 4 and record["compiler"].startswith("libtpu ") and record["jax"]
   train, evaluate = record["steps"]
   assert (train["step"], evaluate["step"]) == ("train", "eval")

@@ -1,7 +1,7 @@
 """Two processes x 4 CPU devices (jax.distributed on localhost) == one process x 8 devices.
 
-The pair runs steps 1-3 and checkpoints; one process restores that checkpoint and runs
-steps 4-6; the pair restores that and runs 7-8. Every step's loss must equal an
+The pair restores the single-process reference run's checkpoint of step 4 and runs
+steps 5-6; one process restores that and runs 7-8. Every step's loss must equal the
 uninterrupted single-process run's (rtol 1e-5: the same math, collectives across
 processes summing in another order). data.host_batches = "global" makes the data stream
 and its saved position the same in every process, so checkpoints move freely.
@@ -9,7 +9,7 @@ and its saved position the same in every process, so checkpoints move freely.
 The model is tied: what crosses processes here (sharded and replicated arrays in
 checkpoints, the data position, collectives) is the same for every embedding, and
 LEV's own sharding is checked on 8 devices in test_sharding.py; a tied model compiles
-in about half the time, in each of the 8 processes these tests start.
+in about half the time, in each of the 6 processes these tests start.
 """
 
 import json
@@ -81,18 +81,19 @@ def _check(got, ref, steps):
   np.testing.assert_allclose([got[s] for s in steps], [ref[s] for s in steps], rtol=1e-5)
 
 
-def test_pair_then_single_then_pair(reference, tmp_path):
-  """Steps 1-3 in two processes, 4-6 in one, 7-8 in two: each restore crosses counts."""
+def test_single_then_pair_then_single(reference, tmp_path):
+  """Steps 1-4 in one process (the reference run's checkpoint 4), 5-6 in two, 7-8 in
+  one: each restore crosses process counts, both ways."""
+  import shutil
   tmp, cache, ref = reference
   workdir = tmp_path / "run"
-  log = pair(args(workdir, cache, "--stop_at_step=3"), tmp_path / "pair.log")
-  assert "[p0]" in log and "[p1]" in log
-  _check(losses(workdir), ref, [1, 2, 3])  # only process 0 writes: one row per step
-  stderr = single(args(workdir, cache, "--stop_at_step=6"))
-  assert "resumed from step 3" in stderr
-  _check(losses(workdir), ref, list(range(1, 7)))
-  log = pair(args(workdir, cache), tmp_path / "pair2.log")
-  assert "resumed from step 6" in log
+  shutil.copytree(tmp / "single", workdir)
+  shutil.rmtree(workdir / "checkpoints" / "8")  # the latest step is now 4
+  log = pair(args(workdir, cache, "--stop_at_step=6"), tmp_path / "pair.log")
+  assert "[p0]" in log and "[p1]" in log and "resumed from step 4" in log
+  _check(losses(workdir), ref, list(range(1, 7)))  # only process 0 writes: one row a step
+  stderr = single(args(workdir, cache))
+  assert "resumed from step 6" in stderr
   _check(losses(workdir), ref, list(range(1, 9)))
 
 

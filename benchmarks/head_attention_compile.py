@@ -1,0 +1,112 @@
+"""A ladder rung's train step per loss, logits precision, attention kernel and remat,
+compiled for a TPU slice: per-chip memory and the estimated step time of each.
+
+  python benchmarks/head_attention_compile.py                   # tied_200m, both setups
+  python benchmarks/head_attention_compile.py --setups pod --rungs tied_200m,leviathan_200m
+  python benchmarks/head_attention_compile.py --setups small --out runs/head_attention
+
+Setups (each a slice and a batch; the rung's config from experiments/ladder.py otherwise):
+  pod    the README's slice, v5p-128, the rung's own global batch (512 x 512), with the
+         step-time estimate (loop-free compiles; a few minutes a variant on 2 cores).
+  small  4 v5p chips (v5p:2x2x1) at the same global batch of 512 x 512 (65,536 tokens a
+         chip), memory only: what fits where memory is short.
+Variants (--variants, comma-separated; every one by default):
+  dense             the dense loss, float32 logits, XLA attention (the ladder's choice)
+  dense_bf16        the dense loss with model.logits_dtype = bfloat16
+  chunked           train.loss_impl = chunked (automatic token chunks, whole vocab)
+  splash            the dense loss, model.attention = splash
+  chunked_splash    both
+  chunked_splash_dots   both, and model.remat = dots_no_batch
+  chunked_splash_full   both, and model.remat = full
+
+Each cell is one `lev-compile --steps=train --json=OUT/SETUP/RUNG/VARIANT.json` run in
+its own process (benchmarks/pod_compile.py's `compile_cell`; resumable: a cell whose
+JSON exists is not compiled again), then one Markdown table. Memory is XLA:TPU's buffer
+assignment per chip; every time is XLA's cost-model ESTIMATE for a program compiled on
+this CPU host, never a measurement. Splash attention's Mosaic kernel declares no cost to
+XLA's model, so a splash variant's time leaves the kernel out: it is marked so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from pod_compile import compile_cell  # noqa: E402  pylint: disable=wrong-import-position
+
+SETUPS = {"pod": ("v5p-128", (), True),
+          "small": ("v5p:2x2x1", (), False)}
+VARIANTS = {
+    "dense": (),
+    "dense_bf16": ("--config.model.logits_dtype=bfloat16",),
+    "chunked": ("--config.train.loss_impl=chunked",),
+    "splash": ("--config.model.attention=splash",),
+    "chunked_splash": ("--config.train.loss_impl=chunked", "--config.model.attention=splash"),
+    "chunked_splash_dots": ("--config.train.loss_impl=chunked",
+                            "--config.model.attention=splash",
+                            "--config.model.remat=dots_no_batch"),
+    "chunked_splash_full": ("--config.train.loss_impl=chunked",
+                            "--config.model.attention=splash", "--config.model.remat=full"),
+}
+
+
+def row(setup: str, rung: str, variant: str, rec: dict) -> str:
+  """One Markdown row of a cell's record (lev-compile's JSON)."""
+  step = rec["steps"][0]
+  gib = lambda b: f"{b / 2**30:.2f}" if b is not None else "n/a"
+  if not step["fits"]:
+    need = step.get("required_bytes")
+    return (f"| {setup} | {rung} | {variant} | does not fit: needs {gib(need)} GiB | "
+            f"{gib(step['temp_bytes'])} | n/a |")
+  seconds = step["step_s"] if "loop-free" in step["time_source"] else None
+  time = "n/a (memory only)" if seconds is None else f"{seconds:.4f}"
+  if seconds is not None and "splash" in variant:
+    time += " (splash kernel not priced)"
+  return (f"| {setup} | {rung} | {variant} | {gib(step['total_bytes'])} | "
+          f"{gib(step['temp_bytes'])} | {time} |")
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--rungs", default="tied_200m", help="comma-separated ladder rungs")
+  p.add_argument("--setups", default="pod,small", help=f"some of {', '.join(SETUPS)}")
+  p.add_argument("--variants", default=",".join(VARIANTS),
+                 help=f"some of {', '.join(VARIANTS)}")
+  p.add_argument("--out", default="runs/head_attention_compile",
+                 help="output folder (resumable)")
+  args = p.parse_args(argv)
+  pick = lambda value, known, flag: [x for x in value.split(",") if x] if all(
+      x in known for x in value.split(",") if x) else p.error(
+          f"{flag}={value}: expected some of {', '.join(known)}")
+  setups = pick(args.setups, SETUPS, "--setups")
+  variants = pick(args.variants, VARIANTS, "--variants")
+  rungs = [r for r in args.rungs.split(",") if r]
+  from lev_jax.experiments import load_experiment  # pylint: disable=import-outside-toplevel
+  ladder = load_experiment(REPO / "experiments" / "ladder.py")
+  unknown = [r for r in rungs if r not in ladder.RUNGS]
+  if unknown or not rungs:
+    p.error(f"--rungs={args.rungs}: expected some of {', '.join(ladder.RUNGS)}")
+  out = Path(args.out).resolve()
+  rows = ["| setup | rung | variant | per chip (GiB) | temporaries (GiB) "
+          "| step (s, ESTIMATE) |", "|---|---|---|---|---|---|"]
+  for setup in setups:
+    topology, extra, estimate = SETUPS[setup]
+    for rung in rungs:
+      for variant in variants:
+        rec = compile_cell(rung, topology, out / setup, estimate,
+                           overrides=(*extra, *VARIANTS[variant]), name=variant)
+        rows.append(row(f"{setup} ({topology})", rung, variant, rec))
+  table = "\n".join(rows)
+  print(table)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "table.md").write_text(table + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

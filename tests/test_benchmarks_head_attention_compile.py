@@ -1,0 +1,51 @@
+"""benchmarks/head_attention_compile.py: its rows from lev-compile records, its cells
+resumed from their JSON files (nothing compiled when they exist), and its bad flags."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import head_attention_compile as hac  # noqa: E402
+
+
+def _record(fits=True, step_s=0.02, source="cost model of loop-free compiles"):
+  return {"steps": [{"fits": fits, "total_bytes": 3 * 2**30, "temp_bytes": 2 * 2**30,
+                     "required_bytes": 120 * 2**30, "step_s": step_s,
+                     "time_source": source}]}
+
+
+def test_rows_say_what_was_estimated_and_what_does_not_fit():
+  assert hac.row("pod", "tied_200m", "dense", _record()) == (
+      "| pod | tied_200m | dense | 3.00 | 2.00 | 0.0200 |")
+  assert "n/a (memory only)" in hac.row("small", "tied_200m", "chunked",
+                                        _record(source="cost model"))
+  assert "splash kernel not priced" in hac.row("pod", "tied_200m", "splash", _record())
+  assert "does not fit: needs 120.00 GiB" in hac.row("small", "tied_200m", "dense",
+                                                      _record(fits=False))
+
+
+def test_existing_cells_are_read_not_compiled(tmp_path, capsys):
+  for variant in ("dense", "chunked"):
+    path = tmp_path / "small" / "v5p:2x2x1" / "tied_200m" / f"{variant}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_record(source="cost model")))
+  assert hac.main(["--setups", "small", "--variants", "dense,chunked",
+                   "--out", str(tmp_path)]) == 0
+  table = (tmp_path / "table.md").read_text()
+  assert table.count("| small (v5p:2x2x1) | tied_200m |") == 2
+  assert ": exit " not in capsys.readouterr().out  # compile_cell ran no lev-compile
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--variants", "dense,flash"], "--variants=dense,flash: expected some of"),
+    (["--setups", "huge"], "--setups=huge: expected some of pod, small"),
+    (["--rungs", "tied_9b"], "--rungs=tied_9b: expected some of"),
+])
+def test_bad_flags_are_one_line(argv, words, capsys):
+  with pytest.raises(SystemExit) as e:
+    hac.main(argv)
+  assert e.value.code == 2 and words in capsys.readouterr().err
