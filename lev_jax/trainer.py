@@ -300,7 +300,8 @@ class _Health:
     self.skipped = int(state["step"]) - int(schedule_count(state["opt_state"]))
 
   def add(self, step: int, metrics: dict):
-    self.pending.append((step, {k: metrics[k] for k in ("nonfinite", "loss", "grad_norm")}))
+    self.pending.append((step, {k: metrics[k] for k in
+                                ("nonfinite", "loss", "grad_norm", "update_norm")}))
 
   def check(self, upto: int | None = None) -> None:
     """Counts the pending steps (those <= upto; all by default); raises as the class
@@ -321,9 +322,12 @@ class _Health:
     for step, m in jax.device_get(now):
       if not m["nonfinite"]:
         continue
-      what = (f"step {step}: loss {float(m['loss']):.6g}, gradient norm "
-              f"{float(m['grad_norm']):.6g} (not finite); params and optimizer state were "
-              "kept from the step before")
+      values = {"loss": float(m["loss"]), "gradient": float(m["grad_norm"]),
+                "update": float(m["update_norm"])}
+      bad = ", ".join(k for k, v in values.items() if not math.isfinite(v))
+      what = (f"step {step}: loss {values['loss']:.6g}, gradient norm "
+              f"{values['gradient']:.6g}, update norm {values['update']:.6g} (not finite: "
+              f"{bad}); params and optimizer state were kept from the step before")
       self.skipped += 1
       if self.policy == "skip_step" and self.skipped <= self.limit:
         logging.warning("%s (train.nan_policy=skip_step: %d of at most %d skipped)", what,
@@ -478,7 +482,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
       schedule still spans train.steps); a run resumed at or past it trains nothing
       and returns `Stopped(resumed step, "stop_at_step")`.
     restore_fallback: resume from the latest intact checkpoint when the latest one is
-      corrupt or unreadable (a warning names it); without it, that is an error.
+      corrupt, unreadable or holds NaN / infinite values (a warning names it; it is
+      moved to checkpoints_quarantine/), from step 0 when none is; without it, that is an
+      error.
 
   Returns:
     The final evaluation (as eval.json), `Stopped` when the run stopped early, or
@@ -591,8 +597,11 @@ def _run(config, workdir, bundle, part, train_iter, feed, stop_at_step, restore_
     if ckpt is not None and ckpt.latest_step() is not None:  # restored into its shardings
       latest, state = ckpt.restore_latest(abstract_state(part, config), train_iter, config,
                                           fallback=restore_fallback)
-      logging.info("resumed from step %d", latest)
+      if state is not None:
+        logging.info("resumed from step %d", latest)
     else:
+      state = None
+    if state is None:  # a new run, or --restore_fallback found no restorable step
       state = init_state(part, config)
     step = int(state["step"])
     if step > t.steps:  # finished_run could not read that step's config: never evaluate it

@@ -90,9 +90,10 @@ def test_pair_then_single_then_pair(reference, tmp_path):
   _check(losses(workdir), ref, [1, 2, 3])  # only process 0 writes: one row per step
   stderr = single(args(workdir, cache, "--stop_at_step=6"))
   assert "resumed from step 3" in stderr
+  assert "unverified" not in stderr  # the pair's save has its manifest (process 0 wrote it)
   _check(losses(workdir), ref, list(range(1, 7)))
   log = pair(args(workdir, cache), tmp_path / "pair2.log")
-  assert "resumed from step 6" in log
+  assert "resumed from step 6" in log and "unverified" not in log
   _check(losses(workdir), ref, list(range(1, 9)))
 
 

@@ -37,7 +37,8 @@ def test_a_diverging_resume_stops_and_never_rotates_out_the_finite_checkpoints(r
   c, workdir = run
   c.train.steps = 40
   c.optim.lr = 1e6
-  with pytest.raises(DivergenceError, match=r"step (\d+): loss .* \(not finite\).*"
+  with pytest.raises(DivergenceError, match=r"step (\d+): loss \S+, gradient norm \S+, "
+                     r"update norm nan \(not finite: (loss, )?(gradient, )?update\).*"
                      r"No checkpoint was written after it; the latest is step \d+") as e:
     train_and_evaluate(c, workdir)
   bad = int(str(e.value).split(":")[0].split()[1])

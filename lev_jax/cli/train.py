@@ -65,8 +65,9 @@ def _define_flags():
                     "on another host that is gone (see lev_jax/lock.py); a lock held on "
                     "this host is never overridden.")
   flags.DEFINE_bool("restore_fallback", False, "When the latest checkpoint is corrupt "
-                    "(checksum) or unreadable, resume from the latest intact one instead "
-                    "of stopping (a warning names the skipped step).")
+                    "(checksum), unreadable or holds NaN/infinite values, resume from the latest "
+                    "intact one (step 0 if none is) instead of stopping; a warning names the "
+                    "skipped step, moved to checkpoints_quarantine/.")
   flags.DEFINE_string("preflight", None, "Check the flags, config and mesh for a job of "
                       "PLATFORM:PROCESSESxDEVICES (cpu|gpu|tpu, devices per process), "
                       "e.g. gpu:4x8, then exit without training or writing anything.")
