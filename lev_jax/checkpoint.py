@@ -67,8 +67,9 @@ def error_line(error: BaseException, limit: int = 160) -> str:
 
 
 class CheckpointWriteError(OSError):
-  """A checkpoint could not be written (e.g. the disk is full); its temporary folder
-  was removed and the earlier checkpoints are untouched."""
+  """A checkpoint could not be written (e.g. the disk is full, a read-only mount); the
+  earlier checkpoints are untouched and its temporary folder was removed (or is named,
+  when it cannot be: the next run removes it)."""
 
 
 class DataIteratorHandler(grain.checkpoint.CheckpointHandler):
@@ -206,12 +207,24 @@ class Checkpointer:
     write_manifest(tmps[-1] if tmps else self.directory / str(step), skip=ORBAX_COMMIT_FILES)
 
   def _write_failed(self, step: int, error: BaseException):
+    """Removes the step's temporary folder, then raises CheckpointWriteError naming the
+    intact steps; a temporary that cannot be removed (e.g. a read-only mount: EROFS)
+    is named instead of raising its own error."""
+    left = []
     for tmp in self.directory.glob(f"{step}{ORBAX_TMP_SUFFIX}*"):
-      tmp.rmtree(missing_ok=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+      try:
+        tmp.rmtree(missing_ok=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+      except OSError as e:  # the save's error is the one to report
+        left.append(f"{tmp} ({error_line(e)})")
+    try:
+      steps = self.all_steps()
+    except Exception:  # an unreadable folder: any Orbax / OS error type
+      steps = "saved before"
+    cleanup = (f"its temporary folder could not be removed: {', '.join(left)}; the next "
+               "run on this workdir removes it" if left else "its temporary folder was removed")
     raise CheckpointWriteError(
         f"checkpoint {self.directory / str(step)} could not be written ({error_line(error)}); "
-        f"its temporary folder was removed, the checkpoints {self.all_steps()} are intact"
-    ) from error
+        f"the checkpoints {steps} are intact; {cleanup}") from error
 
   def saved_config(self, step: int) -> dict:
     """The config stored with `step`.

@@ -164,6 +164,30 @@ def test_a_failed_save_is_one_error_and_keeps_the_earlier_checkpoints(run, monke
   assert saved_state(workdir, 4)["step"] == 4
 
 
+def test_a_read_only_checkpoints_folder_is_one_error_naming_the_temporary_left(
+    run, monkeypatch):
+  """Issue 26.12: the temporary folder's removal fails too (EROFS); that must not
+  replace the save's error."""
+  from etils import epath
+  c, workdir = run
+  tmp = workdir / "checkpoints" / "6.orbax-checkpoint-tmp"
+
+  def read_only(*args, **kwargs):
+    (tmp / "state").mkdir(parents=True)
+    raise OSError(errno.EROFS, "Read-only file system")
+
+  def cannot_remove(path, *args, **kwargs):
+    raise OSError(errno.EROFS, "Read-only file system", "state")
+  monkeypatch.setattr("orbax.checkpoint.CheckpointManager.save", read_only)
+  monkeypatch.setattr(type(epath.Path(tmp)), "rmtree", cannot_remove)
+  with pytest.raises(CheckpointWriteError, match=r"checkpoints/6 could not be written "
+                     r"\(\[Errno 30\] Read-only file system\); the checkpoints \[2, 4\] are "
+                     rf"intact; its temporary folder could not be removed: {tmp} \(\[Errno 30\] "
+                     r"Read-only file system: 'state'\); the next run on this workdir removes it"):
+    train_and_evaluate(c, workdir)
+  assert saved_state(workdir, 4)["step"] == 4
+
+
 def test_a_scan_layers_change_is_named(run):
   c, workdir = run
   c.model.scan_layers = not c.model.scan_layers
