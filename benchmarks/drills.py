@@ -167,6 +167,38 @@ def drill_bit_flip(root, env) -> dict:
           else (refused.stderr + fallback.stderr)[-300:]}
 
 
+def drill_kill_between_saves(root, env, reference) -> dict:
+  """Issue 26.3: kill -9 once a step is committed, before the next save starts; then
+  64 bytes of that step's largest state file flipped. Its manifest, committed with it,
+  must catch the flip; --restore_fallback resumes from an intact step (or step 0) and
+  ends bitwise equal to the uninterrupted run."""
+  workdir = root / "between_saves"
+  ckpts = workdir / "checkpoints"
+  proc = _popen(_args(workdir), env)
+  hit = _wait(lambda: ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir()))
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if hit else []
+  if not steps:
+    return {"drill": "kill -9 between saves + bit flip", "ok": False,
+            "detail": "no checkpoint was complete"}
+  latest = ckpts / str(steps[-1])
+  signed = (latest / "checksums.json").exists()
+  target = max((p for p in (latest / "state").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)
+  data = bytearray(target.read_bytes())
+  for i in range(64):
+    data[(i * 7919) % len(data)] ^= 0xFF
+  target.write_bytes(bytes(data))
+  refused = _run(_args(workdir), env)
+  fallback = _run(_args(workdir, "--restore_fallback"), env)
+  ok = (signed and _one_line_error(refused) and "differs from its checksum" in refused.stderr
+        and fallback.returncode == 0 and _bitwise(_state(workdir), reference))
+  return {"drill": "kill -9 between saves + bit flip", "ok": ok,
+          "detail": f"step {steps[-1]}'s manifest caught it; --restore_fallback resumed, "
+          "bitwise equal" if ok else (refused.stderr + fallback.stderr)[-300:]}
+
+
 def bad_inputs(root) -> list[tuple[str, list[str], object]]:
   """(name, extra args, setup(workdir) or None); each must be one line, exit 2."""
   syntax = root / "broken_config.py"
@@ -227,7 +259,8 @@ def main():
     sys.exit(f"drills: the reference run failed:\n{ref.stderr[-2000:]}")
   reference = _state(root / "reference")
   rows = [drill_kills(root, env, reference, a.kills, rng), drill_sigterm(root, env, reference),
-          drill_nan(root, env), drill_two_writers(root, env), drill_bit_flip(root, env)]
+          drill_nan(root, env), drill_two_writers(root, env), drill_bit_flip(root, env),
+          drill_kill_between_saves(root, env, reference)]
   clear = []
   for i, (name, extra, setup) in enumerate(bad_inputs(root)):
     workdir = root / f"bad_{i}"

@@ -17,12 +17,16 @@ are removed when the next Checkpointer opens the folder (Orbax's
 cleanup_tmp_directories). Source: orbax-checkpoint docs, "CheckpointManager" and
 "Async checkpointing".
 
-Once Orbax has finalised a step, process 0 writes `<step>/checksums.json` (sha256 and
-size of every file of the step; MANIFEST). A restore recomputes them first: a flipped
-bit is CheckpointCorruptError naming the file, never a silent restore. A step without
-a manifest (a kill between Orbax's rename and the manifest, or an older run) restores
-with a warning. The manifest, the stored-config checks (SHAPE_FIELDS, DATA_FIELDS) and
-the quarantine of unrestorable steps need no Orbax: lev_jax/checkpoint_checks.py.
+Each step's `<step>/checksums.json` (sha256 and size of every file of its items;
+MANIFEST) is part of the step's commit: process 0 writes it from Orbax's
+post-finalization callback, once every item is complete in the step's temporary folder
+and before Orbax renames that folder into place, so no complete step lacks one (a kill
+before the rename leaves a temporary, removed at the next open). A restore recomputes
+the checksums first: a flipped bit is CheckpointCorruptError naming the file, never a
+silent restore; a restored state with a non-finite value is refused the same way. A
+step without a manifest (written by an older lev_jax) restores with a warning. The
+manifest, the stored-config checks (SHAPE_FIELDS, DATA_FIELDS) and the quarantine of
+unrestorable steps need no Orbax: lev_jax/checkpoint_checks.py.
 
 Only this module knows Orbax's on-disk layout: `latest_config_file` names the file a
 step's config item is stored in, for readers without Orbax (lev_jax.ladder.runs).
@@ -37,7 +41,9 @@ from typing import Any
 
 import grain
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -47,6 +53,13 @@ from lev_jax.checkpoint_checks import (DATA_FIELDS, MANIFEST, SHAPE_FIELDS,
                                        write_manifest)
 
 
+# Orbax's commit records at a step's top level: written or updated as the step is
+# committed, after the manifest (which leaves them out). Source: orbax.checkpoint
+# _src/path/atomicity.py (AtomicRenameTemporaryPath.finalize), 0.12.
+ORBAX_COMMIT_FILES = ("_CHECKPOINT_METADATA", "commit_success.txt")
+ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # <step>.orbax-checkpoint-tmp[-...]: uncommitted
+
+
 def error_line(error: BaseException, limit: int = 160) -> str:
   """The start of an error's first line: Orbax and tensorstore errors carry kilobytes."""
   line = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -54,8 +67,9 @@ def error_line(error: BaseException, limit: int = 160) -> str:
 
 
 class CheckpointWriteError(OSError):
-  """A checkpoint could not be written (e.g. the disk is full); its temporary folder
-  was removed and the earlier checkpoints are untouched."""
+  """A checkpoint could not be written (e.g. the disk is full, a read-only mount); the
+  earlier checkpoints are untouched and its temporary folder was removed (or is named,
+  when it cannot be: the next run removes it)."""
 
 
 class DataIteratorHandler(grain.checkpoint.CheckpointHandler):
@@ -105,6 +119,22 @@ def _name(keypath) -> str:
   return jax.tree_util.keystr(keypath, simple=True, separator="/")
 
 
+def nonfinite_leaves(tree) -> list[str]:
+  """The names ("opt_state/0/mu/...") of the floating-point leaves of `tree` holding a
+  NaN or infinity, in tree order; [] when every value is finite. One jitted reduction
+  (global arrays of any sharding, every process gets the same answer)."""
+  named = [(_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+           if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not named:
+    return []
+  mesh = getattr(named[0][1].sharding, "mesh", None) if isinstance(named[0][1], jax.Array) \
+      else None
+  out = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  bad = jax.jit(lambda xs: jnp.stack([~jnp.isfinite(x).all() for x in xs]),
+                out_shardings=out)([x for _, x in named])
+  return [name for (name, _), b in zip(named, np.asarray(jax.device_get(bad))) if b]
+
+
 def _read_config(manager: ocp.CheckpointManager, step: int) -> dict:
   """The config item of `step` (Orbax's JsonCheckpointHandler; tuples read back as
   lists); Orbax / tensorstore errors of any type for a missing or damaged item."""
@@ -118,7 +148,8 @@ class Checkpointer:
     directory: where step folders go (local path or gs://).
     keep: how many recent checkpoints to keep (older ones are deleted only after a
       newer one is complete).
-    async_save: write in a background thread after the device-to-host copy.
+    async_save: write in a background thread after the device-to-host copy (else
+      `save` returns once the step is committed).
     portable_data: the data iterator state is the same in every process
       (data.host_batches = "global"), so it restores under any process count.
   """
@@ -126,14 +157,18 @@ class Checkpointer:
   def __init__(self, directory, *, keep: int, async_save: bool = True,
                portable_data: bool = True):
     self.directory = epath.Path(directory)
+    self.async_save = async_save
+    # Always Orbax's async checkpointer: only it runs the post-finalization callback
+    # that writes the manifest inside the commit; a synchronous save waits for it.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
-        cleanup_tmp_directories=True)
+        max_to_keep=keep, enable_async_checkpointing=True, create=True,
+        cleanup_tmp_directories=True,
+        async_options=ocp.AsyncOptions(post_finalization_callback=self._sign))
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
         "state": ocp.StandardCheckpointHandler(),
         "data": DataIteratorHandler(portable_data),
         "config": ocp.JsonCheckpointHandler()})
-    self._unsigned: list[int] = []  # steps saved here whose manifest is not written yet
+    self._saving: int | None = None  # the step being saved, until `wait` sees it end
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -147,25 +182,49 @@ class Checkpointer:
     Raises:
       CheckpointWriteError: this or the previous (async) save failed, e.g. disk full.
     """
-    self.wait()  # the previous save is complete (Orbax would wait here too): sign it
+    self.wait()  # the previous save is complete (Orbax would wait here too)
+    self._saving = step
     try:
       saved = self.manager.save(step, force=True, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state),
           data=DataSave(data_iterator),
           config=ocp.args.JsonSave(config.to_dict())))
     except Exception as e:  # Orbax / tensorstore / OSError: any type
+      self._saving = None
       self._write_failed(step, e)
-    if saved:
-      self._unsigned.append(step)
+    if not self.async_save:
+      self.wait()
     return saved
 
+  def _sign(self) -> None:
+    """Orbax's post-finalization callback (its save thread, process 0 only, after every
+    process wrote its part): every item of the step is complete in its temporary folder,
+    which Orbax renames next, so the manifest is committed with the step. An error here
+    fails the save (raised by `wait`)."""
+    step = self._saving
+    tmps = sorted(self.directory.glob(f"{step}{ORBAX_TMP_SUFFIX}*"))
+    # A commit-file backend (gs://) writes the step in place: no temporary folder.
+    write_manifest(tmps[-1] if tmps else self.directory / str(step), skip=ORBAX_COMMIT_FILES)
+
   def _write_failed(self, step: int, error: BaseException):
-    for tmp in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
-      tmp.rmtree(missing_ok=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+    """Removes the step's temporary folder, then raises CheckpointWriteError naming the
+    intact steps; a temporary that cannot be removed (e.g. a read-only mount: EROFS)
+    is named instead of raising its own error."""
+    left = []
+    for tmp in self.directory.glob(f"{step}{ORBAX_TMP_SUFFIX}*"):
+      try:
+        tmp.rmtree(missing_ok=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+      except OSError as e:  # the save's error is the one to report
+        left.append(f"{tmp} ({error_line(e)})")
+    try:
+      steps = self.all_steps()
+    except Exception:  # an unreadable folder: any Orbax / OS error type
+      steps = "saved before"
+    cleanup = (f"its temporary folder could not be removed: {', '.join(left)}; the next "
+               "run on this workdir removes it" if left else "its temporary folder was removed")
     raise CheckpointWriteError(
         f"checkpoint {self.directory / str(step)} could not be written ({error_line(error)}); "
-        f"its temporary folder was removed, the checkpoints {self.all_steps()} are intact"
-    ) from error
+        f"the checkpoints {steps} are intact; {cleanup}") from error
 
   def saved_config(self, step: int) -> dict:
     """The config stored with `step`.
@@ -184,15 +243,19 @@ class Checkpointer:
                      fallback: bool = False):
     """Restores the latest step (see `restore`); returns (step, state).
 
-    With `fallback`, a step that is corrupt or unreadable is skipped (a warning names it
-    and why) for the next older one; once one restores, the skipped steps are moved,
-    not deleted, to <directory>_quarantine/<step> so the run can save those steps again.
-    Without it, the first error is raised.
+    With `fallback`, a step that is corrupt, unreadable or holds non-finite values is
+    skipped (a warning names it and why) for the next older one; once one restores, the
+    skipped steps are moved, not deleted, to <directory>_quarantine/<step> so the run can
+    save those steps again. When none restores, all are moved there and the result is
+    (None, None): the run starts again from step 0 (the data iterator back at its
+    start). Without it, the first error is raised.
 
     Raises:
-      CheckpointMismatchError: as `restore`; with fallback, when no step is restorable.
+      CheckpointMismatchError: as `restore` (with fallback, only its errors that are
+        not skipped).
     """
     steps = sorted(self.manager.all_steps(), reverse=True)
+    start = data_iterator.get_state()
     errors, skipped = [], []
     for step in steps:
       try:
@@ -206,19 +269,27 @@ class Checkpointer:
         errors.append(f"{step}: {reason}")
         skipped.append(step)
         continue
-      if skipped and jax.process_index() == 0:
-        quarantine(self.directory, skipped)
-        self.manager.reload()
+      self._quarantine(skipped)
       return step, state
-    raise CheckpointMismatchError("no checkpoint can be restored: " + "; ".join(errors))
+    logging.warning("no checkpoint can be restored (--restore_fallback): starting again "
+                    "from step 0; %s", "; ".join(errors))
+    self._quarantine(skipped)
+    data_iterator.set_state(start)
+    return None, None
+
+  def _quarantine(self, steps: list[int]) -> None:
+    if steps and jax.process_index() == 0:
+      quarantine(self.directory, steps)
+      self.manager.reload()
 
   def restore(self, step: int, abstract_state, data_iterator,
               config: ml_collections.ConfigDict):
     """Restores `step` into the shapes of `abstract_state`; sets the iterator's position.
 
     Raises:
-      CheckpointCorruptError: a file differs from the step's checksum manifest (add
-        --restore_fallback to lev-train to resume from the latest intact step).
+      CheckpointCorruptError: a file differs from the step's checksum manifest, or a
+        restored value is NaN or infinite (add --restore_fallback to lev-train to resume
+        from the latest intact step).
       CheckpointMismatchError: the checkpoint's model shape differs from `config`'s
         (every differing field is named), an array's stored shape differs, or the step
         cannot be read.
@@ -249,6 +320,14 @@ class Checkpointer:
           f"{where} cannot be read: it is incomplete or corrupt ({error_line(e)}). Nothing was "
           f"changed; move that folder aside to resume from an earlier step {others}"
       ) from e
+    bad = nonfinite_leaves(restored["state"])
+    if bad:
+      raise CheckpointCorruptError(
+          f"{where}: {bad[0]}{f' and {len(bad) - 1} more arrays' if len(bad) > 1 else ''} "
+          f"hold{'s' if len(bad) == 1 else ''} NaN or infinite values (a run never saves "
+          "those: the step was damaged after the save). Nothing was changed; re-run with "
+          "--restore_fallback to resume from the latest intact step, or move that folder "
+          "aside")
     data_diffs = config_differences(saved, config, DATA_FIELDS)
     if data_diffs:
       logging.warning("%s: resuming with different data settings; the restored data "
@@ -271,7 +350,7 @@ class Checkpointer:
         data=DataRestore(data_iterator)))
 
   def wait(self):
-    """Waits for a pending async save, then writes the manifests of finished saves.
+    """Waits for a pending async save (committed with its manifest, see `_sign`).
 
     Raises:
       CheckpointWriteError: the pending save failed (its temporary folder is removed).
@@ -279,13 +358,9 @@ class Checkpointer:
     try:
       self.manager.wait_until_finished()
     except Exception as e:  # the background save's error, any type
-      step = self._unsigned.pop() if self._unsigned else -1
-      self._write_failed(step, e)
-    finished = set(self.manager.all_steps())
-    for step in self._unsigned:
-      if step in finished and jax.process_index() == 0:
-        write_manifest(self.directory / str(step))
-    self._unsigned = []
+      step, self._saving = self._saving, None
+      self._write_failed(-1 if step is None else step, e)
+    self._saving = None
 
   def close(self):
     """Finishes pending saves (see `wait`) and closes the manager, also on error."""

@@ -1,15 +1,17 @@
 """Checks of a checkpoint step that need no Orbax: its checksum manifest, its stored
 config against this run's, and the quarantine of steps that fail them.
 
-  write_manifest(step_dir)     # process 0, once Orbax has finalised the step
+  write_manifest(step_dir)     # process 0, as Orbax commits the step (before its rename)
   verify_manifest(step_dir)    # before a restore: True, False (no manifest) or raises
   config_differences(saved, config, SHAPE_FIELDS)   # ["model.d_model: checkpoint 64, ..."]
   config_differences(saved, config, result_fields(config), stored_only=True)  # finished run
   quarantine(directory, [4])   # DIRECTORY/4 -> DIRECTORY_quarantine/4-<ns>
 
 The manifest, `<step>/checksums.json` (MANIFEST), holds the sha256 and size of every
-file of the step: a flipped bit is CheckpointCorruptError naming the file, never a silent
-restore. lev_jax/checkpoint.py (the only module that imports Orbax) writes and checks
+file of the step (but the commit records its writer leaves out, `skip`): a flipped bit,
+a missing file or a file of an item folder that it does not list is
+CheckpointCorruptError naming the file, never a silent restore; so is a manifest that
+lists nothing. lev_jax/checkpoint.py (the only module that imports Orbax) writes and checks
 steps through these; lev_jax/inference.py checks a run's steps before reading them.
 """
 
@@ -70,22 +72,35 @@ def _sha256(path: epath.Path) -> str:
   return digest.hexdigest()
 
 
-def _step_files(step_dir: epath.Path) -> dict[str, epath.Path]:
-  """{path relative to the step folder: path} of every file but the manifest."""
+def _step_files(step_dir: epath.Path, skip=()) -> dict[str, epath.Path]:
+  """{path relative to the step folder: path} of every file but the manifest and the
+  top-level files named in `skip`."""
   out, folders = {}, [step_dir]
   while folders:  # epath has no recursive glob on every backend (gs://)
     for p in folders.pop().iterdir():
       if p.is_dir():
         folders.append(p)
-      elif p.name != MANIFEST or p.parent != step_dir:
+      elif p.parent != step_dir or (p.name != MANIFEST and p.name not in skip):
         out[str(p.relative_to(step_dir))] = p
   return out
 
 
-def write_manifest(step_dir) -> None:
-  """Writes `step_dir/checksums.json`: {"sha256": {file: hex}, "bytes": {file: size}}."""
+def write_manifest(step_dir, skip=()) -> None:
+  """Writes `step_dir/checksums.json`: {"sha256": {file: hex}, "bytes": {file: size}}.
+
+  Args:
+    step_dir: the step's folder (or the temporary folder it is committed from).
+    skip: names of top-level files left out (files the writer changes after the
+      manifest, e.g. Orbax's commit records); files in sub-folders are always listed.
+  Raises:
+    CheckpointCorruptError: the folder holds no file to list (a manifest that lists
+      nothing would verify nothing).
+    OSError: the manifest cannot be written (e.g. disk full).
+  """
   step_dir = epath.Path(step_dir)
-  files = _step_files(step_dir)
+  files = _step_files(step_dir, skip)
+  if not files:
+    raise CheckpointCorruptError(f"checkpoint {step_dir}: no file to list in {MANIFEST}")
   manifest = {"sha256": {rel: _sha256(p) for rel, p in sorted(files.items())},
               "bytes": {rel: p.stat().length for rel, p in sorted(files.items())}}
   write_json_atomic(step_dir / MANIFEST, manifest)
@@ -97,8 +112,9 @@ def verify_manifest(step_dir) -> bool:
   Returns:
     True when verified, False when the step has no manifest (unverifiable).
   Raises:
-    CheckpointCorruptError: a listed file is missing or its checksum differs (the
-      first such file is named).
+    CheckpointCorruptError: the manifest is unreadable or lists no file, a listed file
+      is missing or its checksum differs, or a file in one of the step's folders is not
+      listed (the first such file is named).
   """
   step_dir = epath.Path(step_dir)
   path = step_dir / MANIFEST
@@ -106,8 +122,20 @@ def verify_manifest(step_dir) -> bool:
     return False
   try:
     expected = json.loads(path.read_text())["sha256"]
+    if not isinstance(expected, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in expected.items()):
+      raise TypeError('"sha256" is not a {file: hex digest} object')
   except (ValueError, KeyError, TypeError) as e:
     raise CheckpointCorruptError(f"{path}: the checksum manifest is unreadable ({e})") from e
+  if not expected:
+    raise CheckpointCorruptError(f"{path}: the checksum manifest lists no file (expected "
+                                 "every file of the step); it verifies nothing")
+  unlisted = sorted(rel for rel in _step_files(step_dir)
+                    if "/" in rel and rel not in expected)  # item folders' files
+  if unlisted:
+    raise CheckpointCorruptError(
+        f"checkpoint {step_dir}: {unlisted[0]} is not in its checksum manifest (added "
+        f"after the save, or the manifest is incomplete)")
   for rel, digest in expected.items():
     f = step_dir / rel
     if not f.exists():

@@ -41,8 +41,8 @@ from flax import nnx
 
 from lev_jax import checkpoint
 from lev_jax.checkpoint import error_line
-from lev_jax.checkpoint_checks import (SHAPE_FIELDS, CheckpointCorruptError, config_differences,
-                                       verify_manifest)
+from lev_jax.checkpoint_checks import (MANIFEST, SHAPE_FIELDS, CheckpointCorruptError,
+                                       config_differences, verify_manifest)
 from lev_jax.config import DTYPES, ConfigError, from_dict
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import load_tokenizer, save_tokenizer
@@ -155,7 +155,9 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
     others = [s for s in steps if s != step]
     hint = f"; other steps: {others} (--step)" if others else ""
     try:  # the checksums written at save (checkpoint_checks.MANIFEST), then the config item
-      verify_manifest(ckpt_dir / str(step))
+      if not verify_manifest(ckpt_dir / str(step)):
+        logging.warning("%s has no checksum manifest (%s: written by an older lev_jax, or "
+                        "deleted); reading it unverified", where, MANIFEST)
       saved = reader.saved_config(step)
     except CheckpointCorruptError as e:
       raise InferenceError(f"{e}{hint}") from None

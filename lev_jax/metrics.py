@@ -16,6 +16,7 @@ Only process 0 writes (jax.process_index() == 0). TensorBoard events via tensorb
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -24,7 +25,7 @@ import jax
 from etils import epath
 
 from lev_jax.data.files import write_bytes_atomic
-from lev_jax.workdir import METRICS, TENSORBOARD, finite_json
+from lev_jax.workdir import METRICS, TENSORBOARD, OutputWriteError, finite_json
 
 
 def _clean(v):
@@ -33,34 +34,70 @@ def _clean(v):
 
 
 class MetricWriter:
-  """Appends {"step": s, "time": unix_s, **metrics} lines and TensorBoard scalars."""
+  """Appends {"step": s, "time": unix_s, **metrics} lines and TensorBoard scalars.
+
+  Raises (every method):
+    OutputWriteError: metrics.jsonl or tensorboard/ cannot be written (e.g. disk full),
+      naming it and the step. A row cut short by the failure is dropped on resume
+      (`truncate_metrics`); `close` after such a failure only releases the files.
+  """
 
   def __init__(self, workdir):
     self.enabled = jax.process_index() == 0
     self.path = epath.Path(workdir) / METRICS
+    self.tb_path = epath.Path(workdir) / TENSORBOARD
     self._tb = None
+    self._failed = False
     if self.enabled:
       from tensorboardX import SummaryWriter
-      self.path.parent.mkdir(parents=True, exist_ok=True)
-      self._file = self.path.open("a")
-      self._tb = SummaryWriter(str(epath.Path(workdir) / TENSORBOARD))
+      with self._writing(self.path, "opening it"):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+      with self._writing(self.tb_path, "opening it"):
+        self._tb = SummaryWriter(str(self.tb_path))
+
+  @contextlib.contextmanager
+  def _writing(self, path, what: str):
+    """OSError -> OutputWriteError naming `path` and `what` was being written."""
+    try:
+      yield
+    except OSError as e:
+      self._failed = True
+      raise OutputWriteError(f"{path}: {what} failed ({e.strerror or e})") from e
 
   def write(self, step: int, metrics: dict):
     if not self.enabled:
       return
     row = {"step": int(step), "time": round(time.time(), 3)}
     row.update({k: _clean(v) for k, v in metrics.items()})
-    self._file.write(json.dumps(row) + "\n")
-    self._file.flush()
-    for k, v in metrics.items():
-      if math.isfinite(float(v)):
-        self._tb.add_scalar(k, float(v), int(step))
-    self._tb.flush()
+    with self._writing(self.path, f"writing the row of step {int(step)}"):
+      self._file.write(json.dumps(row) + "\n")
+      self._file.flush()
+    with self._writing(self.tb_path, f"writing the scalars of step {int(step)}"):
+      for k, v in metrics.items():
+        if math.isfinite(float(v)):
+          self._tb.add_scalar(k, float(v), int(step))
+      self._tb.flush()
 
   def close(self):
-    if self.enabled:
-      self._file.close()
-      self._tb.close()
+    """Closes both files (both are tried); after a failed write, errors are not raised
+    again (the first was reported)."""
+    if not self.enabled:
+      return
+    failed = self._failed
+    try:
+      with self._writing(self.path, "closing it"):
+        self._file.close()
+    except OutputWriteError:
+      if not failed:
+        raise
+    finally:
+      try:
+        with self._writing(self.tb_path, "closing it"):
+          self._tb.close()
+      except OutputWriteError:
+        if not failed:
+          raise
 
 
 def truncate_metrics(workdir, step: int) -> int:

@@ -185,13 +185,14 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
   gradients of the summed token loss are accumulated in float32 and divided by the
   total number of real target tokens, so accumulation is exact (same update as one big
   batch). Metrics (float32 scalars, replicated): loss (mean nll per real target),
-  grad_norm (before clipping), lr, tokens (real targets in this step), nonfinite (1.0
-  when the loss, gradient norm or update norm was not finite: that step left params
-  and optimizer state unchanged, the NaN guard; else 0.0), and per
-  parameter group present in the model (optimizer.param_group: lev, embedding_table,
-  head, backbone) grad_norm/<group> (before clipping) and update_ratio/<group>
-  (rms(update) / rms(param) over the group; optimizer.group_diagnostics). They are
-  computed in the step, so fetching them costs no extra host sync.
+  grad_norm (before clipping), update_norm (of the optimizer's update), lr, tokens
+  (real targets in this step), nonfinite (1.0 when the loss, gradient norm or update
+  norm was not finite: that step left params and optimizer state unchanged, the NaN
+  guard; else 0.0), and per parameter group present in the model (optimizer.param_group:
+  lev, embedding_table, head, backbone) grad_norm/<group> (before clipping) and
+  update_ratio/<group> (rms(update) / rms(param) over the group;
+  optimizer.group_diagnostics). They are computed in the step, so fetching them costs
+  no extra host sync.
   """
   tx = make_optimizer(config)
   schedule = learning_rate_schedule(config)
@@ -223,12 +224,12 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
     loss, grad_norm = loss_sum / denom, optax.tree.norm(grads)
     # The NaN guard: a step with a non-finite loss, gradient or update keeps the old
     # params and optimizer state (select, exact: a finite step is bitwise unchanged).
-    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-              & jnp.isfinite(optax.tree.norm(updates)))
+    update_norm = optax.tree.norm(updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     new_state = dict(state, params=keep(optax.apply_updates(params, updates), params),
                      opt_state=keep(opt_state, state["opt_state"]), step=state["step"] + 1)
-    metrics = {"loss": loss, "grad_norm": grad_norm,
+    metrics = {"loss": loss, "grad_norm": grad_norm, "update_norm": update_norm,
                "lr": schedule(schedule_count(state["opt_state"])), "tokens": n_tokens,
                "nonfinite": 1.0 - finite.astype(jnp.float32),
                **group_diagnostics(grads, updates, params)}

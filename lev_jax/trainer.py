@@ -53,7 +53,19 @@ from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
 from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, EVAL_JSON, METRICS, PROFILE,
                              PROFILE_TRACES, RUN_OUTPUTS, TOKEN_COUNTS, TOKENIZER,
-                             loads_json, write_json_atomic)
+                             OutputWriteError, loads_json, write_json_atomic)
+
+
+@contextlib.contextmanager
+def _writing(path):
+  """An OSError while writing the run output `path` (e.g. disk full) -> OutputWriteError
+  naming it, in one line."""
+  try:
+    yield
+  except OutputWriteError:
+    raise
+  except OSError as e:
+    raise OutputWriteError(f"{path}: writing it failed ({e.strerror or e})") from e
 
 
 class _StopSignals:
@@ -126,7 +138,8 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
       scalars[f"eval/perplexity_bucket_{lo}-{hi}"] = b["perplexity"]
   writer.write(step, scalars)
   if jax.process_index() == 0:
-    write_json_atomic(epath.Path(workdir) / EVAL_JSON, result)
+    with _writing(epath.Path(workdir) / EVAL_JSON):
+      write_json_atomic(epath.Path(workdir) / EVAL_JSON, result)
   return result
 
 
@@ -138,7 +151,8 @@ def _write_data_report(workdir: epath.Path, bundle, step: int) -> None:
   report = bundle.current_report()
   if "counted" in report:
     report["counted_at_step"] = step
-  write_json_atomic(workdir / DATA_REPORT, report, default=str)
+  with _writing(workdir / DATA_REPORT):
+    write_json_atomic(workdir / DATA_REPORT, report, default=str)
 
 
 def _check_gcs_support(config: ml_collections.ConfigDict, workdir) -> None:
@@ -300,7 +314,8 @@ class _Health:
     self.skipped = int(state["step"]) - int(schedule_count(state["opt_state"]))
 
   def add(self, step: int, metrics: dict):
-    self.pending.append((step, {k: metrics[k] for k in ("nonfinite", "loss", "grad_norm")}))
+    self.pending.append((step, {k: metrics[k] for k in
+                                ("nonfinite", "loss", "grad_norm", "update_norm")}))
 
   def check(self, upto: int | None = None) -> None:
     """Counts the pending steps (those <= upto; all by default); raises as the class
@@ -321,9 +336,12 @@ class _Health:
     for step, m in jax.device_get(now):
       if not m["nonfinite"]:
         continue
-      what = (f"step {step}: loss {float(m['loss']):.6g}, gradient norm "
-              f"{float(m['grad_norm']):.6g} (not finite); params and optimizer state were "
-              "kept from the step before")
+      values = {"loss": float(m["loss"]), "gradient": float(m["grad_norm"]),
+                "update": float(m["update_norm"])}
+      bad = ", ".join(k for k, v in values.items() if not math.isfinite(v))
+      what = (f"step {step}: loss {values['loss']:.6g}, gradient norm "
+              f"{values['gradient']:.6g}, update norm {values['update']:.6g} (not finite: "
+              f"{bad}); params and optimizer state were kept from the step before")
       self.skipped += 1
       if self.policy == "skip_step" and self.skipped <= self.limit:
         logging.warning("%s (train.nan_policy=skip_step: %d of at most %d skipped)", what,
@@ -478,7 +496,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
       schedule still spans train.steps); a run resumed at or past it trains nothing
       and returns `Stopped(resumed step, "stop_at_step")`.
     restore_fallback: resume from the latest intact checkpoint when the latest one is
-      corrupt or unreadable (a warning names it); without it, that is an error.
+      corrupt, unreadable or holds NaN / infinite values (a warning names it; it is
+      moved to checkpoints_quarantine/), from step 0 when none is; without it, that is an
+      error.
 
   Returns:
     The final evaluation (as eval.json), `Stopped` when the run stopped early, or
@@ -489,6 +509,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     DivergenceError: with a message naming the field, file, checkpoint or step at fault;
     CheckpointMismatchError also for a finished run and a config that differs from its
     own (`finished_run`).
+    OutputWriteError: an output (metrics.jsonl, eval.json, ...) could not be written
+      (disk full): naming it and the intact checkpoints, after the pending save ended.
   """
   validate(config)
   _check_gcs_support(config, workdir)
@@ -559,11 +581,14 @@ class _Outputs:
     self.checkpointer()
     _write_data_report(self.workdir, self.bundle, step)  # documents, tokens, skipped lines
     if jax.process_index() == 0:  # the tokenizer, the token counts
-      save_tokenizer(self.bundle.tokenizer, self.workdir / TOKENIZER,
-                     self.config.model.vocab_multiple)
-      write_bytes_atomic(self.workdir / TOKEN_COUNTS,
-                         npy_bytes(self.bundle.token_counts_V))
-      truncate_metrics(self.workdir, resumed_step)  # re-done steps must not appear twice
+      with _writing(self.workdir / TOKENIZER):
+        save_tokenizer(self.bundle.tokenizer, self.workdir / TOKENIZER,
+                       self.config.model.vocab_multiple)
+      with _writing(self.workdir / TOKEN_COUNTS):
+        write_bytes_atomic(self.workdir / TOKEN_COUNTS,
+                           npy_bytes(self.bundle.token_counts_V))
+      with _writing(self.workdir / METRICS):  # re-done steps must not appear twice
+        truncate_metrics(self.workdir, resumed_step)
     self.started = True
 
   def writer(self) -> MetricWriter:
@@ -583,16 +608,31 @@ class _Outputs:
 
 def _run(config, workdir, bundle, part, train_iter, feed, stop_at_step, restore_fallback,
          global_stream):
-  t = config.train
   outputs = _Outputs(config, workdir, bundle, portable_data=global_stream)
+  try:
+    return _run_outputs(config, workdir, bundle, part, train_iter, feed, stop_at_step,
+                        restore_fallback, outputs)
+  except OutputWriteError as e:  # the pending save is complete (or failed) by now
+    steps = outputs.ckpt.all_steps() if outputs.ckpt is not None else []
+    then = f"re-run to resume from step {steps[-1]}" if steps else "re-run"
+    raise OutputWriteError(f"{e}; the run stopped and its checkpoints {steps} are intact: "
+                           f"free space (or make it writable), then {then}") from e
+
+
+def _run_outputs(config, workdir, bundle, part, train_iter, feed, stop_at_step,
+                 restore_fallback, outputs):
+  t = config.train
   stop = _StopSignals()  # installed by _loop; kept until the last save is complete
   try:
     ckpt = outputs.checkpointer() if (workdir / CHECKPOINTS).is_dir() else None
     if ckpt is not None and ckpt.latest_step() is not None:  # restored into its shardings
       latest, state = ckpt.restore_latest(abstract_state(part, config), train_iter, config,
                                           fallback=restore_fallback)
-      logging.info("resumed from step %d", latest)
+      if state is not None:
+        logging.info("resumed from step %d", latest)
     else:
+      state = None
+    if state is None:  # a new run, or --restore_fallback found no restorable step
       state = init_state(part, config)
     step = int(state["step"])
     if step > t.steps:  # finished_run could not read that step's config: never evaluate it

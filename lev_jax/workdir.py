@@ -98,6 +98,12 @@ SCALING_FIT_PNG = "scaling_fit.png"
 FREQ_BUCKETS_PNG = "freq_buckets.png"
 
 
+class OutputWriteError(OSError):
+  """A run's output (metrics.jsonl, tensorboard/, eval.json, data_report.json, ...)
+  could not be written (e.g. the disk is full); the message names the file and the
+  OSError (its errno is kept)."""
+
+
 def default_workdir(name: str) -> str:
   """lev-train's run folder when no --workdir is given: 'runs/<name>'."""
   return f"{DEFAULT_ROOT}/{name}"

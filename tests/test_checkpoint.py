@@ -11,7 +11,7 @@ from lev_jax import checkpoint, checkpoint_checks
 from lev_jax.checkpoint import (CheckpointCorruptError, CheckpointMismatchError,
                                 CheckpointWriteError)
 from lev_jax.trainer import train_and_evaluate
-from conftest import copy_run, saved_state
+from conftest import copy_run, metrics, saved_state
 
 
 @pytest.fixture
@@ -34,6 +34,74 @@ def test_every_saved_step_has_a_manifest_that_verifies(run):
         (workdir / "checkpoints" / str(step) / checkpoint_checks.MANIFEST).read_text())
     assert any(name.startswith("state/") for name in manifest["sha256"])
     assert checkpoint_checks.verify_manifest(workdir / "checkpoints" / str(step))
+
+
+def test_the_manifest_is_committed_with_its_step(tmp_path):
+  """A kill -9 right after Orbax commits a step (before any later save or close) leaves
+  the step with its manifest: it is written inside the commit, before the rename."""
+  import grain
+  import jax.numpy as jnp
+  from conftest import byte_config
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", keep=2)
+  it = iter(grain.MapDataset.range(4).to_iter_dataset())
+  ckpt.save(3, {"w": jnp.arange(4.0), "step": jnp.int32(3)}, it, byte_config("tied"))
+  ckpt.manager.wait_until_finished()  # Orbax's commit alone: lev_jax's wait never ran
+  step_dir = tmp_path / "checkpoints" / "3"
+  manifest = json.loads((step_dir / checkpoint_checks.MANIFEST).read_text())
+  assert any(name.startswith("state/") for name in manifest["sha256"])
+  assert checkpoint_checks.verify_manifest(step_dir)
+  ckpt.close()
+
+
+def _nonfinite_at(monkeypatch, steps):
+  """Checkpoint steps in `steps` restore with NaN parameters (as a damaged step without
+  a manifest, written by an older lev_jax, would), after their data position is set."""
+  import jax
+  import jax.numpy as jnp
+  read = checkpoint.Checkpointer._read
+
+  def damaged(self, step, *args):
+    restored = read(self, step, *args)
+    if step in steps:
+      restored["state"]["params"] = jax.tree.map(lambda x: x * jnp.nan,
+                                                 restored["state"]["params"])
+    return restored
+  monkeypatch.setattr(checkpoint.Checkpointer, "_read", damaged)
+
+
+def test_a_non_finite_restored_state_is_refused_and_fallback_skips_it(run, monkeypatch,
+                                                                      caplog):
+  c, workdir = run
+  _nonfinite_at(monkeypatch, {4})
+  with pytest.raises(CheckpointCorruptError, match=r"checkpoints/4: params/\S+ and \d+ more "
+                     "arrays hold NaN or infinite values.*--restore_fallback"):
+    train_and_evaluate(c, workdir)
+  result = train_and_evaluate(c, workdir, restore_fallback=True)
+  assert result["step"] == 6 and np.isfinite(result["loss"])
+  assert "skipping 4" in caplog.text
+  (moved,) = (workdir / "checkpoints_quarantine").iterdir()
+  assert moved.name.startswith("4-")
+
+
+def test_fallback_with_no_restorable_step_starts_again_from_step_0(run, finished_tied_run,
+                                                                   monkeypatch, caplog):
+  """The drill of issue 26: every step damaged (2: bytes flipped, caught by its
+  manifest; 4: NaN state, after its data position was restored). Without the flag:
+  one error naming the damage; with it, the run starts again, from the first batch."""
+  c, workdir = run
+  target = _largest_file(workdir / "checkpoints" / "2")
+  target.write_bytes(bytes(b ^ 0xFF for b in target.read_bytes()[:64])
+                     + target.read_bytes()[64:])
+  _nonfinite_at(monkeypatch, {4})
+  with pytest.raises(CheckpointCorruptError, match="checkpoints/4: .* NaN or infinite"):
+    train_and_evaluate(c, workdir)
+  result = train_and_evaluate(c, workdir, restore_fallback=True)
+  assert result["step"] == 6 and np.isfinite(result["loss"])
+  assert "starting again from step 0" in caplog.text
+  moved = sorted(p.name.split("-")[0] for p in (workdir / "checkpoints_quarantine").iterdir())
+  assert moved == ["2", "4"]
+  first = lambda w: next(r for r in metrics(w) if r["step"] == 1)["train/loss"]
+  assert first(workdir) == first(finished_tied_run[1])  # the data stream from its start
 
 
 def test_flipped_bytes_are_refused_and_fallback_resumes_from_the_intact_step(run, caplog):
@@ -93,6 +161,30 @@ def test_a_failed_save_is_one_error_and_keeps_the_earlier_checkpoints(run, monke
                      r"\(\[Errno 28\] No space left on device\).*\[2, 4\] are intact"):
     train_and_evaluate(c, workdir)
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2", "4"]
+  assert saved_state(workdir, 4)["step"] == 4
+
+
+def test_a_read_only_checkpoints_folder_is_one_error_naming_the_temporary_left(
+    run, monkeypatch):
+  """Issue 26.12: the temporary folder's removal fails too (EROFS); that must not
+  replace the save's error."""
+  from etils import epath
+  c, workdir = run
+  tmp = workdir / "checkpoints" / "6.orbax-checkpoint-tmp"
+
+  def read_only(*args, **kwargs):
+    (tmp / "state").mkdir(parents=True)
+    raise OSError(errno.EROFS, "Read-only file system")
+
+  def cannot_remove(path, *args, **kwargs):
+    raise OSError(errno.EROFS, "Read-only file system", "state")
+  monkeypatch.setattr("orbax.checkpoint.CheckpointManager.save", read_only)
+  monkeypatch.setattr(type(epath.Path(tmp)), "rmtree", cannot_remove)
+  with pytest.raises(CheckpointWriteError, match=r"checkpoints/6 could not be written "
+                     r"\(\[Errno 30\] Read-only file system\); the checkpoints \[2, 4\] are "
+                     rf"intact; its temporary folder could not be removed: {tmp} \(\[Errno 30\] "
+                     r"Read-only file system: 'state'\); the next run on this workdir removes it"):
+    train_and_evaluate(c, workdir)
   assert saved_state(workdir, 4)["step"] == 4
 
 

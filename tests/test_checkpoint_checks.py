@@ -43,6 +43,28 @@ def test_a_manifest_lists_every_file_and_verifies_until_one_changes(tmp_path):
   assert issubclass(CheckpointCorruptError, CheckpointMismatchError)
 
 
+def test_a_manifest_that_lists_nothing_or_misses_a_file_is_refused(tmp_path):
+  step = _step(tmp_path)
+  (step / "commit_success.txt").write_text("committed")  # a top-level commit record
+  write_manifest(step, skip=("commit_success.txt",))
+  assert "commit_success.txt" not in json.loads((step / MANIFEST).read_text())["sha256"]
+  assert verify_manifest(step) is True  # top-level files it left out are not its business
+  (step / "state" / "d" / "extra").write_bytes(b"x")
+  with pytest.raises(CheckpointCorruptError, match="state/d/extra is not in its checksum "
+                     "manifest"):
+    verify_manifest(step)
+  (step / MANIFEST).write_text('{"sha256": {}}')
+  with pytest.raises(CheckpointCorruptError, match="lists no file .*verifies nothing"):
+    verify_manifest(step)
+  (step / MANIFEST).write_text('{"sha256": ["state/d/chunk"]}')
+  with pytest.raises(CheckpointCorruptError, match="the checksum manifest is unreadable"):
+    verify_manifest(step)
+  empty = tmp_path / "checkpoints" / "6"
+  empty.mkdir()
+  with pytest.raises(CheckpointCorruptError, match="no file to list"):
+    write_manifest(empty)
+
+
 def test_quarantine_moves_steps_aside_and_deletes_nothing(tmp_path):
   for name in ("2", "4"):
     _step(tmp_path, name)

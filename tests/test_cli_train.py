@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import copy_run, ctrl_c_not_ignored, files_of
+from lev_jax.checkpoint_checks import MANIFEST, verify_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = str(REPO / "experiments" / "smoke.py")
@@ -69,15 +70,21 @@ def test_kill_9_mid_run_then_rerun_continues_from_last_complete_checkpoint(tmp_p
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   ckpts = workdir / "checkpoints"
   deadline = time.time() + 180
+  unsigned = set()  # complete steps seen without their manifest (a kill now loses it)
   while time.time() < deadline:  # wait until two checkpoints are complete
     done = [p for p in ckpts.glob("*") if p.name.isdigit()] if ckpts.exists() else []
+    unsigned |= {p.name for p in done if not (p / MANIFEST).exists()}
     if len(done) >= 2:
       break
-    time.sleep(0.05)
+    time.sleep(0.01)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   completed = sorted(int(p.name) for p in ckpts.glob("*") if p.name.isdigit())
   assert len(completed) >= 2, "the run never wrote two checkpoints"
+  # The manifest is committed with its step, not when the next save starts.
+  assert not unsigned, f"complete steps {sorted(unsigned)} were seen without {MANIFEST}"
+  for step in completed:
+    assert verify_manifest(ckpts / str(step)), f"step {step} has no {MANIFEST}"
   # Restart with a nearer end; it must resume (not start over) and finish.
   end = completed[-1] + 3
   rerun = lev("train", *args[:-4], f"--config.train.steps={end}", "--config.train.checkpoint_every=3",
@@ -88,7 +95,7 @@ def test_kill_9_mid_run_then_rerun_continues_from_last_complete_checkpoint(tmp_p
   resumed_steps = [r["step"] for r in rows if "train/loss" in r]
   assert max(resumed_steps) == end
   assert f"step {end}" in rerun.stdout
-  assert "resumed from step" in rerun.stderr
+  assert "resumed from step" in rerun.stderr and "unverified" not in rerun.stderr
 
 
 def test_rerun_of_a_finished_run_prints_one_line_and_writes_nothing(finished_tied_run,

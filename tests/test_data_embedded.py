@@ -3,7 +3,6 @@ documents, split, default tokenizer's token count), damage is one line, the spli
 is written once, a test split comes from training documents; the builder is
 deterministic."""
 
-import json
 import os
 import re
 from pathlib import Path
@@ -84,26 +83,41 @@ def test_the_split_is_disjoint_and_cached_once(tmp_path, docs):
     embedded.write_embedded_corpus(tmp_path, 1.5)
 
 
+@pytest.mark.parametrize("damage", ["truncate", "edit", "delete"])
+def test_a_damaged_cached_split_is_named_and_written_again(tmp_path, damage, caplog):
+  """The cache is checked against the corpus at every load: a truncated train.jsonl
+  never trains on part of the corpus under the label "embedded"."""
+  paths = embedded.write_embedded_corpus(tmp_path, 0.1, test_fraction=0.1)
+  good = {k: p.read_bytes() for k, p in paths.items()}
+  target = paths["train"]
+  if damage == "truncate":  # a full disk, a killed copy
+    target.write_bytes(good["train"][:len(good["train"]) // 3])
+  elif damage == "edit":
+    target.write_bytes(good["train"].replace(b"the", b"THE", 1))
+  else:
+    target.unlink()
+  base_train = paths["validation"].parent / "train.jsonl"  # the two-way split's
+  base_train.write_bytes(base_train.read_bytes()[:-10])
+  caplog.set_level("INFO")
+  assert embedded.write_embedded_corpus(tmp_path, 0.1, test_fraction=0.1) == paths
+  assert {k: p.read_bytes() for k, p in paths.items()} == good
+  assert f"{base_train}: sha256" in caplog.text and "writing it again" in caplog.text
+  assert (f"{target}: sha256" in caplog.text) == (damage != "delete")
+
+
 def test_a_test_split_comes_from_training_documents_and_leaves_validation_alone(tmp_path):
-  # A two-way cache as write_embedded_corpus leaves it (synthetic documents).
-  folder = tmp_path / f"{embedded.cache_name()}-val0.1"
-  folder.mkdir()
-  texts = [f"document number {i}" for i in range(400)]
-  lines = {"train": [], "validation": []}
-  for t in texts:
-    split = "validation" if splits.is_validation(t, 0.1) else "train"
-    lines[split].append(json.dumps({"text": t, "meta": {"pile_set_name": "x"}}) + "\n")
-  for split, rows in lines.items():
-    (folder / f"{split}.jsonl").write_text("".join(rows))
   two_way = embedded.write_embedded_corpus(tmp_path, 0.1)
+  folder = two_way["train"].parent
   three_way = embedded.write_embedded_corpus(tmp_path, 0.1, test_fraction=0.1)
   assert three_way["validation"] == two_way["validation"]  # the same file, unchanged
   assert three_way["test"].parent.name == folder.name + "-test0.1"
   old_train, _ = read_documents(two_way["train"])
   train, _ = read_documents(three_way["train"])
   test, _ = read_documents(three_way["test"])
+  texts = [f"document number {i}" for i in range(400)]
   assert sorted(train + test) == sorted(old_train) and not set(train) & set(test)
-  assert 20 < len(test) < 60 and train == [t for t in old_train if t not in set(test)]
+  assert 0.05 < len(test) / len(old_train) < 0.2
+  assert train == [t for t in old_train if t not in set(test)]
   assert {splits.split_of(t, 0.1, 0.1) for t in test} == {"test"}
   assert {splits.split_of(t, 0.1, 0.1) for t in train} == {"train"}
   assert embedded.write_embedded_corpus(tmp_path, 0.1, test_fraction=0.1) == three_way

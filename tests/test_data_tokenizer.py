@@ -2,6 +2,7 @@
 the vocab-size check and make_tokenizer (saved folders: test_data_tokenizer_files.py)."""
 
 import pickle
+import re
 
 import pytest
 import sentencepiece as spm
@@ -42,6 +43,27 @@ def test_cache_hit_loads_without_training(trained_spm, monkeypatch):
   assert again.model_path == tok.model_path
   assert again.encode(DOCS[0]) == tok.encode(DOCS[0])
   assert [p.name for p in cache.iterdir()] == [tok.model_path.name]  # no temp files left
+
+
+@pytest.mark.parametrize("damage", ["truncate", "other_vocab"])
+def test_a_damaged_cached_model_is_blamed_on_its_file(trained_spm, tmp_path, damage):
+  tok, cache = trained_spm
+  copy = tmp_path / "tokenizers"
+  copy.mkdir()
+  path = copy / tok.model_path.name
+  data = tok.model_path.read_bytes()
+  if damage == "truncate":
+    path.write_bytes(data[:len(data) // 2])
+  else:  # a model of another vocabulary under this name (e.g. a copied cache)
+    path.write_bytes(tok_lib.train_sentencepiece(list(DOCS), 330, tmp_path).model_proto)
+  d = base_config().data
+  with pytest.raises(DataError, match=rf"^config.data.cache_dir: {re.escape(str(path))} is a "
+                     r"damaged cached SentencePiece model \(.*\); delete it and it is trained "
+                     "again$"):
+    tok_lib.make_tokenizer(d, 320, train_texts=DOCS, cache_dir=copy)
+  path.unlink()
+  assert tok_lib.make_tokenizer(d, 320, train_texts=DOCS, cache_dir=copy).fingerprint == (
+      tok.fingerprint)
 
 
 def test_key_depends_on_docs_and_vocab():

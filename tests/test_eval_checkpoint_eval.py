@@ -172,23 +172,16 @@ def test_other_validation_files_need_no_data_source_and_the_summary_prints_lamba
 
 
 def test_split_test_of_the_embedded_source_is_its_held_out_shard(tmp_path):
-  # A two-way embedded cache as write_embedded_corpus leaves it (synthetic documents).
   from lev_jax.data.embedded import cache_name
-  folder = tmp_path / f"{cache_name()}-val0.05"
-  folder.mkdir()
-  from lev_jax.data.splits import is_validation
-  texts = [f"document {i}" for i in range(200)]
-  lines = [json.dumps({"text": t}) + "\n" for t in texts if not is_validation(t, 0.05)]
-  (folder / "train.jsonl").write_text("".join(lines))
-  (folder / "validation.jsonl").write_text(
-      "".join(json.dumps({"text": t}) + "\n" for t in texts if is_validation(t, 0.05)))
   c = byte_config()
   c.data.cache_dir = str(tmp_path)
+  folder = tmp_path / f"{cache_name()}-val{c.data.validation_fraction:g}"
   with pytest.raises(ConfigError, match=r"test_files is empty and config.data.test_fraction = 0"):
     checkpoint_eval.heldout_test_files(c)
   c.data.test_fraction = 0.1
   (path,) = checkpoint_eval.heldout_test_files(c)
   assert path == str(tmp_path / f"{folder.name}-test0.1" / "test.jsonl")
+  lines = (folder / "train.jsonl").read_text().splitlines(keepends=True)  # the two-way split
   held_out = open(path).read().splitlines(keepends=True)
   assert held_out and set(held_out) < set(lines)
   c.data.test_files = ("other.jsonl",)  # explicit files win

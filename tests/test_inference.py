@@ -106,7 +106,7 @@ def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
     ("flip", r"checkpoints/2: state/manifest.ocdbt differs from its checksum"),
     ("delete_unsigned", r"checkpoints/2 cannot be read: it is incomplete or corrupt .*"),
 ])
-def test_a_damaged_step_is_named_with_the_steps_that_remain(tmp_path, damage, match):
+def test_a_damaged_step_is_named_with_the_steps_that_remain(tmp_path, damage, match, caplog):
   from lev_jax.checkpoint_checks import MANIFEST
   write_workdir(tmp_path, byte_config("tied"), steps=(1, 2))
   target = tmp_path / "checkpoints" / "2" / "state" / "manifest.ocdbt"
@@ -120,6 +120,9 @@ def test_a_damaged_step_is_named_with_the_steps_that_remain(tmp_path, damage, ma
     (tmp_path / "checkpoints" / "2" / MANIFEST).unlink()
   with pytest.raises(inference.InferenceError, match=match + r".*other steps: \[1\]"):
     inference.load(tmp_path)
+  # lev-eval, lev-sample and lev-export all load here: an unverified step is named
+  assert ("checkpoints/2 has no checksum manifest" in caplog.text) == (
+      damage == "delete_unsigned")
   assert inference.load(tmp_path, step=1).step == 1
 
 

@@ -91,9 +91,11 @@ def test_single_then_pair_then_single(reference, tmp_path):
   shutil.rmtree(workdir / "checkpoints" / "8")  # the latest step is now 4
   log = pair(args(workdir, cache, "--stop_at_step=6"), tmp_path / "pair.log")
   assert "[p0]" in log and "[p1]" in log and "resumed from step 4" in log
+  assert "unverified" not in log  # the single process's save has its manifest
   _check(losses(workdir), ref, list(range(1, 7)))  # only process 0 writes: one row a step
   stderr = single(args(workdir, cache))
   assert "resumed from step 6" in stderr
+  assert "unverified" not in stderr  # the pair's save has its manifest (process 0 wrote it)
   _check(losses(workdir), ref, list(range(1, 9)))
 
 

@@ -1,5 +1,6 @@
 """The trainer's guards: a diverged or refused run never damages what is on disk."""
 
+import errno
 import json
 import math
 import os
@@ -37,7 +38,8 @@ def test_a_diverging_resume_stops_and_never_rotates_out_the_finite_checkpoints(r
   c, workdir = run
   c.train.steps = 40
   c.optim.lr = 1e6
-  with pytest.raises(DivergenceError, match=r"step (\d+): loss .* \(not finite\).*"
+  with pytest.raises(DivergenceError, match=r"step (\d+): loss \S+, gradient norm \S+, "
+                     r"update norm nan \(not finite: (loss, )?(gradient, )?update\).*"
                      r"No checkpoint was written after it; the latest is step \d+") as e:
     train_and_evaluate(c, workdir)
   bad = int(str(e.value).split(":")[0].split()[1])
@@ -111,6 +113,64 @@ def test_resumed_steps_appear_once_in_metrics(run):
     f.write('{"step": 5, "train/loss": 1.0}\n{"step": 6, "trai')  # cut mid-write
   c.train.steps = 6
   train_and_evaluate(c, workdir)
+  steps = [r["step"] for r in metrics(workdir) if "train/loss" in r]
+  assert steps == list(range(1, 7))
+
+
+class _FullDisk:
+  """metrics.jsonl's file object once the disk is full at step `at`: that row and every
+  later write fail with ENOSPC, as the OS reports it."""
+
+  def __init__(self, f, at):
+    self.f, self.at, self.full = f, at, False
+
+  def write(self, text):
+    self.full = self.full or json.loads(text)["step"] >= self.at
+    if self.full:
+      raise OSError(errno.ENOSPC, "No space left on device")
+    return self.f.write(text)
+
+  def flush(self):
+    self.f.flush()
+
+  def close(self):
+    self.f.close()
+
+
+@pytest.mark.parametrize("full", ["metrics.jsonl", "eval.json"])
+def test_a_full_disk_between_saves_is_one_error_and_the_rerun_loses_nothing(run, full,
+                                                                           monkeypatch):
+  """Issue 26.13: a write between saves fails (ENOSPC): one OutputWriteError naming the
+  file and the intact checkpoints (was a raw OSError from metrics.py); a re-run once
+  there is space resumes and each step appears once."""
+  from lev_jax import metrics as metrics_lib, trainer
+  from lev_jax.workdir import OutputWriteError
+  c, workdir = run
+  c.train.steps = 6
+  if full == "metrics.jsonl":
+    init = metrics_lib.MetricWriter.__init__
+
+    def full_at_5(self, path):
+      init(self, path)
+      self._file = _FullDisk(self._file, at=5)
+    monkeypatch.setattr(metrics_lib.MetricWriter, "__init__", full_at_5)
+    match = (r"metrics.jsonl: writing the row of step 5 failed \(No space left on device\); "
+             r"the run stopped and its checkpoints \[2, 4\] are intact: free space \(or make "
+             r"it writable\), then re-run to resume from step 4$")
+  else:
+    write = trainer.write_json_atomic
+
+    def full_disk(path, *args, **kwargs):
+      if path.name == "eval.json":  # the final evaluation's, after the save of step 6
+        raise OSError(errno.ENOSPC, "No space left on device")
+      write(path, *args, **kwargs)
+    monkeypatch.setattr(trainer, "write_json_atomic", full_disk)
+    match = (r"eval.json: writing it failed \(No space left on device\); the run stopped "
+             r"and its checkpoints \[4, 6\] are intact: .* resume from step 6$")
+  with pytest.raises(OutputWriteError, match=match):
+    train_and_evaluate(c, workdir)
+  monkeypatch.undo()
+  assert train_and_evaluate(c, workdir)["step"] == 6
   steps = [r["step"] for r in metrics(workdir) if "train/loss" in r]
   assert steps == list(range(1, 7))
 

@@ -43,7 +43,7 @@ from lev_jax.data import DataError
 from lev_jax.eval.evaluate import coverage
 from lev_jax.experiments import experiments_dir
 from lev_jax.sharding import ShardingError
-from lev_jax.workdir import EVAL_JSON, LOCK, default_workdir
+from lev_jax.workdir import EVAL_JSON, LOCK, OutputWriteError, default_workdir
 
 # 128 + SIGTERM: the shell's status for a process ended by SIGTERM; schedulers read it
 # as "did not finish" and can requeue the job, which then resumes. Ctrl-C (SIGINT) after
@@ -65,8 +65,9 @@ def _define_flags():
                     "on another host that is gone (see lev_jax/lock.py); a lock held on "
                     "this host is never overridden.")
   flags.DEFINE_bool("restore_fallback", False, "When the latest checkpoint is corrupt "
-                    "(checksum) or unreadable, resume from the latest intact one instead "
-                    "of stopping (a warning names the skipped step).")
+                    "(checksum), unreadable or holds NaN/infinite values, resume from the latest "
+                    "intact one (step 0 if none is) instead of stopping; a warning names the "
+                    "skipped step, moved to checkpoints_quarantine/.")
   flags.DEFINE_string("preflight", None, "Check the flags, config and mesh for a job of "
                       "PLATFORM:PROCESSESxDEVICES (cpu|gpu|tpu, devices per process), "
                       "e.g. gpu:4x8, then exit without training or writing anything.")
@@ -141,7 +142,7 @@ def main(argv):
   except (ConfigError, DataError, CheckpointMismatchError, ShardingError,
           FileNotFoundError, workdir_lock.WorkdirLockError) as e:
     common.fail("lev-train", str(e))
-  except (trainer.DivergenceError, CheckpointWriteError) as e:
+  except (trainer.DivergenceError, CheckpointWriteError, OutputWriteError) as e:
     print(f"lev-train: error: {common.first_line(e)}", file=sys.stderr)
     sys.exit(1)
   if isinstance(result, trainer.Finished):

@@ -10,7 +10,9 @@ documents on 3.11.2).
 
 `embedded_documents()` reads it after checking its sha256 against `EMBEDDED_SHA256`
 (a damaged or replaced file is a one-line `DataError`); `write_embedded_corpus` writes
-the train / validation (/ test) split once, as plain JSONL under the data cache.
+the train / validation (/ test) split as plain JSONL under the data cache, and at every
+later call checks the cached files against the corpus (sha256 of the bytes the split
+gives): a truncated, damaged or edited one is named in a warning and written again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from etils import epath
 import zstandard
 
 from lev_jax.data.errors import DataError
-from lev_jax.data.files import write_lines_atomic
+from lev_jax.data.files import write_bytes_atomic
 from lev_jax.data.splits import check_fractions, is_validation, split_of
 
 EMBEDDED_FILE = Path(__file__).with_name("embedded_corpus.jsonl.zst")
@@ -86,11 +88,13 @@ def write_embedded_corpus(cache_dir, validation_fraction: float, test_fraction: 
 
   Returns:
     ``{"train": path, "validation": path}`` to ``train.jsonl`` / ``validation.jsonl``,
-    and ``"test"``: ``test.jsonl`` when test_fraction > 0. Existing files are reused;
-    new ones are written to a temporary name, then `os.replace`-d into place.
+    and ``"test"``: ``test.jsonl`` when test_fraction > 0. Existing files whose bytes
+    are the split's are reused; missing or differing ones (a warning names them) are
+    written to a temporary name, then `os.replace`-d into place.
 
   Raises:
     DataError: a fraction out of range (named), or a damaged embedded file.
+    OSError: a cache file cannot be written.
   """
   check_fractions(validation_fraction, test_fraction)
   root = epath.Path(os.path.expanduser(os.fspath(cache_dir)))
@@ -98,38 +102,54 @@ def write_embedded_corpus(cache_dir, validation_fraction: float, test_fraction: 
   if test_fraction > 0:
     return _write_test_split(folder, validation_fraction, test_fraction)
   paths = {"train": folder / "train.jsonl", "validation": folder / "validation.jsonl"}
-  if all(p.exists() for p in paths.values()):
-    return paths
-  folder.mkdir(parents=True, exist_ok=True)
   records = {"train": [], "validation": []}
   for doc in embedded_documents():
     split = "validation" if is_validation(doc["text"], validation_fraction) else "train"
     records[split].append(json.dumps(doc, ensure_ascii=False) + "\n")
-  for split in ("validation", "train"):  # train last: its presence marks completion
-    write_lines_atomic(paths[split], records[split])
-  logging.info("Wrote the embedded corpus to %s (%d train, %d validation documents).",
-               folder, len(records["train"]), len(records["validation"]))
+  if _write_changed(paths, records):
+    logging.info("Wrote the embedded corpus to %s (%d train, %d validation documents).",
+                 folder, len(records["train"]), len(records["validation"]))
   return paths
+
+
+def _write_changed(paths: dict[str, epath.Path], records: dict[str, list[str]]) -> bool:
+  """Writes each split's lines to its path unless the file holds exactly those bytes
+  (compared by sha256); a file that differs is named in a warning. Returns whether
+  anything was written."""
+  written = False
+  for split, lines in records.items():
+    data = "".join(lines).encode("utf-8")
+    path = paths[split]
+    if path.exists():
+      have = hashlib.sha256(path.read_bytes()).hexdigest()
+      want = hashlib.sha256(data).hexdigest()
+      if have == want:
+        continue
+      logging.warning("%s: sha256 %s... is not the embedded corpus's %s split (%s...: "
+                      "the cached file was truncated, damaged or edited); writing it again",
+                      path, have[:12], split, want[:12])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, data)
+    written = True
+  return written
 
 
 def _write_test_split(two_way: epath.Path, validation_fraction: float,
                       test_fraction: float) -> dict[str, epath.Path]:
   """The three-way split, carved from the two-way cache at `two_way` (written first if
   absent): its validation file is reused as is, its training lines are divided into
-  train and test by `split_of`, line for line (order kept)."""
-  base = write_embedded_corpus(two_way.parent, validation_fraction)
+  train and test by `split_of`, line for line (order kept); each checked as
+  `_write_changed` does."""
+  base = write_embedded_corpus(two_way.parent, validation_fraction)  # checked
   folder = two_way.parent / f"{two_way.name}-test{test_fraction:g}"
   paths = {"train": folder / "train.jsonl", "validation": base["validation"],
            "test": folder / "test.jsonl"}
-  if all(p.exists() for p in paths.values()):
-    return paths
-  folder.mkdir(parents=True, exist_ok=True)
-  records = {"train": [], "test": []}
+  records = {"test": [], "train": []}
   for line in base["train"].read_text().splitlines(keepends=True):
     text = json.loads(line)["text"]
     records[split_of(text, validation_fraction, test_fraction)].append(line)
-  for split in ("test", "train"):  # train last: its presence marks completion
-    write_lines_atomic(paths[split], records[split])
+  if not _write_changed(paths, records):
+    return paths
   logging.info("Held out %d of the embedded corpus's %d training documents as a test "
                "split in %s.", len(records["test"]),
                len(records["test"]) + len(records["train"]), folder)

@@ -76,10 +76,16 @@ def _stream(patterns, d: ml_collections.ConfigDict, field: str, **kwargs):
 
 def _cached_counts(tokenizer, docs: list[str], vocab_size: int, path: epath.Path
                    ) -> tuple[np.ndarray, epath.Path]:
-  """Token counts of docs, cached at `path` (keyed by the docs, vocab and tokenizer)."""
+  """Token counts of docs, cached at `path` (keyed by the docs, vocab and tokenizer); a
+  cache file that is unreadable or of another shape is counted and written again."""
   if path.exists():
-    counts_V = read_npy(path)
-    if counts_V.shape == (vocab_size,) and counts_V.dtype == np.int64:
+    try:
+      counts_V = read_npy(path)
+    except (ValueError, OSError, EOFError) as e:  # truncated or not a .npy file
+      logging.warning("%s: unreadable cached token counts (%s); counting again", path, e)
+      counts_V = None
+    if counts_V is not None and counts_V.shape == (vocab_size,) and (
+        counts_V.dtype == np.int64):
       return counts_V, path
   counts_V = token_counts(docs, tokenizer, vocab_size)
   write_bytes_atomic(path, npy_bytes(counts_V))

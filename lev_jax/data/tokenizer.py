@@ -199,13 +199,15 @@ def train_sentencepiece(docs: Sequence[str], vocab_size: int, cache_dir
   Raises:
     DataError: no non-blank text, or a vocab_size the corpus cannot fill or that is
       below the 260 fixed pieces plus the characters covering 99.95% of the text (350
-      for the embedded corpus), naming the vocab size and the corpus size.
+      for the embedded corpus), naming the vocab size and the corpus size; or a cached
+      model that does not load or has another vocab size (``config.data.cache_dir:``,
+      naming the file and saying to delete it).
   """
   cache = epath.Path(os.path.expanduser(os.fspath(cache_dir)))
   key = cache_key(docs, vocab_size)
   path = cache / f"spm-v{vocab_size}-{key[:16]}.model"
   if path.exists():
-    return SentencePieceTokenizer(path)
+    return _cached_model(path, vocab_size)
   chars = sum(len(d) for d in docs)
   if not any(d.strip() for d in docs):
     raise DataError(f"cannot train a SentencePiece vocabulary of {vocab_size} on "
@@ -237,6 +239,28 @@ def train_sentencepiece(docs: Sequence[str], vocab_size: int, cache_dir
                "%.1f s -> %s", vocab_size, len(docs), chars, time.perf_counter() - start,
                path)
   return SentencePieceTokenizer(path)
+
+
+def _cached_model(path: epath.Path, vocab_size: int) -> SentencePieceTokenizer:
+  """The SentencePiece model `train_sentencepiece` cached at `path` (its name holds
+  `vocab_size`), refused when damaged.
+
+  Raises:
+    DataError: ``config.data.cache_dir: <path> ...``: it does not load, or has another
+      vocab size than its name says; deleting it makes the next run train it again.
+  """
+  advice = "delete it and it is trained again"
+  try:
+    tokenizer = SentencePieceTokenizer(path)
+  except DataError as e:
+    detail = str(e).removeprefix(f"{path}: ").split("; expected")[0]
+    raise DataError(f"config.data.cache_dir: {path} is a damaged cached SentencePiece "
+                    f"model ({detail}); {advice}") from e
+  if tokenizer.vocab_size != vocab_size:
+    raise DataError(f"config.data.cache_dir: {path} is a damaged cached SentencePiece "
+                    f"model ({tokenizer.vocab_size} ids; its name says {vocab_size}); "
+                    f"{advice}")
+  return tokenizer
 
 
 class ByteTokenizer:
@@ -368,8 +392,9 @@ def make_tokenizer(data_config, vocab_size: int, train_texts: Sequence[str] | No
         cache_dir = epath.Path(os.path.expanduser(data_config.cache_dir)) / "tokenizers"
       try:
         tokenizer = train_sentencepiece(train_texts, vocab_size, cache_dir)
-      except DataError as e:
-        raise DataError(f"config.model.vocab_size: {e}") from e
+      except DataError as e:  # a field named already (a damaged cache file) stays
+        raise DataError(e if str(e).startswith("config.") else
+                        f"config.model.vocab_size: {e}") from e
   else:
     raise DataError(f"config.data.tokenizer = {name!r}: expected one of "
                     f"{sorted(config_lib.TOKENIZERS)}")
