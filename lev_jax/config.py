@@ -440,6 +440,9 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     v = t[field]
     if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v and size % v):
       _fail(f"train.{field}", v, f"0 ({zero}) or a divisor of the {size:,} {what}")
+    if v and t.loss_impl == "dense":
+      _fail(f"train.{field}", v, "0 with train.loss_impl = 'dense', which has no chunks "
+            "(set train.loss_impl = 'chunked' to use it)")
   if m.embedding == "lev":
     _one_of(c, "lev", "sigmoid", SIGMOID_VARIANTS)
     _one_of(c, "lev", "basis", BASIS_VARIANTS)

@@ -128,9 +128,9 @@ def test_the_chunked_loss_never_holds_the_tokens_x_vocab_logits():
 
 def test_bfloat16_logits_round_once_and_halve_the_stored_logits():
   """model.logits_dtype = bfloat16 (bfloat16 compute): each logit is the float32 one
-  rounded to bfloat16 (within 2^-7 relative: XLA:CPU may round partial sums too), the loss is
-  softmax in float32 of those, and the train step's head matmul returns bfloat16
-  (lev-compile shows the bytes this saves on a TPU: README, issue 24's table)."""
+  rounded to bfloat16 (within 2^-7 relative: XLA:CPU may round partial sums too), and
+  the train step's head matmul returns bfloat16 (lev-compile shows the bytes this
+  saves on a TPU: README, "The head and attention")."""
   from flax import nnx  # noqa: PLC0415
   programs, logits = {}, {}
   for dtype in ("float32", "bfloat16"):
@@ -194,6 +194,7 @@ def test_the_bfloat16_logits_cross_entropy_is_the_float32_softmax_of_them():
     ("train.loss_vocab_chunk", -128, "0 (the whole vocab) or a divisor"),
     ("optim.z_loss", -1e-4, "a finite number >= 0"),
     ("model.logits_dtype", "float16", "one of 'float32', 'bfloat16'"),
+    ("train.loss_token_chunk", 16, "0 with train.loss_impl = 'dense', which has no chunks"),
 ])
 def test_bad_loss_settings_are_one_line_config_errors(field, value, needle):
   c = tiny_config("tied")
