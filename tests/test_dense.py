@@ -54,26 +54,38 @@ _HLO_PROGRAM = """
 import re, sys, numpy as np, jax
 from lev_jax import train
 from lev_jax.experiments import experiments_dir, load_experiment
-config = load_experiment(experiments_dir() / "smoke.py").get_config(sys.argv[1])
-part, state = train.create_train_state(config)
-b, l = config.train.global_batch_size, config.train.seq_len
-ids = np.zeros((b, l + 1), np.int32)
-batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": np.ones((b, l), np.float32)}
-grad = jax.jit(jax.grad(lambda p: train._sum_loss(p, part.graphdef, batch)[0]))
-print(grad.lower(state["params"]).compile().as_text())
+for variant in sys.argv[1:]:
+  config = load_experiment(experiments_dir() / "smoke.py").get_config(variant)
+  part, state = train.create_train_state(config)
+  b, l = config.train.global_batch_size, config.train.seq_len
+  ids = np.zeros((b, l + 1), np.int32)
+  batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": np.ones((b, l), np.float32)}
+  grad = jax.jit(jax.grad(lambda p: train._sum_loss(p, part.graphdef, batch)[0]))
+  print(f"=== {variant}")
+  print(grad.lower(state["params"]).compile().as_text())
 """
+VARIANTS = ("tied", "leviathan")  # leviathan has untied's head
 
 
-@pytest.mark.parametrize("variant", ["tied", "leviathan"])  # leviathan has untied's head
-def test_every_train_step_dot_runs_in_ynnpack(variant):
+@pytest.fixture(scope="module")
+def default_flags_hlo():
+  """{variant: the optimized HLO of its smoke gradient}, XLA's default flags (as
+  lev-train runs), both from one subprocess."""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "NPROC")}
+  env["PYTHONPATH"] = str(REPO)
+  out = subprocess.run([sys.executable, "-c", _HLO_PROGRAM, *VARIANTS], env=env,
+                       capture_output=True, text=True, check=True, cwd=REPO).stdout
+  parts = re.split(r"^=== (\w+)\n", out, flags=re.M)[1:]
+  return dict(zip(parts[::2], parts[1::2]))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_train_step_dot_runs_in_ynnpack(variant, default_flags_hlo):
   """XLA:CPU runs a dot outside a YNNPACK fusion in Eigen, whose sums follow the CPU's
   caches and threads (lev_jax/portable.py). Compiled with XLA's default flags, as
   lev-train runs: no computation but a fused one may hold a dot. (Before lev_jax.dense,
   8 weight-gradient dots of the Leviathan step were outside.)"""
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "NPROC")}
-  env["PYTHONPATH"] = str(REPO)
-  hlo = subprocess.run([sys.executable, "-c", _HLO_PROGRAM, variant], env=env,
-                       capture_output=True, text=True, check=True, cwd=REPO).stdout
+  hlo = default_flags_hlo[variant]
   computations = re.split(r"\n(?=\S)", hlo)
   ynn = [c for c in computations if '"__ynn_fusion"' in c]
   assert ynn, "no YNNPACK fusion: has XLA:CPU changed? see lev_jax/portable.py"
