@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from pod_compile import compile_cell  # noqa: E402  pylint: disable=wrong-import-position
 
-SETUPS = {"pod": ("v5p-128", (), True),
-          "small": ("v5p:2x2x1", (), False)}
+SETUPS = {"pod": ("v5p-128", True),  # (topology, estimate the step time)
+          "small": ("v5p:2x2x1", False)}
 VARIANTS = {
     "dense": (),
     "dense_bf16": ("--config.model.logits_dtype=bfloat16",),
@@ -80,9 +80,12 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="runs/head_attention_compile",
                  help="output folder (resumable)")
   args = p.parse_args(argv)
-  pick = lambda value, known, flag: [x for x in value.split(",") if x] if all(
-      x in known for x in value.split(",") if x) else p.error(
-          f"{flag}={value}: expected some of {', '.join(known)}")
+  def pick(value: str, known, flag: str) -> list[str]:
+    names = [x for x in value.split(",") if x]
+    if not names or any(x not in known for x in names):
+      p.error(f"{flag}={value}: expected some of {', '.join(known)}")
+    return names
+
   setups = pick(args.setups, SETUPS, "--setups")
   variants = pick(args.variants, VARIANTS, "--variants")
   rungs = [r for r in args.rungs.split(",") if r]
@@ -95,11 +98,11 @@ def main(argv=None) -> int:
   rows = ["| setup | rung | variant | per chip (GiB) | temporaries (GiB) "
           "| step (s, ESTIMATE) |", "|---|---|---|---|---|---|"]
   for setup in setups:
-    topology, extra, estimate = SETUPS[setup]
+    topology, estimate = SETUPS[setup]
     for rung in rungs:
       for variant in variants:
         rec = compile_cell(rung, topology, out / setup, estimate,
-                           overrides=(*extra, *VARIANTS[variant]), name=variant)
+                           overrides=VARIANTS[variant], name=variant)
         rows.append(row(f"{setup} ({topology})", rung, variant, rec))
   table = "\n".join(rows)
   print(table)

@@ -14,6 +14,7 @@ in about half the time, in each of the 6 processes these tests start.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +85,6 @@ def _check(got, ref, steps):
 def test_single_then_pair_then_single(reference, tmp_path):
   """Steps 1-4 in one process (the reference run's checkpoint 4), 5-6 in two, 7-8 in
   one: each restore crosses process counts, both ways."""
-  import shutil
   tmp, cache, ref = reference
   workdir = tmp_path / "run"
   shutil.copytree(tmp / "single", workdir)
