@@ -23,8 +23,9 @@ The shape is the rung's of experiments/ladder.py (d_model, heads, head_dim, d_ff
 padded vocab, seq_len, bf16 activations, float32 params, tied embedding (a Leviathan
 rung: MaxText's untied model, its nearest program), AdamW with the
 rung's betas, eps, weight decay and clipping) with `--n_layers` layers and a global
-batch of `--global_batch` sequences, plain XLA attention on both sides (ours
-model.attention=xla, MaxText attention=dot_product), pure FSDP over every chip, the same
+batch of `--global_batch` sequences, the same attention kernel on both sides
+(`--attention`: plain XLA, ours model.attention=xla and MaxText attention=dot_product;
+or splash, ours splash and MaxText flash), pure FSDP over every chip, the same
 remat (`--remat`) and scan (`--scan_layers`) on both.
 
 Remat "none": MaxText 0.2.5 turns the string "none" given on its command line into
@@ -67,6 +68,8 @@ ESTIMATE_NOTE = ("every step time is XLA:TPU's cost-model ESTIMATE for a program
 MAXTEXT_MODULE = "maxtext.trainers.pre_train.train_compile"
 DRIVER_FLAG = "--maxtext_driver"
 REMATS = ("none", "full")  # the policies with the same meaning on both sides
+# --attention -> (ours model.attention, MaxText attention): the same kernel on both sides
+ATTENTION = {"xla": ("xla", "dot_product"), "splash": ("splash", "flash")}
 # TensorCores per chip in a Cloud TPU name (v5p-8 = 4 chips); MaxText names slices so.
 _CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v5litepod": 1, "v6e": 1}
 
@@ -97,6 +100,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--maxtext_topology", default=None,
                  help="MaxText's compile_topology for it (default: derived, v5p:2x2x1 -> "
                       "v5p-8)")
+  p.add_argument("--attention", default="xla", choices=tuple(ATTENTION),
+                 help="xla: plain XLA attention on both sides (ours model.attention=xla, "
+                      "MaxText attention=dot_product); splash: the TPU kernel on both "
+                      "(ours splash, MaxText flash), which the cost model prices on "
+                      "neither side")
   p.add_argument("--remat", default="none", choices=REMATS,
                  help="model.remat for ours and remat_policy for MaxText")
   p.add_argument("--scan_layers", action="store_true",
@@ -245,7 +253,7 @@ def maxtext_overrides(shape: dict, a: argparse.Namespace, output_dir: str) -> li
       "dtype": shape["dtype"], "weight_dtype": shape["param_dtype"],
       # tied: the embedding table is the head; for a Leviathan rung, untied
       "logits_via_embedding": str(shape.get("tied", True)).lower(),
-      "attention": "dot_product",               # plain XLA attention, as ours' "xla"
+      "attention": ATTENTION[a.attention][1],   # dot_product: plain XLA, as ours' xla
       "ici_fsdp_parallelism": chips,            # pure FSDP, as ours' mesh.fsdp=-1
       "remat_policy": a.remat, "scan_layers": str(a.scan_layers).lower(),
       "enable_dropout": "false", "dropout_rate": 0,
@@ -276,7 +284,8 @@ def ours_command(python: str, a: argparse.Namespace, json_path: str) -> list[str
          f"--config.model.n_layers={a.n_layers}",
          f"--config.train.global_batch_size={a.global_batch}",
          f"--config.model.scan_layers={a.scan_layers}",
-         "--config.model.attention=xla", f"--config.model.remat={a.remat}",
+         f"--config.model.attention={ATTENTION[a.attention][0]}",
+         f"--config.model.remat={a.remat}",
          "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--config.mesh.tensor=1",
          f"--topology={a.topology}", "--steps=train", f"--json={json_path}"]
   if a.scan_layers:
@@ -344,8 +353,10 @@ def ours_figures(record: dict) -> dict:
   step = next(s for s in record["steps"] if s["step"] == "train")
   if step.get("error"):
     raise CompareError(f"our train step did not compile: {step['error']}")
+  # lev-compile adds splash attention at its FLOPs at peak (lev_jax/aot.py
+  # `_price_splash`); MaxText's kernel is unpriced, so the comparison leaves it out too.
   f = figures(flops=step["compiler_flops"], bytes_accessed=step["bytes_accessed"],
-              step_s=step["step_s"], arguments=step["arguments_bytes"],
+              step_s=step["step_s"] - step.get("splash_s", 0.0), arguments=step["arguments_bytes"],
               outputs=step["outputs_bytes"], alias=step["alias_bytes"],
               temp=step["temp_bytes"], code=step["code_bytes"],
               time_source=step["time_source"])
@@ -521,7 +532,11 @@ def render_report(a, shape: dict, maxtext: dict, ours: list[dict]) -> str:
       f"{a.rung} with {a.n_layers} layers (d_model {shape['d_model']}, {shape['n_heads']} "
       f"heads x {shape['head_dim']}, d_ff {shape['d_ff']}, vocab {shape['vocab']:,}), "
       f"global batch {a.global_batch} x {shape['seq_len']}, {shape['dtype']} activations, "
-      f"{shape['param_dtype']} params, plain XLA attention, FSDP {chips}, remat "
+      f"{shape['param_dtype']} params, "
+      + ("plain XLA attention" if a.attention == "xla" else
+         "splash attention (ours splash, MaxText flash; the cost model prices the kernel "
+         "on neither side)")
+      + f", FSDP {chips}, remat "
       f"{a.remat}, scan_layers {a.scan_layers}; {a.topology} (MaxText "
       f"{a.maxtext_topology}), compiled on this CPU host.",
       f"Per chip; {ESTIMATE_NOTE}."

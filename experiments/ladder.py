@@ -95,15 +95,19 @@ def get_config(variant: str = "leviathan_1.2b"):
   c.lev.impl = "vectorized"
   c.lev.chunk_size = 32_768
   c.lev.remat = size == "200m"
-  # The head's loss and the attention kernel, by lev-compile on a v5p-128 slice
-  # (tied_200m; ESTIMATES, no TPU measured): the dense loss 6.98 GiB per chip, 0.0202 s;
-  # train.loss_impl = "chunked" 3.60 GiB, 0.028 s (the dense loss fits with 93 % of HBM
-  # free, so the faster one stays); splash attention 5.65 GiB, but XLA's cost model
-  # cannot price its Mosaic kernel (it declares no cost), so xla stays until a TPU
-  # measures both (benchmarks/device_check.py). Chunked loss and splash are for slices
-  # where memory is short.
-  c.train.loss_impl = "dense"
-  c.model.attention = "xla"
+  # The head's loss, its logits' precision and the attention kernel (lev-compile,
+  # tied_200m; ESTIMATES, no TPU measured; README "The head and attention"). On a
+  # v5p-128 slice the dense loss fits with 93 % of HBM free and estimates fastest with
+  # bfloat16 logits (6.31 GiB per chip, 0.0196 s; float32 logits 6.98 GiB, 0.0202 s;
+  # the chunked loss 3.60 GiB, 0.028 s); on 4 chips at the same global batch the dense
+  # logits alone would need 48.8 GiB a chip and only the chunked loss fits. So
+  # loss_impl = "auto" (lev_jax/loss.py: chunked where the dense logits would take over
+  # a quarter of a chip's memory, else dense), bfloat16 logits (MaxText's default), and
+  # model.attention = "auto": splash on a TPU (what MaxText's "autoselected" picks),
+  # cuDNN flash attention on an NVIDIA GPU, XLA on a CPU.
+  c.train.loss_impl = "auto"
+  c.model.logits_dtype = "bfloat16"
+  c.model.attention = "auto"
   c.optim.lr = lr
   c.optim.warmup_steps = 1000
   # 2,048 validation sequences, in batches that split over 64 devices (a v5p-128 slice)

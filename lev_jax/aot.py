@@ -17,7 +17,9 @@ reads back the compiler's own figures:
            program with loops (scanned layers, LEV's chunk and coordinate loops, gradient
            accumulation) is estimated from loop-free compiles of the same step instead
            (`_estimate_time`: layers unrolled at depth 1 and 2 and extrapolated, LEV's
-           loops unrolled, one micro-batch), labelled so. Where the model returns no
+           loops unrolled, one micro-batch), labelled so. The cost model prices no Mosaic
+           kernel: with splash attention, attention's model FLOPs at the peak bf16
+           rate are added (`_price_splash`, a lower bound), labelled so. Where the model returns no
            positive value (XLA:GPU has none), the roofline ESTIMATE
            max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth) is used and
            labelled so.
@@ -45,7 +47,8 @@ import jax
 import ml_collections
 
 from lev_jax import flops as flops_lib
-from lev_jax import gpu_targets, sharding, target, train
+from lev_jax import attention as attention_lib
+from lev_jax import gpu_targets, loss as loss_lib, sharding, target, train
 from lev_jax.topology import AotError, Chip, GiB, Topology, first_line, topology_devices
 
 
@@ -70,6 +73,7 @@ class StepReport:
   bytes_accessed: float | None = None   # per chip
   step_s: float | None = None
   time_source: str = ""            # "cost model", "roofline" or "" (none)
+  splash_s: float = 0.0            # splash attention's share of step_s (`_price_splash`)
   error: str = ""                  # set when XLA:TPU refused the program
   required_bytes: int | None = None     # from a RESOURCE_EXHAUSTED message
   available_bytes: int | None = None
@@ -213,8 +217,10 @@ def compile_steps(config: ml_collections.ConfigDict, topology: Topology,
   try:
     with target.compiling_for(topology.platform):
       reports = [_compile_step(step, config, part, state, dump, topology) for step in steps]
-      if estimate_time and _has_loops(config):
+      if estimate_time and _has_loops(config, loss_lib.resolve(config, mesh)[0]):
         _estimate_time(config, topology, devices, reports)
+      if attention_lib.resolve(config, topology.platform)[0] == "splash":
+        _price_splash(config, topology, reports)
       return reports
   finally:
     jax.config.update("jax_enable_compilation_cache", cache)
@@ -244,13 +250,13 @@ def _compile_step(step, config, part, state, dump, topology) -> StepReport:
   return _compile_one(name, fn.lower, args, report, step_dump, chip)
 
 
-def _has_loops(config) -> bool:
+def _has_loops(config, loss_impl: str) -> bool:
   """Whether the step's program loops: scanned layers, LEV (its chunks and the fused
-  core's coordinate loops), the chunked loss (its token and vocab chunks) or gradient
-  accumulation."""
+  core's coordinate loops), the chunked loss (its token and vocab chunks; `loss_impl`
+  is train.loss_impl resolved for the devices) or gradient accumulation."""
   m = config.model
   return ((m.scan_layers and m.n_layers > 1) or m.embedding == "lev"
-          or config.train.loss_impl == "chunked" or config.train.grad_accum_steps > 1)
+          or loss_impl == "chunked" or config.train.grad_accum_steps > 1)
 
 
 def _estimate_time(config, topology: Topology, devices, reports) -> None:
@@ -263,9 +269,11 @@ def _estimate_time(config, topology: Topology, devices, reports) -> None:
   n_micro x (t(1) + (L - 1) (t(2) - t(1))), labelled so. Memory stays the real
   program's."""
   n, n_micro = config.model.n_layers, config.train.grad_accum_steps
+  loss_impl, _ = loss_lib.resolve(config, sharding.make_mesh(config.mesh, devices=devices))
   shallow = {}
   for depth in sorted({1, min(n, 2)}):
     c = config.copy_and_resolve_references()
+    c.train.loss_impl = loss_impl  # the real step's loss, resolved once
     c.model.n_layers, c.model.scan_layers = depth, False
     c.train.global_batch_size //= n_micro
     c.train.grad_accum_steps = 1
@@ -289,6 +297,29 @@ def _estimate_time(config, topology: Topology, devices, reports) -> None:
         f"{two.time_source} of loop-free compiles (layers unrolled at depth 1 and 2, "
         f"LEV's loops unrolled{', one micro-batch' if micro > 1 else ''}), extrapolated "
         f"to {n} layers{f' x {micro} micro-batches' if micro > 1 else ''}")
+
+
+def _price_splash(config, topology: Topology, reports) -> None:
+  """Adds splash attention to each step's time estimate. XLA's cost model gives a Mosaic
+  kernel (a custom call) no cost, so a splash step's estimate would leave attention out;
+  its model FLOPs (lev_jax/flops.py: the causal half, forward + backward, the forward
+  again where model.remat recomputes it; the forward alone for eval) at the chip's peak
+  bf16 rate are added instead: a lower bound on the kernel's time, labelled so."""
+  peak = flops_lib.peak_flops_per_device(topology.chip.device_kind)
+  if not peak:
+    return
+  train_attention = (flops_lib.train_flops_per_step(config)["attention"]
+                     + flops_lib.remat_flops_per_step(config)["attention"])
+  eval_attention = (flops_lib.train_flops_per_step(config)["attention"] // 3
+                    * config.eval.batch_size // config.train.global_batch_size)
+  for r in reports:
+    if not (r.fits and r.step_s):
+      continue
+    flops = train_attention if r.step == "train" else eval_attention
+    r.splash_s = flops / topology.chips / peak
+    r.step_s += r.splash_s
+    r.time_source += (" + splash attention at its model FLOPs at the peak bf16 rate (the "
+                      "cost model prices no Mosaic kernel; a lower bound)")
 
 
 def _eval_flops(config) -> float:

@@ -21,7 +21,7 @@ LEV_MODES = ("auto", "table", "tokens", "unique")
 LEV_IMPLS = ("fused", "reference", "pallas", "vectorized")
 DECAY_MASKS = ("matrices", "all", "none")
 CLIP_MODES = ("global", "per_group", "exclude_lev")  # lev_jax/optimizer.py make_clipping
-LOSS_IMPLS = ("dense", "chunked")  # train.loss_impl: lev_jax/loss.py
+LOSS_IMPLS = ("auto", "dense", "chunked")  # train.loss_impl: lev_jax/loss.py
 NAN_POLICIES = ("stop", "skip_step")  # train.nan_policy: lev_jax/trainer.py
 LEV_OUT_PROJ_INITS = ("paper", "match_table")
 # config.model.remat -> the jax.checkpoint_policies function that decides what the
@@ -203,6 +203,9 @@ def base_config() -> ml_collections.ConfigDict:
   # "chunked" holds float32 logits of loss_token_chunk tokens (0: automatic, at most
   # 256 MiB per device) x loss_vocab_chunk ids (0: the whole vocab, the gradient made in
   # the forward pass; a divisor of the padded vocab: recomputed in the backward pass).
+  # "auto" (lev_jax/loss.py `resolve`): chunked where the dense logits and their
+  # gradient would take more than a quarter of a device's memory (a TPU or GPU whose
+  # memory is known), else dense; on a CPU always dense (experiments/ladder.py uses it).
   t.loss_impl = "dense"
   t.loss_token_chunk = 0
   t.loss_vocab_chunk = 0

@@ -19,6 +19,10 @@
            (`chunked_log_z_and_target`: four matmuls; MaxText's vocabulary tiling,
            Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models").
            The eval step runs `chunked_log_z_and_target` (no gradient).
+  auto     `resolve`: chunked where the dense loss's logits and a float32 buffer of
+           their size would take more than a quarter of a device's memory, else dense
+           (always dense on a CPU); what the train and eval steps, lev-compile and the
+           trainer's log line use.
 
 Token chunks are strided (chunk k holds the tokens k, k + n_chunks, ...), so tokens
 split over the mesh's batch axes leave every chunk spread over all devices. Vocab
@@ -39,14 +43,59 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from lev_jax import sharding, target
-from lev_jax.config import LOSS_IMPLS, ConfigError
+from lev_jax import sharding, target, topology
+from lev_jax.config import LOSS_IMPLS, ConfigError, padded_vocab_size
 from lev_jax.embeddings import PAD_LOGIT
 
 # The dense loss's settings (config.train's loss fields at their defaults).
 DENSE = ml_collections.FrozenConfigDict(
     {"loss_impl": "dense", "loss_token_chunk": 0, "loss_vocab_chunk": 0})
 LOGITS_CHUNK_BYTES = 256 * 2**20  # float32 logits per device per chunk, automatic sizes
+AUTO_MEMORY_SHARE = 4  # auto: chunked once the dense logits need > 1/4 of a device's memory
+
+
+def dense_logits_bytes(config: ml_collections.ConfigDict, n_devices: int) -> int:
+  """Bytes per device of the dense loss's logits [micro-batch tokens, padded V] in
+  model.logits_dtype plus one float32 buffer of that shape (the softmax, or the logits'
+  gradient), with the tokens spread over `n_devices`."""
+  m, t = config.model, config.train
+  tokens = t.global_batch_size // t.grad_accum_steps * t.seq_len
+  per_logit = (2 if m.logits_dtype == "bfloat16" else 4) + 4
+  return tokens * padded_vocab_size(m.vocab_size, m.vocab_multiple) * per_logit // n_devices
+
+
+def choose(config: ml_collections.ConfigDict, n_devices: int,
+           memory_bytes: int | None) -> tuple[str, str]:
+  """What config.train.loss_impl becomes on `n_devices` devices of `memory_bytes` each
+  (None: unknown, e.g. a CPU): ("dense" | "chunked", why). An explicit dense or chunked
+  stays; auto is chunked when `dense_logits_bytes` exceeds memory / AUTO_MEMORY_SHARE."""
+  impl = config.train.loss_impl
+  if impl != "auto":
+    return impl, "train.loss_impl"
+  if memory_bytes is None:
+    return "dense", "auto; device memory unknown (CPU)"
+  need, share = dense_logits_bytes(config, n_devices), memory_bytes / AUTO_MEMORY_SHARE
+  gib = lambda n: f"{n / 2**30:.1f} GiB"
+  if need > share:
+    return "chunked", (f"auto; the dense logits would need {gib(need)} per device, over "
+                       f"1/{AUTO_MEMORY_SHARE} of its {gib(memory_bytes)}")
+  return "dense", (f"auto; the dense logits need {gib(need)} per device, within "
+                   f"1/{AUTO_MEMORY_SHARE} of its {gib(memory_bytes)}")
+
+
+def resolve(config: ml_collections.ConfigDict, mesh) -> tuple[str, str]:
+  """`choose` for the devices of `mesh` (a jax Mesh; compile-only TPU devices included:
+  lev_jax/topology.py `device_memory_bytes`); the trainer logs it once."""
+  devices = mesh.devices.flat
+  return choose(config, mesh.devices.size, topology.device_memory_bytes(devices[0]))
+
+
+def resolved_train_cfg(config: ml_collections.ConfigDict, mesh
+                       ) -> ml_collections.FrozenConfigDict:
+  """config.train, frozen, with loss_impl resolved for `mesh` (`resolve`)."""
+  t = config.train.to_dict()
+  t["loss_impl"] = resolve(config, mesh)[0]
+  return ml_collections.FrozenConfigDict(t)
 
 
 def _divisors(n: int) -> list[int]:
@@ -428,6 +477,9 @@ def _head_inputs(model, batch):
 
 
 def _check_impl(cfg) -> None:
+  if cfg.loss_impl == "auto":
+    raise ValueError("train.loss_impl = 'auto' must be resolved for the devices first "
+                     "(lev_jax.loss.resolved_train_cfg)")
   if cfg.loss_impl not in LOSS_IMPLS:
     raise ConfigError(f"config.train.loss_impl = {cfg.loss_impl!r}: expected one of "
                       + ", ".join(repr(i) for i in LOSS_IMPLS))

@@ -56,6 +56,24 @@ CHIPS = {
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6litepod": "v6e"}
 
 
+def device_memory_bytes(device) -> int | None:
+  """Memory of one accelerator, bytes: the published HBM of a TPU chip (CHIPS) or an
+  NVIDIA GPU (lev_jax/gpu_targets.py) by its `device_kind` (compile-only devices
+  included), else what the runtime reports (`memory_stats()["bytes_limit"]`); None for
+  a CPU or a device that reports nothing."""
+  if device.platform == "cpu":
+    return None
+  for chip in (*CHIPS.values(), *gpu_targets.GPU_TARGETS.values()):
+    if device.device_kind == chip.device_kind:
+      return chip.hbm_bytes
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # pylint: disable=broad-except
+    # compile-only and some plugin devices have no runtime to ask
+    return None
+  return int(stats["bytes_limit"]) if stats.get("bytes_limit") else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Topology:
   """A named TPU slice (or several identical slices), or a number of NVIDIA GPUs."""

@@ -198,7 +198,7 @@ def make_train_step(part: Partitioned, config: ml_collections.ConfigDict):
   schedule = learning_rate_schedule(config)
   n_micro = config.train.grad_accum_steps
   z_loss = float(config.optim.z_loss)
-  train_cfg = ml_collections.FrozenConfigDict(config.train)
+  train_cfg = loss_lib.resolved_train_cfg(config, part.mesh)  # loss_impl auto resolved
   grad_fn = jax.value_and_grad(
       lambda p, mb: _sum_loss(p, part.graphdef, mb, train_cfg, z_loss), has_aux=True)
 
@@ -279,9 +279,10 @@ def abstract_batch(part: Partitioned, config: ml_collections.ConfigDict,
 def make_eval_step(part: Partitioned, config: ml_collections.ConfigDict | None = None):
   """Builds `eval_step(params, batch) -> nll_BxL` (float32 numpy, unweighted), jitted,
   sharded; every process gets the whole result (evaluation is small). The loss is
-  config.train.loss_impl's (default: dense)."""
+  config.train.loss_impl's, resolved for the mesh's devices (lev_jax/loss.py `resolve`;
+  no config: dense)."""
   batch_sh = part.batch_sharding
-  train_cfg = None if config is None else ml_collections.FrozenConfigDict(config.train)
+  train_cfg = None if config is None else loss_lib.resolved_train_cfg(config, part.mesh)
 
   def eval_step(params, batch):
     return token_nll(part.graphdef, params, batch, train_cfg)

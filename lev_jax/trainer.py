@@ -47,7 +47,7 @@ from lev_jax.data.tokenizer_files import save_tokenizer
 from lev_jax.eval.evaluate import coverage, evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
-from lev_jax import attention, sharding, target
+from lev_jax import attention, loss as loss_lib, sharding, target
 from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
@@ -530,6 +530,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())
   logging.info("attention %s (%s)", *attention.resolve(config, target.platform()))
+  logging.info("loss %s (%s)", *loss_lib.resolve(config, part.mesh))
   if config.model.embedding == "lev":
     logging.info("%s", lev_plan_line(config))
   global_stream = config.data.host_batches == "global"

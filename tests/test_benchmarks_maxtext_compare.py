@@ -133,6 +133,9 @@ def test_ours_command():
   assert "--noestimate_time" not in cmd
   scanned = mc.ours_command("/py", _args("--scan_layers"), "/tmp/o.json")
   assert "--noestimate_time" in scanned and "--config.model.scan_layers=True" in scanned
+  splash = _args("--attention=splash")  # the same kernel on both sides
+  assert "--config.model.attention=splash" in mc.ours_command("/py", splash, "/tmp/o.json")
+  assert "attention=flash" in mc.maxtext_overrides(SHAPE, splash, "/tmp/out")
 
 
 def test_rung_shape_reads_the_ladder():
@@ -188,6 +191,9 @@ def test_ours_figures_and_ratios():
   assert r["flops"] == pytest.approx(8.359e12 / 8589680312320.0)
   with pytest.raises(mc.CompareError, match="did not compile"):
     mc.ours_figures(_ours(error="RESOURCE_EXHAUSTED"))
+  priced = _ours(step_s=0.04)  # lev-compile priced splash; MaxText's flash is unpriced
+  priced["steps"][0]["splash_s"] = 0.005
+  assert mc.ours_figures(priced)["step_s"] == pytest.approx(0.035)
 
 
 def test_table_labels_estimates_and_shows_ratios():

@@ -76,6 +76,11 @@ def test_a_fitting_config_prints_the_table_and_writes_the_json(tmp_path):
       train["arguments_bytes"] + train["outputs_bytes"] - train["alias_bytes"]
       + train["temp_bytes"] + train["code_bytes"])
   assert train["tokens"] == 16 * 128 and 0 < train["mfu"] < 1
+  for step in (train, evaluate):  # the cost model prices no Mosaic kernel: splash added
+    assert 0 < step["splash_s"] < step["step_s"]
+    assert "splash attention at its model FLOPs at the peak bf16 rate" in step["time_source"]
+  # forward + backward (3x the forward) of the same 16 sequences as the eval batch
+  assert train["splash_s"] == pytest.approx(3 * evaluate["splash_s"], rel=1e-6)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["compile.json", "hlo"]
   for step in ("train", "eval"):  # XLA's dumps of each step, kept
     assert list((hlo / step).glob(f"*jit_{step}_step*after_optimizations.txt")), step

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from conftest import tiny_config
-from lev_jax import loss, train
+from lev_jax import loss, sharding, topology, train
 from lev_jax.config import ConfigError, validate
 
 
@@ -188,7 +188,7 @@ def test_the_bfloat16_logits_cross_entropy_is_the_float32_softmax_of_them():
 
 
 @pytest.mark.parametrize("field,value,needle", [
-    ("train.loss_impl", "blockwise", "one of 'dense', 'chunked'"),
+    ("train.loss_impl", "blockwise", "one of 'auto', 'dense', 'chunked'"),
     ("train.loss_token_chunk", 24, "a divisor of the 64 tokens per micro-batch"),
     ("train.loss_vocab_chunk", 100, "a divisor of the 384 ids of the padded vocab"),
     ("train.loss_vocab_chunk", -128, "0 (the whole vocab) or a divisor"),
@@ -203,6 +203,36 @@ def test_bad_loss_settings_are_one_line_config_errors(field, value, needle):
   with pytest.raises(ConfigError, match=f"config.{field} = ") as e:
     validate(c)
   assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_auto_loss_is_chunked_only_where_the_dense_logits_crowd_memory():
+  c = tiny_config("tied")  # 64 tokens a micro-batch, 384 padded ids
+  c.train.loss_impl = "auto"
+  dense_bytes = 64 * 384 * (4 + 4)  # float32 logits + a float32 buffer of their size
+  assert loss.dense_logits_bytes(c, 1) == dense_bytes
+  assert loss.dense_logits_bytes(c, 4) == dense_bytes // 4
+  assert loss.choose(c, 1, None)[0] == "dense"  # a CPU: memory unknown
+  assert loss.choose(c, 1, 4 * dense_bytes)[0] == "dense"  # exactly a quarter
+  impl, why = loss.choose(c, 1, 4 * dense_bytes - 1)
+  assert impl == "chunked" and "over 1/4" in why
+  assert loss.choose(c, 2, 4 * dense_bytes - 1)[0] == "dense"  # half the tokens each
+  c.model.logits_dtype = "bfloat16"  # 2 + 4 bytes a logit
+  assert loss.choose(c, 1, 4 * dense_bytes - 1)[0] == "dense"
+  c.train.loss_impl = "dense"  # an explicit choice stays
+  assert loss.choose(c, 1, 1) == ("dense", "train.loss_impl")
+  # the steps resolve it; an unresolved auto never reaches the loss
+  c.train.loss_impl = "auto"
+  assert loss.resolved_train_cfg(c, sharding.make_mesh(c.mesh)).loss_impl == "dense"
+  with pytest.raises(ValueError, match="must be resolved"):
+    loss.loss_sums(None, {"weights": jnp.ones((1, 1))}, c.train)
+
+
+def test_tpu_memory_is_known_for_compile_only_devices():
+  class Device:  # what lev_jax.topology reads of a device
+    platform, device_kind = "tpu", "TPU v5"
+  assert topology.device_memory_bytes(Device()) == 95 * 2**30
+  Device.platform = "cpu"
+  assert topology.device_memory_bytes(Device()) is None
 
 
 def test_chunk_size_defaults_and_errors():

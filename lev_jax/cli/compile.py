@@ -76,15 +76,18 @@ def _check_outputs(json_path: str | None, dump_hlo: str | None) -> None:
     common.fail(PROG, f"--dump_hlo={dump_hlo} is a file: expected a folder")
 
 
-def program_line(config, platform: str) -> str:
+def program_line(config, topology) -> str:
   """The choices that decide the compiled program's memory and time, in one line: the
-  loss, the logits' dtype, the attention kernel (model.attention resolved for
-  `platform`), layer remat and, for LEV, its core, rows, chunk and remat."""
-  from lev_jax import attention  # pylint: disable=g-import-not-at-top
-  m, t, lv = config.model, config.train, config.lev
-  kernel, _ = attention.resolve(config, platform)
-  line = (f"loss {t.loss_impl}, logits {m.logits_dtype}, attention {kernel}"
-          f"{' (auto)' if m.attention == 'auto' else ''}, model.remat {m.remat}, "
+  loss (train.loss_impl resolved for the topology's chips and memory), the logits'
+  dtype, the attention kernel (model.attention resolved for the topology's platform),
+  layer remat and, for LEV, its core, rows, chunk and remat."""
+  from lev_jax import attention, loss  # pylint: disable=g-import-not-at-top
+  m, lv = config.model, config.lev
+  kernel, _ = attention.resolve(config, topology.platform)
+  loss_impl, _ = loss.choose(config, topology.chips, topology.chip.hbm_bytes)
+  auto = lambda requested: " (auto)" if requested == "auto" else ""
+  line = (f"loss {loss_impl}{auto(config.train.loss_impl)}, logits {m.logits_dtype}, "
+          f"attention {kernel}{auto(m.attention)}, model.remat {m.remat}, "
           f"{m.dtype} compute")
   if m.embedding == "lev":
     line += (f"; LEV {lv.impl} core, lev.mode {lv.mode}, chunks of {lv.chunk_size:,} ids, "
@@ -128,7 +131,7 @@ def main(argv):
         f"{f', {topology.num_slices} slices' if topology.num_slices > 1 else ''}, {hbm} "
         f"HBM per chip); mesh data {ici[0]} x fsdp {ici[1]} x tensor {ici[2]} (DCN "
         f"{' x '.join(map(str, dcn))}); jax {jax.__version__}, {compiler}")
-  print(f"{PROG}: {program_line(config, topology.platform)}")
+  print(f"{PROG}: {program_line(config, topology)}")
   for r in reports:
     print(aot.format_step(r, hbm))
   if f.json:
@@ -137,7 +140,7 @@ def main(argv):
               "chips": topology.chips, "device_kind": chip.device_kind,
               "hbm_bytes_per_chip": chip.hbm_bytes, "jax": jax.__version__,
               "compiler": compiler,
-              "program": program_line(config, topology.platform), "estimates": "step_s, tokens_per_s and mfu are the "
+              "program": program_line(config, topology), "estimates": "step_s, tokens_per_s and mfu are the "
               "compiler's estimates, not measurements",
               "steps": [r.as_dict() for r in reports]}
     tmp = f.json + ".tmp"
