@@ -6,7 +6,7 @@ compiled for a TPU slice: per-chip memory and the estimated step time of each.
   python benchmarks/head_attention_compile.py --setups small --out runs/head_attention
 
 Setups (each a slice and a batch; the rung's config from experiments/ladder.py otherwise):
-  pod    the README's slice, v5p-128, the rung's own global batch (512 x 512), with the
+  pod    the ladder's slice, v5p-128, the rung's own global batch (512 x 512), with the
          step-time estimate (loop-free compiles; a few minutes a variant on 2 cores).
   small  4 v5p chips (v5p:2x2x1) at the same global batch of 512 x 512 (65,536 tokens a
          chip), memory only: what fits where memory is short.

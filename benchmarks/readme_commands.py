@@ -1,17 +1,18 @@
-"""Run every command of the README in order, as written, in a scratch copy of the repo.
+"""Run every command of README.md and docs/*.md in order, as written, in a scratch clone.
 
   python benchmarks/readme_commands.py                 # all runnable commands
   python benchmarks/readme_commands.py --list          # print them (and the skipped ones)
   python benchmarks/readme_commands.py --venv .venv    # reuse a venv: skip the installs
 
-The commands are the lines of the README's ```bash blocks and the "$ " lines of its
-```console blocks (a trailing backslash continues a line; "# ..." comments are dropped),
-in the README's order. They run with bash in a fresh `git clone` of this repository
-(committed files only), with `.venv/bin` first on PATH, as a user who activated the
-venv would. Commands that need what one machine does not have (a TPU pod, a SLURM
-cluster, gs:// buckets, The Pile at /data or /path/to, the 1.2B ladder) are listed as
-skipped with the reason. With --venv, the README's first two lines (which create the
-venv) run without their install step, on a link to that venv.
+The commands are the lines of the ```bash blocks and the "$ " lines of the ```console
+blocks (a trailing backslash continues a line; "# ..." comments are dropped) of
+README.md, then of each guide in docs/ in DOCS order, each file in its own order. They
+run with bash in a fresh `git clone` of this repository (committed files only), with
+`.venv/bin` first on PATH, as a user who activated the venv would. Commands that need
+what one machine does not have (a TPU pod, a SLURM cluster, gs:// buckets, The Pile at
+/data or /path/to, the 1.2B ladder) are listed as skipped with the reason. With --venv,
+the README's first two lines (which create the venv) run without their install step, on
+a link to that venv.
 
 Exit status: 0 when every runnable command exited 0, else 1 (each failure is printed
 with its exit status and the last lines of its output).
@@ -43,10 +44,25 @@ SKIP = (
      "trains a 200M-1.2B rung (a pod's job)"),
 )
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && "
+# The guides under docs/, in the order their commands run (after the README's): every
+# docs/*.md is listed (tests/test_readme_commands.py checks it).
+DOCS = ("training.md", "reliability.md", "evaluation.md", "results.md", "model.md",
+        "scaling-out.md", "data.md", "developing.md")
+
+
+def doc_files(repo: Path = REPO) -> list[Path]:
+  """README.md, then docs/<DOCS>: the files whose commands run, in that order."""
+  return [repo / "README.md", *(repo / "docs" / name for name in DOCS)]
+
+
+def all_commands(repo: Path = REPO) -> list[tuple[str, str]]:
+  """(file relative to the repo, command) for every command of doc_files, in order."""
+  return [(str(path.relative_to(repo)), command) for path in doc_files(repo)
+          for command in readme_commands(path.read_text())]
 
 
 def readme_commands(text: str) -> list[str]:
-  """The README's commands in order: ```bash lines and ```console "$ " lines, with
+  """One Markdown file's commands in order: ```bash lines and ```console "$ " lines, with
   backslash continuations joined and comment lines dropped."""
   commands, block, pending = [], None, ""
   for line in text.splitlines():
@@ -90,11 +106,12 @@ def main(argv=None) -> int:
   p.add_argument("--until", type=int, default=None,
                  help="stop after command N (numbers as --list prints them)")
   args = p.parse_args(argv)
-  commands = readme_commands((REPO / "README.md").read_text())
+  located = all_commands()
+  commands = [c for _, c in located]
   if args.list:
-    for i, c in enumerate(commands, 1):
+    for i, (path, c) in enumerate(located, 1):
       reason = skip_reason(c)
-      print(f"{i:3d}. {c}" + (f"    [skipped: {reason}]" if reason else ""))
+      print(f"{i:3d}. {path}: {c}" + (f"    [skipped: {reason}]" if reason else ""))
     return 0
   venv = Path(args.venv).resolve() if args.venv else None
   if venv is not None and not (venv / "bin" / "python").exists():
@@ -106,10 +123,10 @@ def main(argv=None) -> int:
     (clone / ".venv").symlink_to(venv)
   env = dict(os.environ, PATH=f"{clone / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}")
   failures = 0
-  for i, command in enumerate(commands[:args.until], 1):
+  for i, (path, command) in enumerate(located[:args.until], 1):
     reason = skip_reason(command)
     if reason:
-      print(f"{i:3d}. skipped ({reason}): {command}", flush=True)
+      print(f"{i:3d}. skipped ({reason}): {path}: {command}", flush=True)
       continue
     run = command[len(INSTALL):] if venv is not None and command.startswith(INSTALL) else command
     start = time.perf_counter()
@@ -117,7 +134,8 @@ def main(argv=None) -> int:
                         text=True)
     seconds = time.perf_counter() - start
     ok = p_.returncode == 0
-    print(f"{i:3d}. {'ok  ' if ok else 'FAIL'} {seconds:7.1f} s  {command}", flush=True)
+    print(f"{i:3d}. {'ok  ' if ok else 'FAIL'} {seconds:7.1f} s  {path}: {command}",
+          flush=True)
     if not ok:
       failures += 1
       tail = (p_.stdout + p_.stderr).strip().splitlines()[-8:]

@@ -1,22 +1,24 @@
-"""Regenerate every measured figure in the README, in one command, and print the tables.
+"""Regenerate every measured figure of the docs, in one command, and print the tables.
 
   python benchmarks/readme_figures.py                         # every section, in order
   python benchmarks/readme_figures.py --sections smoke,ladder # some of them
   python benchmarks/readme_figures.py --list                  # sections and their cost
 
-Each section runs the repo's own command for one README table (the same command the
-README names beside it) under ROOT (default runs/readme_figures), then prints the
-table as that command wrote it, under a header with the commit, the Python / jax /
-platform versions and the CPU count. Training sections resume: re-running the same
-command after an interruption continues where it stopped, and a finished run is not
-retrained. Logs of every command go to ROOT/logs/SECTION.log; the printed tables also
-go to ROOT/figures.md.
+Each section runs the repo's own command for one table of the docs (docs/results.md,
+and the console block of docs/evaluation.md; the same command the docs name beside it;
+the README's headline table quotes them) under ROOT (default runs/readme_figures), then
+prints the table as that command wrote it, under a header with the commit, the Python /
+jax / platform versions and the CPU count, and the file#heading where that table lives
+(DOCS below), to paste it there. Training sections resume: re-running the same command
+after an interruption continues where it stopped, and a finished run is not retrained.
+Logs of every command go to ROOT/logs/SECTION.log; the printed tables also go to
+ROOT/figures.md.
 
 Sections (wall time measured on our 2-core CPU, nothing else running):
   smoke     benchmarks/smoke_results.py: tied, untied, Leviathan on the default data
             (3 x 300 steps; ~10 min)
-  commands  lev-eval, lev-export, lev-sample on the smoke runs (the README's console
-            block; needs `smoke`; ~1 min)
+  commands  lev-eval, lev-export, lev-sample on the smoke runs (the console block of
+            docs/evaluation.md; needs `smoke`; ~1 min)
   ladder    lev-ladder --ladder=experiments/smoke_ladder.py --run (8 rungs; ~11 min)
   step_time benchmarks/step_time.py --reps 5 (~10 min) and benchmarks/lev_core.py
   studies   lev-study on experiments/smoke_study.py (9 runs, ~50 min) and
@@ -28,8 +30,8 @@ Sections (wall time measured on our 2-core CPU, nothing else running):
             (memory); needs the tpu-aot extra; compiler estimates, not measurements
             (~60 min)
 
-Seeded figures: the smoke table and the ladder are single runs of seed 0 (the README
-says so); the studies give mean ± standard error over 3 seeds. Times and ratios depend
+Seeded figures: the smoke table and the ladder are single runs of seed 0 (the docs
+say so); the studies give mean ± standard error over 3 seeds. Times and ratios depend
 on the machine; losses and perplexities do not: the data, the tokenizer and the
 training are deterministic on CPU (the tests check resume = straight run bitwise), and
 the same float32 bits on any x86-64 CPU with AVX2 and FMA and any core count
@@ -116,6 +118,18 @@ SECTIONS = {
 }
 
 
+# name -> where its figures live in the docs (file#anchor, relative to the repository)
+DOCS = {
+    "smoke": "docs/results.md#measured-smoke-tied-vs-untied-vs-leviathan-on-the-embedded-data",
+    "commands": "docs/evaluation.md#after-training-evaluate-export-sample-scaling-curves",
+    "ladder": "docs/results.md#measured-the-smoke-ladder-tied-vs-leviathan",
+    "step_time": "docs/results.md#measured-train-step-time-tied-vs-leviathan",
+    "studies": "docs/results.md#measured-leviathan-vs-tied-at-cpu-scale-seeded-study",
+    "drills": "docs/reliability.md#reliability-what-protects-a-run",
+    "pod_compile": "docs/results.md#every-rung-on-its-slice-compiler-figures-estimates-labelled",
+}
+
+
 def provenance() -> str:
   """One line: commit (+dirty), Python, jax, platform, CPUs, date (UTC)."""
   def git(*args):
@@ -157,7 +171,8 @@ def run_section(name: str, root: Path, out) -> int:
       text.append(f"$ {' '.join(a if a != PY else 'python' for a in argv)}\n{p.stdout}")
       status = status or p.returncode
   minutes = (time.perf_counter() - start) / 60
-  out(f"\n## {name} ({minutes:.1f} min{'' if status == 0 else f'; exit status {status}'})\n")
+  out(f"\n## {name} ({minutes:.1f} min{'' if status == 0 else f'; exit status {status}'})\n\n"
+      f"In the docs: {DOCS[name]}\n")
   if name in ("commands", "ladder", "step_time", "drills"):  # ladder: lev-ladder's summary
     out("```console\n" + "\n".join(text).rstrip() + "\n```")
   for path in outputs(root):
@@ -190,7 +205,7 @@ def main(argv=None) -> int:
     report.write(text + "\n")
     report.flush()
 
-  out(f"# README figures\n\n{provenance()}")
+  out(f"# Figures of the docs\n\n{provenance()}")
   status = 0
   for name in names:
     status = run_section(name, root, out) or status

@@ -1,4 +1,4 @@
-"""Train the smoke variants on the embedded data and print the README's results table.
+"""Train the smoke variants on the embedded data and print docs/results.md's table.
 
   python benchmarks/smoke_results.py [--variants tied,leviathan] [--out runs/smoke_results]
 

@@ -83,7 +83,7 @@ def get_config(variant: str = "leviathan_1.2b"):
   # [rows, 8, 128, 64] float32 per chunk, so chunks of 32,768 ids: 512 rows per chip
   # per chunk on a v5p-128 slice (64 chips), 8 chunks per step. One chunk of 262,144
   # made the 200M step 1.29x tied's memory per chip; chunks of 65,536 and of 32,768
-  # both 1.11x, the chunk's buffers then off the step's peak (lev-compile; README
+  # both 1.11x, the chunk's buffers then off the step's peak (lev-compile; docs/results.md,
   # "Every rung on its slice"). `unique` sorts the ids of the whole batch and
   # compiles its 200,064-row table fallback beside it (lax.cond: memory for the larger
   # branch). lev.remat (LEV's forward pass again in the backward pass, so nothing of

@@ -199,13 +199,14 @@ def base_config() -> ml_collections.ConfigDict:
   t.nan_policy = "stop"
   t.max_skipped_steps = 10
   # The cross-entropy (lev_jax/loss.py): "dense" builds the float32 logits [tokens,
-  # padded V] and applies optax's softmax cross-entropy (every CPU figure of the README);
-  # "chunked" holds float32 logits of loss_token_chunk tokens (0: automatic, at most
-  # 256 MiB per device) x loss_vocab_chunk ids (0: the whole vocab, the gradient made in
-  # the forward pass; a divisor of the padded vocab: recomputed in the backward pass).
-  # "auto" (lev_jax/loss.py `resolve`): chunked where the dense logits and their
-  # gradient would take more than a quarter of a device's memory (a TPU or GPU whose
-  # memory is known), else dense; on a CPU always dense (experiments/ladder.py uses it).
+  # padded V] and applies optax's softmax cross-entropy (every CPU figure of
+  # docs/results.md); "chunked" holds float32 logits of loss_token_chunk tokens (0:
+  # automatic, at most 256 MiB per device) x loss_vocab_chunk ids (0: the whole vocab,
+  # the gradient made in the forward pass; a divisor of the padded vocab: recomputed in
+  # the backward pass). "auto" (lev_jax/loss.py `resolve`): chunked where the dense
+  # logits and their gradient would take more than a quarter of a device's memory (a
+  # TPU or GPU whose memory is known), else dense; on a CPU always dense
+  # (experiments/ladder.py uses it).
   t.loss_impl = "dense"
   t.loss_token_chunk = 0
   t.loss_vocab_chunk = 0
@@ -232,7 +233,8 @@ def base_config() -> ml_collections.ConfigDict:
   # the rest); 0 freezes LEV; 1.0 = one learning rate for the whole model. 3.0 was
   # selected on validation in experiments/fidelity_study.py (vocab 32k) and kept the
   # lead over 1.0 on all 3 seeds at the smoke budget (experiments/smoke_study.py);
-  # chosen at CPU scale only: sweep it when reproducing the ladder (README, study).
+  # chosen at CPU scale only: sweep it when reproducing the ladder (docs/results.md,
+  # the seeded study).
   o.lev_lr_multiplier = 3.0
   # z-loss weight: z_loss * log(Z)^2 per target added to the objective, log Z the
   # log-sum-exp of the token's logits (PaLM, Chowdhery et al. 2022, Sec. 5, used 1e-4);

@@ -5,7 +5,8 @@ gradient materialises each dot operand with its contracting dim minor, so that X
 runs every dot of the backward pass in YNNPACK rather than Eigen, whose summation order
 follows the CPU's caches and thread count: why, what was measured and what is not
 covered are in `lev_jax/portable.py` (2.). Cost: a transposed copy of x and of w per
-weight matmul's gradient; the step still got faster than with Eigen (README "Step time").
+weight matmul's gradient; the step still got faster than with Eigen (docs/results.md,
+"train-step time").
 """
 
 from __future__ import annotations

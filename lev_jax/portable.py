@@ -1,6 +1,6 @@
 """Float32 training whose bits do not depend on which x86-64 CPU runs it.
 
-The default job, the smoke ladder and the seeded studies run on CPUs, and the README
+The default job, the smoke ladder and the seeded studies run on CPUs, and docs/results.md
 quotes their figures to the printed digit. XLA:CPU (jax 0.10.2) makes three choices by
 the machine it finds, and 300 steps amplify the last-bit differences they cause to ~2 %
 of Leviathan's perplexity:
@@ -29,7 +29,7 @@ as they are with 3, 8 and 16 threads and on one schedulable CPU
 (`benchmarks/cpu_portability.py`). Without them, one train step's gradients (compared
 array by array) differed in ~95 % of the entries of most weight gradients, and without
 1 the logits too. The cost: none measured; the CPU train step got faster, since
-YNNPACK's dots beat Eigen's (README "Step time", benchmarks/step_time.py).
+YNNPACK's dots beat Eigen's (docs/results.md, "train-step time", benchmarks/step_time.py).
 
 Not covered: CPUs without AVX2 and FMA (x86 before 2013, where other kernels run),
 other architectures (ARM), other jax/jaxlib versions (BUILD.md pins them), bfloat16.

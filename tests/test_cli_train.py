@@ -348,7 +348,7 @@ def test_ctrl_c_saves_the_current_step_and_the_rerun_matches_a_straight_run(tmp_
 
 @pytest.mark.parametrize("preflight", ["tpu:16x4", "gpu:4x8"])
 def test_the_readmes_pod_and_cluster_examples_pass_preflight(preflight):
-  """README "Scaling out": experiments/ladder.py:leviathan_1.2b on a v5p-128 slice (16
+  """docs/scaling-out.md: experiments/ladder.py:leviathan_1.2b on a v5p-128 slice (16
   hosts x 4 chips) and on 4 nodes x 8 GPUs fits its mesh and batches (train and eval)."""
   proc = lev("train", f"--config={REPO / 'experiments' / 'ladder.py'}:leviathan_1.2b",
              f"--preflight={preflight}")

@@ -1,4 +1,4 @@
-"""The frozen embedded corpus: the file is what the code and the README say (hash,
+"""The frozen embedded corpus: the file is what the code and docs/data.md say (hash,
 documents, split, default tokenizer's token count), damage is one line, the split cache
 is written once, a test split comes from training documents; the builder is
 deterministic."""
@@ -13,8 +13,8 @@ from lev_jax.data import embedded, embedded_build, splits
 from lev_jax.data.corpus import read_documents
 from lev_jax.data.errors import DataError
 
-# The README as one line of single spaces (its prose wraps anywhere).
-README = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+# The data guide as one line of single spaces (its prose wraps anywhere).
+DATA_DOC = " ".join((Path(__file__).parents[1] / "docs" / "data.md").read_text().split())
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,8 @@ def test_the_shipped_file_is_the_recorded_corpus(docs):
   assert embedded_build.corpus_bytes(docs) == embedded.EMBEDDED_FILE.read_bytes()
 
 
-def test_the_readme_states_the_default_datas_figures(docs, tmp_path):
-  """Hash, documents, split and the default tokenizer's training tokens, as the README
+def test_the_data_guide_states_the_default_datas_figures(docs, tmp_path):
+  """Hash, documents, split and the default tokenizer's training tokens, as docs/data.md
   prints them (the default job: experiments/smoke.py, SentencePiece 2048)."""
   from lev_jax import data
   from lev_jax.experiments import experiments_dir, load_experiment
@@ -49,7 +49,7 @@ def test_the_readme_states_the_default_datas_figures(docs, tmp_path):
            f"{n_train} training and {n_val} validation documents",
            f"{report['train_tokens']:,} training tokens"]
   for fact in facts:
-    assert fact in README, fact
+    assert fact in DATA_DOC, fact
 
 
 def test_a_damaged_file_is_one_line(tmp_path):

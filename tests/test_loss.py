@@ -130,7 +130,7 @@ def test_bfloat16_logits_round_once_and_halve_the_stored_logits():
   """model.logits_dtype = bfloat16 (bfloat16 compute): each logit is the float32 one
   rounded to bfloat16 (within 2^-7 relative: XLA:CPU may round partial sums too), and
   the train step's head matmul returns bfloat16 (lev-compile shows the bytes this
-  saves on a TPU: README, "The head and attention")."""
+  saves on a TPU: docs/results.md, "The head and attention")."""
   from flax import nnx  # noqa: PLC0415
   programs, logits = {}, {}
   for dtype in ("float32", "bfloat16"):

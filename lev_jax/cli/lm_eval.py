@@ -137,7 +137,7 @@ def data_problem(tasks: Sequence[str], include_path: str | None) -> str | None:
   return (f"task {name} reads {path} from the Hugging Face Hub, which is {why}, and it is "
           f"not in the datasets cache; run {local} --include_path "
           f"{lm_eval_tasks.TASKS_DIR} with {lev_local.DATA_ENV}=<folder of the released "
-          "files> (README, lev_jax/lm_eval_tasks)")
+          "files> (docs/evaluation.md, lev_jax/lm_eval_tasks)")
 
 
 def _requested(argv: Sequence[str]):
@@ -174,7 +174,7 @@ HELP_FLAGS = (
     ("--include_path=TASKS_DIR", "A folder of more task YAML files; TASKS_DIR holds "
      "lm-eval's lambada_openai, hellaswag, piqa, arc_easy, arc_challenge and winogrande "
      "over their released files (no Hub): --tasks lev_local (all six) or "
-     "hellaswag_local, ...; the files' folder: $LEV_LM_EVAL_DATA (README)."),
+     "hellaswag_local, ...; the files' folder: $LEV_LM_EVAL_DATA (docs/evaluation.md)."),
     ("--batch_size=16", "Rows per forward pass (default 8; 'auto' = 8)."),
     ("--num_fewshot=0", "Examples in the few-shot context."),
     ("--limit=100", "At most this many documents per task (for a quick look)."),

@@ -10,7 +10,7 @@ which walks the running CPython's ``pydoc_data.topics`` and standard-library
 docstrings (`stdlib_documents`), writes them as Pile-format JSONL compressed with
 Zstandard (level 19, one frame, deterministic), and prints the sha256, document count
 and bytes to record in `lev_jax.data.embedded` (EMBEDDED_SHA256, EMBEDDED_DOCUMENTS).
-Regenerating it changes the default data, hence every measured figure in the README:
+Regenerating it changes the default data, hence every measured figure in the docs:
 bump EMBEDDED_VERSION and rerun benchmarks/readme_figures.py.
 """
 

@@ -6,9 +6,9 @@ instead of fetching a Hugging Face Hub dataset.
 
 Paths in the YAMLs are relative to the folder named by $LEV_LM_EVAL_DATA (an absolute
 path written into a YAML is used as it is). The released formats are those
-lev_jax.eval.downstream reads (README, "Zero-shot tasks"); the `process_docs` functions
-turn a release's rows into the fields lm-eval's own task of the same name reads from
-the Hub, so the prompts, choices and metrics are lm-eval's.
+lev_jax.eval.downstream reads (docs/evaluation.md, "Zero-shot tasks"); the `process_docs`
+functions turn a release's rows into the fields lm-eval's own task of the same name reads
+from the Hub, so the prompts, choices and metrics are lm-eval's.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def data_path(name: str) -> Path:
   root = os.environ.get(DATA_ENV, "")
   if not os.path.isabs(name) and not root:
     raise DownstreamError(f"{DATA_ENV} is not set; expected the folder holding {name} "
-                          "(the benchmarks' released files; README, lm-eval tasks)")
+                          "(the benchmarks' released files; docs/evaluation.md, "
+                          "lm-eval tasks)")
   path = Path(root, os.path.expanduser(name))
   if not path.is_file():
     raise DownstreamError(f"{path}: no such file (from {DATA_ENV}={root}); expected the "
