@@ -96,7 +96,7 @@ def get_config(variant: str = "leviathan_1.2b"):
   c.lev.chunk_size = 32_768
   c.lev.remat = size == "200m"
   # The head's loss, its logits' precision and the attention kernel (lev-compile,
-  # tied_200m; ESTIMATES, no TPU measured; README "The head and attention"). On a
+  # tied_200m; ESTIMATES, no TPU measured; docs/results.md "The head and attention"). On a
   # v5p-128 slice the dense loss fits with 93 % of HBM free and estimates fastest with
   # bfloat16 logits (6.31 GiB per chip, 0.0196 s; float32 logits 6.98 GiB, 0.0202 s;
   # the chunked loss 3.60 GiB, 0.028 s); on 4 chips at the same global batch the dense
