@@ -19,6 +19,10 @@ A run folder (`lev-train --workdir=WORKDIR`, default runs/<config.name>):
                              ui.perfetto.dev); `tensorboard --logdir WORKDIR` shows them
                              beside the scalars
   WORKDIR/eval.json          EVAL_JSON: the latest validation result
+  WORKDIR/errors.log         ERRORS_LOG: written only when something failed: the details
+                             (Orbax's own error reports, the traceback) of an error the
+                             terminal shows in one line, e.g. a failed checkpoint save
+                             (lev_jax.error_log)
   WORKDIR/lev_eval.json      LEV_EVAL_JSON: `lev-eval`'s result (its default --output)
   WORKDIR/study_eval.json    STUDY_EVAL_JSON: a study's evaluation of a finished run
                              (lev_jax.ladder.study.evaluate_run)
@@ -74,6 +78,7 @@ PROFILE = "profile"
 # plugin looks for them: PROFILE_TRACES/<time>/ (a path: join it to a folder).
 PROFILE_TRACES = "plugins/profile"
 EVAL_JSON = "eval.json"
+ERRORS_LOG = "errors.log"
 LEV_EVAL_JSON = "lev_eval.json"
 STUDY_EVAL_JSON = "study_eval.json"
 
