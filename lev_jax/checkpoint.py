@@ -461,15 +461,24 @@ class CheckpointReader:
     self.manager.close()
 
 
-def write_params(directory, params) -> None:
+def write_params(directory, params, *, error_log) -> None:
   """Saves a parameter tree alone into `directory` (must not exist), synchronously.
 
+  Orbax's own error reports of a failed write go to `error_log` (lev_jax.error_log), not
+  the terminal.
+
   Raises:
-    Orbax / tensorstore errors (any type), OSError: the folder cannot be written.
+    CheckpointWriteError: the folder cannot be written (e.g. disk full); one line, ending
+      with the file holding the details.
   """
-  checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(epath.Path(directory), params)
-  checkpointer.wait_until_finished()
+  with ErrorLog(error_log, ("orbax", "tensorstore")) as log:
+    try:
+      checkpointer = ocp.StandardCheckpointer()
+      checkpointer.save(epath.Path(directory), params)
+      checkpointer.wait_until_finished()
+    except Exception as e:  # Orbax / tensorstore / OSError: any type
+      raise CheckpointWriteError(f"the parameters could not be written ({error_line(e)}); "
+                                 f"details in {log.report(e)}") from e
 
 
 def read_params(directory, abstract_params):

@@ -11,13 +11,18 @@ error names that file (`report`):
     ...
     raise CheckpointWriteError(f"...; details in {log.report(error)}")
 
-Diverted while open, from the named libraries only (everything else goes where it
-went before):
-  log records at ERROR and above emitted by one of their files (absl logging, and the
-    standard logging of the root logger's handlers);
+Diverted, from the named libraries only (everything else goes where it went before):
+  log records at ERROR and above of the "absl" and "asyncio" loggers emitted by one of
+    their files, or carrying a traceback through them (asyncio's "Task exception was
+    never retrieved");
   sys.unraisablehook events whose traceback lies in their files or asyncio's (the
     callbacks of their asyncio event loops);
   threading.excepthook calls for threads whose traceback passes through their files.
+They go to the innermost open ErrorLog; with none open, to the last one that reported
+an error, for LATE_SECONDS after its report (the failed write's stragglers, which
+tensorstore delivers after the error was raised, join its file), else where they went
+before. The hooks and filters are installed
+on the first open and stay (they pass everything on when no ErrorLog takes it).
 
 The file is appended to, each report as it comes; when it cannot be written (the disk
 that failed the save is often full), the reports wait in memory and `report` writes them
@@ -55,18 +60,68 @@ def _frames(tb) -> list[str]:
   return [frame.f_code.co_filename for frame, _ in traceback.walk_tb(tb)]
 
 
-class _Divert(logging.Filter):
-  """Drops (into the log) the libraries' records at ERROR and above."""
+# How long after its `report` an ErrorLog still takes the libraries' reports once closed
+# (tensorstore's callbacks on the failed write's closed event loop, asyncio's
+# never-retrieved tasks: milliseconds to seconds after the error was raised).
+LATE_SECONDS = 60.0
 
-  def __init__(self, log: ErrorLog):
-    super().__init__()
-    self.log = log
+_OPEN: list = []  # the open ErrorLogs, innermost last
+_LATE = None  # the last ErrorLog that reported an error: takes reports after it closed
+_LATE_UNTIL = 0.0  # time.monotonic() until which it does
+_PREVIOUS: dict = {}  # the hooks ours replaced
+_LOGGERS = ("absl", "asyncio")
+
+
+def _target():
+  if _OPEN:
+    return _OPEN[-1]
+  return _LATE if time.monotonic() < _LATE_UNTIL else None
+
+
+class _Divert(logging.Filter):
+  """Drops (into the target log) the libraries' records at ERROR and above."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno < logging.ERROR or not _in(record.pathname, self.log.dirs):
+    log = _target()
+    if log is None or record.levelno < logging.ERROR or not (
+        _in(record.pathname, log.dirs) or
+        (record.exc_info and any(_in(f, log.dirs) for f in _frames(record.exc_info[2])))):
       return True
-    self.log.add(self.log.formatter.format(record))
+    log.add(log.formatter.format(record))
     return False
+
+
+_FILTER = _Divert()
+
+
+def _unraisable(u) -> None:
+  log = _target()
+  frames = _frames(u.exc_traceback)
+  if log is None or not frames or not all(_in(f, log.callback_dirs) for f in frames):
+    return _PREVIOUS["unraisable"](u)
+  log.add(f"{_now()} unraisable exception ({u.err_msg or 'in a callback'}, object "
+          f"{u.object!r}):\n" + _format(u.exc_type, u.exc_value, u.exc_traceback))
+
+
+def _thread_exception(args) -> None:
+  log = _target()
+  if log is None or not any(_in(f, log.dirs) for f in _frames(args.exc_traceback)):
+    return _PREVIOUS["thread"](args)
+  name = args.thread.name if args.thread is not None else "?"
+  log.add(f"{_now()} exception in thread {name}:\n"
+          + _format(args.exc_type, args.exc_value, args.exc_traceback))
+
+
+def _install() -> None:
+  """Puts the hooks and filters in place (again, if someone replaced a hook since)."""
+  if sys.unraisablehook is not _unraisable:
+    _PREVIOUS["unraisable"], sys.unraisablehook = sys.unraisablehook, _unraisable
+  if threading.excepthook is not _thread_exception:
+    _PREVIOUS["thread"], threading.excepthook = threading.excepthook, _thread_exception
+  for name in _LOGGERS:
+    logger = logging.getLogger(name)
+    if _FILTER not in logger.filters:
+      logger.addFilter(_FILTER)
 
 
 class ErrorLog:
@@ -83,12 +138,11 @@ class ErrorLog:
     self.callback_dirs = self.dirs + tuple(d for d in [_package_dir("asyncio")] if d)
     self.formatter = logging.Formatter(
         "%(asctime)s %(levelname)s %(pathname)s:%(lineno)d [%(threadName)s] %(message)s")
-    self._filter = _Divert(self)
     self._lock = threading.Lock()
     self._pending: list[str] = []
     self._dropped = 0
+    self._where = self.path  # the temporary folder's file once `path` failed in `report`
     self.added = 0  # reports diverted
-    self._hooks = None
 
   def __enter__(self) -> ErrorLog:
     self.open()
@@ -98,42 +152,15 @@ class ErrorLog:
     self.close()
 
   def open(self) -> None:
-    """Starts diverting (once; see the module)."""
-    if self._hooks is not None:
-      return
-    self._hooks = (sys.unraisablehook, threading.excepthook,
-                   [logging.getLogger("absl"), *logging.getLogger().handlers])
-    for target in self._hooks[2]:
-      target.addFilter(self._filter)
-    sys.unraisablehook = self._unraisable
-    threading.excepthook = self._thread_exception
+    """Starts diverting to this log (see the module)."""
+    _install()
+    if self not in _OPEN:
+      _OPEN.append(self)
 
   def close(self) -> None:
-    """Stops diverting; the hooks it replaced are back."""
-    if self._hooks is None:
-      return
-    unraisable, excepthook, targets = self._hooks
-    for target in targets:
-      target.removeFilter(self._filter)
-    if sys.unraisablehook == self._unraisable:
-      sys.unraisablehook = unraisable
-    if threading.excepthook == self._thread_exception:
-      threading.excepthook = excepthook
-    self._hooks = None
-
-  def _unraisable(self, u) -> None:
-    frames = _frames(u.exc_traceback)
-    if not frames or not all(_in(f, self.callback_dirs) for f in frames):
-      return self._hooks[0](u)
-    self.add(f"{_now()} unraisable exception ({u.err_msg or 'in a callback'}, object "
-             f"{u.object!r}):\n" + _format(u.exc_type, u.exc_value, u.exc_traceback))
-
-  def _thread_exception(self, args) -> None:
-    if not any(_in(f, self.dirs) for f in _frames(args.exc_traceback)):
-      return self._hooks[1](args)
-    name = args.thread.name if args.thread is not None else "?"
-    self.add(f"{_now()} exception in thread {name}:\n"
-             + _format(args.exc_type, args.exc_value, args.exc_traceback))
+    """Stops diverting to this log (but see `report`: late reports of its error)."""
+    if self in _OPEN:
+      _OPEN.remove(self)
 
   def add(self, text: str) -> None:
     """Appends one report (its text, a traceback included) to the file, or keeps it
@@ -144,12 +171,16 @@ class ErrorLog:
         self._pending.append(text.rstrip("\n") + "\n")
       else:
         self._dropped += 1
-      self._write(self.path)
+      self._write(self._where)
 
   def report(self, error: BaseException) -> str:
     """Writes `error` (its traceback and causes) after the reports so far; returns the
     file holding them: `path`, or one in the temporary folder when `path` cannot be
-    written, or a phrase saying neither could be (never raises)."""
+    written, or a phrase saying neither could be (never raises). Later reports of
+    the libraries come here too, also after `close`, for LATE_SECONDS (unless
+    another log is open or reports)."""
+    global _LATE, _LATE_UNTIL
+    _LATE, _LATE_UNTIL = self, time.monotonic() + LATE_SECONDS
     with self._lock:
       self._pending.append(f"{_now()} lev_jax: the error its one-line message reports:\n"
                            + "".join(traceback.format_exception(error)))
@@ -162,6 +193,7 @@ class ErrorLog:
       except OSError as e:
         return f"{self.path} (could not be written either: {e.strerror or e})"
       if self._write(fallback):
+        self._where = fallback
         return f"{fallback} ({self.path} could not be written)"
       return f"{self.path} (could not be written)"
 

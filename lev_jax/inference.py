@@ -356,6 +356,8 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
     InferenceError: bad dtype, `out_dir` exists without `overwrite`, `out_dir` is the
       source, inside it or holds it (`check_not_source`), or materialising a non-LEV
       model.
+    checkpoint.CheckpointWriteError: the parameters cannot be written (e.g. disk full;
+      Orbax's own error reports go to PARENT/.NAME.errors.log, which the one line names).
     What `also` raises (nothing is left behind).
   """
   _check_dtype(dtype)
@@ -375,7 +377,8 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
   tmp = _aside(out, "tmp")
   tmp.mkdir(parents=True)
   try:
-    checkpoint.write_params(tmp / EXPORT_PARAMS, params)
+    checkpoint.write_params(tmp / EXPORT_PARAMS, params,
+                            error_log=out.parent / f".{out.name}.errors.log")
     write_json_atomic(tmp / EXPORT_CONFIG, config.to_dict())
     save_tokenizer(im.tokenizer, tmp / TOKENIZER, config.model.vocab_multiple)
     if im.token_counts_V is not None:
@@ -389,6 +392,10 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds")}
     write_json_atomic(tmp / EXPORT_JSON, info)  # last: the folder is complete
+  except checkpoint.CheckpointWriteError as e:  # e.g. disk full: one line
+    tmp.rmtree(missing_ok=True)
+    raise checkpoint.CheckpointWriteError(
+        f"{out}: the export could not be written, nothing was changed there: {e}") from e
   except BaseException:
     tmp.rmtree(missing_ok=True)
     raise

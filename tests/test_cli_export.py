@@ -199,3 +199,25 @@ def test_the_next_export_cleans_up_after_one_killed_midway(source, tmp_path, cap
   assert (out / "export.json").read_text() == "{}"
   assert f"removed {stale}, left by a killed export (pid {dead})" in caplog.text
   assert f"restored {out} from {aside.name}" in caplog.text
+
+
+def test_an_export_that_cannot_be_written_is_one_line_naming_the_details(
+    source, tmp_path, capsys, monkeypatch):
+  """Issue 26.14's sibling: a failed parameter write printed Orbax's tracebacks."""
+  import errno
+  import orbax.checkpoint as ocp
+  path, _ = source
+  out = tmp_path / "out"
+
+  def disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(ocp.StandardCheckpointer, "save", disk_full)
+  with pytest.raises(SystemExit):
+    lev_export(f"--checkpoint={path}", f"--output={out}")
+  err = capsys.readouterr().err
+  log = tmp_path / ".out.errors.log"
+  assert err == (f"lev-export: error: {out}: the export could not be written, nothing was "
+                 "changed there: the parameters could not be written ([Errno 28] No space "
+                 f"left on device); details in {log}\n")
+  assert sorted(os.listdir(tmp_path)) == [log.name]
+  assert "Traceback" in log.read_text()

@@ -9,6 +9,7 @@ import types
 
 import orbax.checkpoint as ocp
 
+from lev_jax import error_log
 from lev_jax.error_log import ErrorLog
 
 
@@ -32,6 +33,7 @@ def test_library_callbacks_and_threads_go_to_the_file_and_others_pass(tmp_path,
                                                                       monkeypatch):
   """Issue 26.14: tensorstore's callbacks on Orbax's closed event loop printed up to 82
   tracebacks through sys.unraisablehook."""
+  monkeypatch.setattr(error_log, "_LATE_UNTIL", 0.0)  # no earlier test's failed write
   seen = []
   monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
   monkeypatch.setattr(threading, "excepthook", lambda a: seen.append(a.exc_value))
@@ -45,14 +47,18 @@ def test_library_callbacks_and_threads_go_to_the_file_and_others_pass(tmp_path,
     thread.join()
     logging.getLogger("absl").error("mine")  # not from a library file: passes
   assert seen == [mine] and log.added == 2
-  assert sys.unraisablehook is not log._unraisable  # given back on leaving
+  late = _closed_loop_error()
+  sys.unraisablehook(_unraisable(late))  # closed, no error reported: passed on
+  assert seen == [mine, late] and log.added == 2
   text = (tmp_path / "errors.log").read_text()
   assert "RuntimeError: Event loop is closed" in text
   assert "exception in thread orbax-save" in text
   assert "ValueError: Unrecognized name format: x." in text and "mine" not in text
 
 
-def test_a_file_that_cannot_be_written_falls_back_to_the_temporary_folder(tmp_path):
+def test_a_file_that_cannot_be_written_falls_back_to_the_temporary_folder(tmp_path,
+                                                                          monkeypatch):
+  monkeypatch.setattr(error_log, "_LATE_UNTIL", 0.0)  # no later test's reports here
   missing = tmp_path / "gone" / "errors.log"  # its folder does not exist: ENOENT
   with ErrorLog(missing, ("orbax",)) as log:
     log.add("an Orbax report")
@@ -63,3 +69,23 @@ def test_a_file_that_cannot_be_written_falls_back_to_the_temporary_folder(tmp_pa
   text = open(path).read()
   os.unlink(path)
   assert "an Orbax report" in text and "OSError: [Errno 28] No space left on device" in text
+
+
+def test_reports_arriving_after_a_reported_error_join_its_file(tmp_path, monkeypatch):
+  monkeypatch.setattr(error_log, "_LATE_UNTIL", 0.0)
+  """tensorstore's callbacks can fire after the failed write raised and its log closed;
+  after LATE_SECONDS they pass on."""
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
+  with ErrorLog(tmp_path / "errors.log", ("orbax",)) as log:
+    where = log.report(OSError(28, "No space left on device"))
+  sys.unraisablehook(_unraisable(_closed_loop_error()))
+  assert seen == [] and where == str(tmp_path / "errors.log")
+  text = (tmp_path / "errors.log").read_text()
+  assert text.index("No space left") < text.index("RuntimeError: Event loop is closed")
+  with ErrorLog(tmp_path / "next.log", ("orbax",)):  # the next write takes them
+    sys.unraisablehook(_unraisable(_closed_loop_error()))
+  assert "Event loop is closed" in (tmp_path / "next.log").read_text()
+  monkeypatch.setattr(error_log, "_LATE_UNTIL", 0.0)  # the time has passed
+  sys.unraisablehook(_unraisable(_closed_loop_error()))
+  assert len(seen) == 1
