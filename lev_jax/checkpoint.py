@@ -28,6 +28,10 @@ step without a manifest (written by an older lev_jax) restores with a warning. T
 manifest, the stored-config checks (SHAPE_FIELDS, DATA_FIELDS) and the quarantine of
 unrestorable steps need no Orbax: lev_jax/checkpoint_checks.py.
 
+A save that fails is one CheckpointWriteError line (the earlier steps intact); Orbax's
+own reports of it (tracebacks logged from its threads, tensorstore's callbacks) go to
+WORKDIR/errors.log (lev_jax.error_log), which that line names, not to the terminal.
+
 Only this module knows Orbax's on-disk layout: `latest_config_file` names the file a
 step's config item is stored in, for readers without Orbax (lev_jax.ladder.runs).
 """

@@ -207,7 +207,7 @@ class ErrorLog:
     try:
       with path.open("a") as f:
         f.write(text + "\n")
-    except OSError:
+    except Exception:  # OSError, or a remote filesystem's own: a hook must not raise
       return False
     self._pending, self._dropped = [], 0
     return True

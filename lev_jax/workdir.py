@@ -39,6 +39,8 @@ An export folder (`lev-export --output=DIR`; lev_jax.inference.save), read by
   DIR/tokenizer/, DIR/token_counts.npy   as in a run folder
   DIR/export.json            EXPORT_JSON: what was exported; written last (complete)
   DIR/hf/                    HF: the Hugging Face LLaMA export (lev_jax.hf_export)
+  PARENT/.DIR.errors.log     only when the parameters could not be written: Orbax's
+                             reports (lev_jax.inference.save names it in its error)
 
 A ladder or study root (`lev-ladder` / `lev-study --root=ROOT`):
 
