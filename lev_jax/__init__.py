@@ -8,6 +8,8 @@ Where things live (library first; commands only in cli/, which no library module
   experiments the repo's experiment files, imported by path (load_experiment)
   workdir     every name in a run folder, export folder and ladder root; atomic JSON
   lock        one writer per output folder (fcntl lock file)
+  error_log   libraries' own error reports (Orbax's tracebacks) to a file, not the terminal
+  parent_watch  worker processes that end with their parent (lev-prepare-data's pool)
   lev         the LEV generator (digits, codebooks, B-spline separable product);
               lev_pallas: its Pallas kernels
   embeddings  tied / untied / lev embeddings behind embed() and unembed()

@@ -28,6 +28,10 @@ step without a manifest (written by an older lev_jax) restores with a warning. T
 manifest, the stored-config checks (SHAPE_FIELDS, DATA_FIELDS) and the quarantine of
 unrestorable steps need no Orbax: lev_jax/checkpoint_checks.py.
 
+A save that fails is one CheckpointWriteError line (the earlier steps intact); Orbax's
+own reports of it (tracebacks logged from its threads, tensorstore's callbacks) go to
+WORKDIR/errors.log (lev_jax.error_log), which that line names, not to the terminal.
+
 Only this module knows Orbax's on-disk layout: `latest_config_file` names the file a
 step's config item is stored in, for readers without Orbax (lev_jax.ladder.runs).
 """
@@ -37,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from typing import Any
 
 import grain
@@ -51,6 +56,8 @@ from lev_jax.checkpoint_checks import (DATA_FIELDS, MANIFEST, SHAPE_FIELDS,
                                        CheckpointCorruptError, CheckpointMismatchError,
                                        config_differences, quarantine, verify_manifest,
                                        write_manifest)
+from lev_jax.error_log import ErrorLog
+from lev_jax.workdir import ERRORS_LOG
 
 
 # Orbax's commit records at a step's top level: written or updated as the step is
@@ -61,15 +68,25 @@ ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # <step>.orbax-checkpoint-tmp[-...]:
 
 
 def error_line(error: BaseException, limit: int = 160) -> str:
-  """The start of an error's first line: Orbax and tensorstore errors carry kilobytes."""
+  """An error's first line cut to about `limit` characters (Orbax and tensorstore errors
+  carry kilobytes: tensorstore's spec is left out), keeping its last part, the reason:
+  tensorstore's `...: Failed to write 31566 bytes to file 8: File too large
+  [os_error_code='27']` ends with the OS error."""
   line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-  return line if len(line) <= limit else line[:limit] + "..."
+  line = re.sub(r"\s*\[tensorstore_spec=.*", "", line)
+  if len(line) <= limit:
+    return line
+  reason = line.rsplit(": ", 1)[-1]
+  if len(reason) <= limit // 2:
+    return line[:limit - len(reason)] + "...: " + reason
+  return line[:limit] + "..."
 
 
 class CheckpointWriteError(OSError):
   """A checkpoint could not be written (e.g. the disk is full, a read-only mount); the
   earlier checkpoints are untouched and its temporary folder was removed (or is named,
-  when it cannot be: the next run removes it)."""
+  when it cannot be: the next run removes it). The one-line message ends with the file
+  holding the details (Orbax's own error reports and the traceback)."""
 
 
 class DataIteratorHandler(grain.checkpoint.CheckpointHandler):
@@ -152,12 +169,23 @@ class Checkpointer:
       `save` returns once the step is committed).
     portable_data: the data iterator state is the same in every process
       (data.host_batches = "global"), so it restores under any process count.
+    error_log: where Orbax's own error reports (its logged tracebacks) go while the
+      Checkpointer is open, instead of the terminal (lev_jax.error_log); default
+      ERRORS_LOG beside `directory` (WORKDIR/errors.log; process i > 0 of a multi-host
+      run: errors.process_<i>.log). A failed save's one-line error names it.
   """
 
   def __init__(self, directory, *, keep: int, async_save: bool = True,
-               portable_data: bool = True):
+               portable_data: bool = True, error_log=None):
     self.directory = epath.Path(directory)
     self.async_save = async_save
+    if error_log is None:
+      i = jax.process_index()
+      error_log = self.directory.parent / (
+          ERRORS_LOG if i == 0 else ERRORS_LOG.replace(".log", f".process_{i}.log"))
+    self.errors = ErrorLog(error_log, ("orbax", "tensorstore"))
+    self.errors.open()
+    self._failed = False
     # Always Orbax's async checkpointer: only it runs the post-finalization callback
     # that writes the manifest inside the commit; a synchronous save waits for it.
     options = ocp.CheckpointManagerOptions(
@@ -222,9 +250,11 @@ class Checkpointer:
       steps = "saved before"
     cleanup = (f"its temporary folder could not be removed: {', '.join(left)}; the next "
                "run on this workdir removes it" if left else "its temporary folder was removed")
+    self._failed = True
     raise CheckpointWriteError(
         f"checkpoint {self.directory / str(step)} could not be written ({error_line(error)}); "
-        f"the checkpoints {steps} are intact; {cleanup}") from error
+        f"the checkpoints {steps} are intact; {cleanup}; details in "
+        f"{self.errors.report(error)}") from error
 
   def saved_config(self, step: int) -> dict:
     """The config stored with `step`.
@@ -363,11 +393,19 @@ class Checkpointer:
     self._saving = None
 
   def close(self):
-    """Finishes pending saves (see `wait`) and closes the manager, also on error."""
+    """Finishes pending saves (see `wait`) and closes the manager, also on error; Orbax's
+    error reports go to the terminal again (a warning names the log file if Orbax
+    reported errors that failed no save)."""
     try:
       self.wait()
     finally:
-      self.manager.close()
+      try:
+        self.manager.close()
+      finally:
+        self.errors.close()
+        if self.errors.added and not self._failed:
+          logging.warning("Orbax reported %d errors that failed no save; details in %s",
+                          self.errors.added, self.errors.path)
 
 
 class CheckpointReader:
@@ -427,15 +465,24 @@ class CheckpointReader:
     self.manager.close()
 
 
-def write_params(directory, params) -> None:
+def write_params(directory, params, *, error_log) -> None:
   """Saves a parameter tree alone into `directory` (must not exist), synchronously.
 
+  Orbax's own error reports of a failed write go to `error_log` (lev_jax.error_log), not
+  the terminal.
+
   Raises:
-    Orbax / tensorstore errors (any type), OSError: the folder cannot be written.
+    CheckpointWriteError: the folder cannot be written (e.g. disk full); one line, ending
+      with the file holding the details.
   """
-  checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(epath.Path(directory), params)
-  checkpointer.wait_until_finished()
+  with ErrorLog(error_log, ("orbax", "tensorstore")) as log:
+    try:
+      checkpointer = ocp.StandardCheckpointer()
+      checkpointer.save(epath.Path(directory), params)
+      checkpointer.wait_until_finished()
+    except Exception as e:  # Orbax / tensorstore / OSError: any type
+      raise CheckpointWriteError(f"the parameters could not be written ({error_line(e)}); "
+                                 f"details in {log.report(e)}") from e
 
 
 def read_params(directory, abstract_params):

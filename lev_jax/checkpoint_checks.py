@@ -157,13 +157,26 @@ def quarantine(directory, steps) -> epath.Path:
 
   Returns:
     The quarantine folder (created if needed).
+  Raises:
+    CheckpointMismatchError: the quarantine folder is a file (nothing was moved), or a
+      step cannot be moved there (e.g. a read-only filesystem; nothing is deleted).
   """
   directory = epath.Path(directory)
   folder = directory.parent / (directory.name + "_quarantine")
-  folder.mkdir(parents=True, exist_ok=True)
-  for bad in steps:
-    (directory / str(bad)).rename(folder / f"{bad}-{time.time_ns()}")
-    logging.warning("moved the unrestorable step %d to %s", bad, folder)
+  if folder.exists() and not folder.is_dir():
+    raise CheckpointMismatchError(
+        f"{folder}: is a file; expected the folder the unrestorable steps {list(steps)} "
+        "are moved to; move that file aside and re-run")
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+    for bad in steps:
+      (directory / str(bad)).rename(folder / f"{bad}-{time.time_ns()}")
+      logging.warning("moved the unrestorable step %d to %s", bad, folder)
+  except OSError as e:
+    raise CheckpointMismatchError(
+        f"{folder}: the unrestorable steps {list(steps)} cannot be moved there "
+        f"({e.strerror or e}); nothing was deleted: move them aside yourself, or make "
+        "the folder writable, and re-run") from e
   return folder
 
 

@@ -14,9 +14,12 @@ Two layouts are read:
 position), cast to a chosen dtype, and optionally with LEV *materialised*: the LEV
 generator evaluated once at every id into a plain V x D input table, so inference needs
 no generator (the model becomes `model.embedding = "untied"` with the same head; its
-logits equal the LEV model's). The export is written into a temporary folder and
-renamed into place when complete: a failed export never leaves a half-written folder
-under the requested name, and the source checkpoint is only read.
+logits equal the LEV model's). The export (with what `also` adds, e.g. lev-export's
+hf/) is written into a temporary folder beside it and renamed into place when complete:
+a failed export never leaves a half-written folder under the requested name, and the
+source checkpoint is only read. An export killed midway (kill -9) leaves that temporary
+(`.NAME.tmp-<pid>@<host>-<hex>`), or, killed while replacing an earlier export, that one
+aside (`.NAME.old-...`): the next export to NAME cleans them up (`clean_stale`).
 
 The folder names are lev_jax.workdir's; every Orbax read and write is
 lev_jax.checkpoint's (`CheckpointReader`, `write_params`, `read_params`). Source: Flax
@@ -30,6 +33,7 @@ import datetime
 import json
 import logging
 import os
+import socket
 import uuid
 
 import jax
@@ -47,6 +51,7 @@ from lev_jax.config import DTYPES, ConfigError, from_dict
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import load_tokenizer, save_tokenizer
 from lev_jax.embeddings import input_table
+from lev_jax.lock import _pid_running
 from lev_jax.model import Decoder
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, TOKEN_COUNTS,
                              TOKENIZER, write_json_atomic)
@@ -278,8 +283,56 @@ def check_not_source(source, out_dir) -> None:
                          "the source is never modified: choose a folder elsewhere")
 
 
+def _aside(out: epath.Path, kind: str) -> epath.Path:
+  """A new folder name beside `out`: .NAME.<kind>-<pid>@<host>-<hex> (see the module)."""
+  return out.parent / (f".{out.name}.{kind}-{os.getpid()}@{socket.gethostname()}-"
+                       f"{uuid.uuid4().hex[:8]}")
+
+
+def _dead_owner(folder: epath.Path, prefix: str) -> int | None:
+  """The pid that made `folder` (`_aside`; its name starts with `prefix`) when it ran on
+  this host and is gone."""
+  owner = folder.name[len(prefix):].rsplit("-", 1)[0]  # <pid>@<host>
+  pid, _, host = owner.partition("@")
+  if not pid.isdigit() or host != socket.gethostname() or _pid_running(int(pid)):
+    return None
+  return int(pid)
+
+
+def clean_stale(out_dir) -> list[str]:
+  """Removes what exports to `out_dir` killed midway left beside it; returns a line for
+  each thing done (each is also logged as a warning).
+
+  Only folders made by a process of this host that is no longer running are touched:
+  `.NAME.tmp-*` (an export not yet renamed into place) is removed; `.NAME.old-*` (the
+  earlier export being replaced) is removed when NAME exists (the new one was renamed in
+  place), else renamed back to NAME (the kill came between the two renames: nothing is
+  lost). Those of a live process, of another host or without an owner in the name (made
+  by an earlier lev_jax) are left alone.
+  """
+  out = _path(out_dir)
+  done = []
+  if not out.parent.is_dir():
+    return done
+  for kind in ("tmp", "old"):
+    prefix = f".{out.name}.{kind}-"
+    for folder in sorted(out.parent.glob(prefix + "*")):
+      pid = _dead_owner(folder, prefix)
+      if pid is None:
+        continue
+      if kind == "old" and not out.exists():
+        folder.rename(out)
+        done.append(f"restored {out} from {folder.name}, left aside by a killed export "
+                    f"(pid {pid}) that was replacing it")
+      else:
+        folder.rmtree(missing_ok=True)
+        done.append(f"removed {folder}, left by a killed export (pid {pid})")
+      logging.warning("%s", done[-1])
+  return done
+
+
 def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
-         materialize_lev: bool = False, overwrite: bool = False) -> dict:
+         materialize_lev: bool = False, overwrite: bool = False, also=None) -> dict:
   """Writes the inference export of `im` into `out_dir` (see the module docstring).
 
   Args:
@@ -291,16 +344,25 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
       `lev` model.
     overwrite: replace an existing `out_dir` (the old one is removed only after the new
       one is complete).
+    also: None, or a function called as also(folder, model, config, dtype) with the
+      temporary folder (the export's params, config and tokenizer written, export.json
+      not yet) and the exported model, config and dtype: what it writes there is part of
+      the export (lev-export --hf writes hf/). Its result is returned as info["also"].
   Returns:
     The `export.json` record: format, source, step, dtype, embedding (original),
-    materialized_lev, params (count), bytes (of the parameters), created (UTC).
+    materialized_lev, params (count), bytes (of the parameters), created (UTC); with
+    `also`, its result under "also" (not in export.json).
   Raises:
     InferenceError: bad dtype, `out_dir` exists without `overwrite`, `out_dir` is the
       source, inside it or holds it (`check_not_source`), or materialising a non-LEV
       model.
+    checkpoint.CheckpointWriteError: the parameters cannot be written (e.g. disk full;
+      Orbax's own error reports go to PARENT/.NAME.errors.log, which the one line names).
+    What `also` raises (nothing is left behind).
   """
   _check_dtype(dtype)
   out = _path(out_dir)
+  clean_stale(out)  # exports killed midway: their temporaries, an export left aside
   if out.exists() and not overwrite:
     raise InferenceError(f"{out} exists; choose another output folder or overwrite")
   if im.source:
@@ -312,14 +374,16 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
   params = _cast(nnx.state(model, nnx.Param), dtype)
   dtype = dtype or str(jax.tree.leaves(params)[0].dtype)
   config.model.param_dtype = dtype
-  tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+  tmp = _aside(out, "tmp")
   tmp.mkdir(parents=True)
   try:
-    checkpoint.write_params(tmp / EXPORT_PARAMS, params)
+    checkpoint.write_params(tmp / EXPORT_PARAMS, params,
+                            error_log=out.parent / f".{out.name}.errors.log")
     write_json_atomic(tmp / EXPORT_CONFIG, config.to_dict())
     save_tokenizer(im.tokenizer, tmp / TOKENIZER, config.model.vocab_multiple)
     if im.token_counts_V is not None:
       write_bytes_atomic(tmp / TOKEN_COUNTS, npy_bytes(im.token_counts_V))
+    extra = also(tmp, model, config, dtype) if also is not None else None
     leaves = jax.tree.leaves(params)
     info = {"format": EXPORT_FORMAT, "source": im.source, "step": int(im.step),
             "dtype": dtype, "embedding": embedding, "materialized_lev": bool(materialize_lev),
@@ -327,15 +391,19 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
             "bytes": int(sum(x.size * x.dtype.itemsize for x in leaves)),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds")}
-    write_json_atomic(tmp / EXPORT_JSON, info)
+    write_json_atomic(tmp / EXPORT_JSON, info)  # last: the folder is complete
+  except checkpoint.CheckpointWriteError as e:  # e.g. disk full: one line
+    tmp.rmtree(missing_ok=True)
+    raise checkpoint.CheckpointWriteError(
+        f"{out}: the export could not be written, nothing was changed there: {e}") from e
   except BaseException:
     tmp.rmtree(missing_ok=True)
     raise
-  if out.exists():
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+  if out.exists():  # a kill between the renames leaves it aside: clean_stale puts it back
+    old = _aside(out, "old")
     out.rename(old)
     tmp.rename(out)
     old.rmtree(missing_ok=True)
   else:
     tmp.rename(out)
-  return info
+  return info if also is None else dict(info, also=extra)

@@ -127,10 +127,29 @@ def _refuse(folder: str, path: str, holder: dict | None, force_unlock: bool):
   raise WorkdirLockedError(message)
 
 
+def _open_error(folder: str, path: str, prog: str, error: OSError) -> str:
+  """The one line for a lock file that cannot be opened: what is wrong, what to do."""
+  if error.errno == errno.EISDIR:
+    return (f"{path}: is a folder; expected {folder}'s lock file: remove that folder (or "
+            "move it aside) and re-run")
+  if error.errno == errno.EROFS:
+    return (f"{path}: the lock file cannot be created: {folder} is on a read-only "
+            f"filesystem and {prog} writes there; copy the folder to a writable place, "
+            "or remount it read-write")
+  if error.errno in (errno.EPERM, errno.EACCES):
+    return (f"{path}: the lock file cannot be opened for writing ({error.strerror}); if "
+            f"no run uses {folder}, remove that file (an immutable one: chattr -i first) "
+            "or make it writable, and re-run")
+  return f"{path}: the lock file cannot be opened ({error.strerror or error})"
+
+
 def _acquire(folder: str, path: str, prog: str, force_unlock: bool) -> int:
   """Opens, flocks and fills the lock file; returns its descriptor (see the module)."""
   for _ in range(20):  # retried only when the file is replaced between open and flock
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+    except OSError as e:  # a folder there, read-only filesystem, immutable or foreign file
+      raise WorkdirLockError(_open_error(folder, path, prog, e)) from e
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -159,9 +178,16 @@ def _acquire(folder: str, path: str, prog: str, force_unlock: bool) -> int:
         why = "its lock was free (the holder ended without removing the file)"
       logging.warning("%s: taking over the lock left by %s: %s", path, describe(previous),
                       why)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(_record(prog)) + "\n").encode(), 0)
-    os.fsync(fd)
+    try:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, (json.dumps(_record(prog)) + "\n").encode(), 0)
+      os.fsync(fd)
+    except OSError as e:  # e.g. the disk is full: leave no empty lock file behind
+      with contextlib.suppress(OSError):
+        os.unlink(path)
+      os.close(fd)
+      raise WorkdirLockError(f"{path}: the lock file cannot be written ({e.strerror or e}); "
+                             "free space on that filesystem and re-run") from e
     return fd
   raise WorkdirLockError(f"{folder}: its lock file {path} keeps being replaced by "
                          "other processes; try again")
@@ -198,8 +224,9 @@ def hold(folder, *, prog: str, inside: bool = True,
   Raises:
     WorkdirLockedError: another live process holds the lock (host, pid, start named).
     WorkdirLockError: the filesystem has no flock, or the lock file keeps changing.
-    WorkdirLockError: also when the folder is a file or cannot be created.
-    OSError: the lock file cannot be created.
+    WorkdirLockError: also when the folder is a file or cannot be created, or the lock
+      file cannot be opened (a folder, a read-only filesystem, an immutable or foreign
+      file) or written (disk full): the one line says what to do.
   """
   text = os.fspath(folder)
   if "://" in text:
@@ -225,8 +252,13 @@ def hold(folder, *, prog: str, inside: bool = True,
     yield path
   finally:
     if _same_file(fd, path):  # unlink while holding the flock, then release it
-      with contextlib.suppress(FileNotFoundError):
+      try:
         os.unlink(path)
+      except FileNotFoundError:
+        pass
+      except OSError as e:  # e.g. remounted read-only: the error being raised matters
+        logging.warning("%s: the lock file cannot be removed (%s); the next run takes it "
+                        "over", path, e.strerror or e)
     os.close(fd)
     _remove_empty(created)
 

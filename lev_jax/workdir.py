@@ -19,6 +19,10 @@ A run folder (`lev-train --workdir=WORKDIR`, default runs/<config.name>):
                              ui.perfetto.dev); `tensorboard --logdir WORKDIR` shows them
                              beside the scalars
   WORKDIR/eval.json          EVAL_JSON: the latest validation result
+  WORKDIR/errors.log         ERRORS_LOG: written only when something failed: the details
+                             (Orbax's own error reports, the traceback) of an error the
+                             terminal shows in one line, e.g. a failed checkpoint save
+                             (lev_jax.error_log)
   WORKDIR/lev_eval.json      LEV_EVAL_JSON: `lev-eval`'s result (its default --output)
   WORKDIR/study_eval.json    STUDY_EVAL_JSON: a study's evaluation of a finished run
                              (lev_jax.ladder.study.evaluate_run)
@@ -35,6 +39,8 @@ An export folder (`lev-export --output=DIR`; lev_jax.inference.save), read by
   DIR/tokenizer/, DIR/token_counts.npy   as in a run folder
   DIR/export.json            EXPORT_JSON: what was exported; written last (complete)
   DIR/hf/                    HF: the Hugging Face LLaMA export (lev_jax.hf_export)
+  PARENT/.DIR.errors.log     only when the parameters could not be written: Orbax's
+                             reports (lev_jax.inference.save names it in its error)
 
 A ladder or study root (`lev-ladder` / `lev-study --root=ROOT`):
 
@@ -74,6 +80,7 @@ PROFILE = "profile"
 # plugin looks for them: PROFILE_TRACES/<time>/ (a path: join it to a folder).
 PROFILE_TRACES = "plugins/profile"
 EVAL_JSON = "eval.json"
+ERRORS_LOG = "errors.log"
 LEV_EVAL_JSON = "lev_eval.json"
 STUDY_EVAL_JSON = "study_eval.json"
 

@@ -206,3 +206,63 @@ def test_the_reader_and_latest_config_file_read_the_trained_config(run):
   assert json.loads(path.read_text()) == saved
   assert checkpoint_checks.config_differences(saved, c) == []
   assert checkpoint.latest_config_file(workdir / "none") is None
+
+
+def _tiny_iterator():
+  import grain
+  return iter(grain.MapDataset.range(4).to_iter_dataset())
+
+
+def _tiny_save(ckpt, step, config):
+  import jax.numpy as jnp
+  state = {"step": jnp.int32(step), "w": jnp.arange(4.0) * step}
+  ckpt.save(step, state, _tiny_iterator(), config)
+  return state
+
+
+def test_a_failed_async_save_is_one_line_and_orbaxs_tracebacks_go_to_errors_log(
+    tmp_path, make_config, monkeypatch, caplog):
+  """Issue 26.9/14: Orbax logs a failure of its save thread with tracebacks (2 to 84);
+  they go to WORKDIR/errors.log, which the one-line error names, and the earlier step
+  stays restorable."""
+  import jax
+  config = make_config()
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", keep=3, async_save=False)
+  saved = _tiny_save(ckpt, 1, config)
+
+  def disk_full(*args, **kwargs):  # the manifest, in Orbax's save thread (the commit)
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(checkpoint, "write_manifest", disk_full)
+  with pytest.raises(CheckpointWriteError) as info:
+    _tiny_save(ckpt, 2, config)
+  orbax = [r for r in caplog.records if "orbax" in r.pathname and r.levelname == "ERROR"]
+  assert orbax == []  # on the terminal: none of Orbax's own error lines
+  log = tmp_path / "errors.log"
+  assert str(info.value).endswith(f"temporary folder was removed; details in {log}")
+  assert "\n" not in str(info.value) and "[Errno 28]" in str(info.value)
+  text = log.read_text()
+  assert text.count("Traceback") >= 2 and "No space left on device" in text
+  assert "async_checkpointer.py" in text and "lev_jax: the error its one-line" in text
+  monkeypatch.undo()
+  assert ckpt.all_steps() == [1]
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), saved)
+  step, state = ckpt.restore_latest(abstract, _tiny_iterator(), config)
+  assert step == 1 and np.array_equal(state["w"], saved["w"])
+  _tiny_save(ckpt, 2, config)  # the next save works again
+  ckpt.close()
+  assert ckpt.all_steps() == [1, 2] and log.read_text() == text
+
+
+def test_error_line_keeps_the_os_error_at_the_end_of_a_long_tensorstore_message():
+  """Issue 26.14: the reason (File too large, No space left) came after the cut."""
+  long = ('OUT_OF_RANGE: Error writing "opt_state.1.0.mu.blocks.0.attn.wk.value/0.0.0" in '
+          'OCDBT database at local file "/runs/x/checkpoints/6.orbax-checkpoint-tmp/state/'
+          'ocdbt.process_0/": Failed writing: "/runs/x/checkpoints/6.orbax-checkpoint-tmp/'
+          'state/d/64ff": Failed to write 185940 bytes to file 8: File too large '
+          "[os_error_code='27']")
+  spec = long.replace("[os_error_code", "[tensorstore_spec='{\"context\": 1}'] [os_error_code")
+  line = checkpoint.error_line(ValueError(long))
+  assert len(line) <= 165 and line.startswith("OUT_OF_RANGE: Error writing")
+  assert line.endswith("...: File too large [os_error_code='27']")
+  assert checkpoint.error_line(ValueError(spec)).endswith("...: File too large")
+  assert checkpoint.error_line(ValueError("x" * 200)) == "x" * 160 + "..."

@@ -1,6 +1,7 @@
 """A step's checksum manifest, stored-config checks and quarantine
 (lev_jax/checkpoint_checks.py) on hand-made step folders: no Orbax, no training."""
 
+import errno
 import json
 
 import pytest
@@ -86,3 +87,22 @@ def test_config_differences_name_shape_and_data_fields():
       f"model.d_model: checkpoint {c.model.d_model + 16}, this run {c.model.d_model}"]
   assert config_differences(saved, c, checkpoint_checks.DATA_FIELDS) == [
       f"train.seq_len: checkpoint {c.train.seq_len * 2}, this run {c.train.seq_len}"]
+
+
+def test_quarantine_into_a_file_or_a_read_only_folder_is_one_error_moving_nothing(
+    tmp_path, monkeypatch):
+  """Issue 26.15: `checkpoints_quarantine` being a file was a FileExistsError traceback."""
+  _step(tmp_path, "4")
+  (tmp_path / "checkpoints_quarantine").write_text("")
+  with pytest.raises(CheckpointMismatchError, match=r"checkpoints_quarantine: is a file; "
+                     r"expected the folder the unrestorable steps \[4\] are moved to"):
+    quarantine(tmp_path / "checkpoints", [4])
+  (tmp_path / "checkpoints_quarantine").unlink()
+
+  def read_only(self, target):
+    raise OSError(errno.EROFS, "Read-only file system")
+  monkeypatch.setattr(type(checkpoint_checks.epath.Path(tmp_path)), "rename", read_only)
+  with pytest.raises(CheckpointMismatchError, match=r"cannot be moved there \(Read-only "
+                     r"file system\); nothing was deleted"):
+    quarantine(tmp_path / "checkpoints", [4])
+  assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["4"]

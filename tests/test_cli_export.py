@@ -155,3 +155,69 @@ def test_every_exported_file_honours_the_umask(source, tmp_path, capsys, umask, 
            for d, _, files in os.walk(out) for f in files}
   assert "hf/model.safetensors" in modes
   assert {p: m for p, m in modes.items() if m != oct(mode)} == {}
+
+
+def _dead_pid():
+  proc = subprocess.Popen(["true"])
+  proc.wait()
+  return proc.pid
+
+
+def test_an_export_failing_while_writing_hf_leaves_nothing_under_output(source, tmp_path,
+                                                                        monkeypatch):
+  """Issue 26.16: a kill during --hf left export.json beside a partial hf/."""
+  from lev_jax import hf_export
+  path, _ = source
+  real = hf_export.save_hf
+
+  def killed(model, config, out_dir, **kwargs):
+    os.makedirs(out_dir)
+    open(os.path.join(out_dir, "model.safetensors"), "wb").close()  # partial
+    raise KeyboardInterrupt
+  monkeypatch.setattr(hf_export, "save_hf", killed)
+  with pytest.raises(KeyboardInterrupt):
+    export.export(str(path), str(tmp_path / "out"), hf=True)
+  assert sorted(os.listdir(tmp_path)) == []
+  monkeypatch.setattr(hf_export, "save_hf", real)
+
+
+def test_the_next_export_cleans_up_after_one_killed_midway(source, tmp_path, caplog):
+  """Issue 26.16: `.OUT.tmp-*` folders of a killed export were never removed; one of a
+  live process is left alone, and an export a kill left aside is put back."""
+  import socket
+  path, _ = source
+  out, host, dead = tmp_path / "out", socket.gethostname(), _dead_pid()
+  stale = tmp_path / f".out.tmp-{dead}@{host}-0123abcd"
+  live = tmp_path / f".out.tmp-{os.getpid()}@{host}-4567abcd"
+  aside = tmp_path / f".out.old-{dead}@{host}-89abcdef"
+  for folder in (stale, live, aside):
+    folder.mkdir()
+  (aside / "export.json").write_text("{}")  # the earlier export, being replaced
+  with pytest.raises(ValueError, match="is not empty; pass --overwrite"):
+    export.export(str(path), str(out))  # the earlier export is back: not overwritten
+  assert sorted(os.listdir(tmp_path)) == sorted(["out", live.name])
+  assert (out / "export.json").read_text() == "{}"
+  assert f"removed {stale}, left by a killed export (pid {dead})" in caplog.text
+  assert f"restored {out} from {aside.name}" in caplog.text
+
+
+def test_an_export_that_cannot_be_written_is_one_line_naming_the_details(
+    source, tmp_path, capsys, monkeypatch):
+  """Issue 26.14's sibling: a failed parameter write printed Orbax's tracebacks."""
+  import errno
+  import orbax.checkpoint as ocp
+  path, _ = source
+  out = tmp_path / "out"
+
+  def disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(ocp.StandardCheckpointer, "save", disk_full)
+  with pytest.raises(SystemExit):
+    lev_export(f"--checkpoint={path}", f"--output={out}")
+  err = capsys.readouterr().err
+  log = tmp_path / ".out.errors.log"
+  assert err == (f"lev-export: error: {out}: the export could not be written, nothing was "
+                 "changed there: the parameters could not be written ([Errno 28] No space "
+                 f"left on device); details in {log}\n")
+  assert sorted(os.listdir(tmp_path)) == [log.name]
+  assert "Traceback" in log.read_text()

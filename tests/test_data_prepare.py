@@ -17,7 +17,7 @@ from lev_jax import lock
 
 from lev_jax.cli import prepare_data
 from lev_jax.config import base_config
-from lev_jax.data import prepared, tfds_builder
+from lev_jax.data import prepare as prepare_lib, prepared, tfds_builder
 from lev_jax.data.errors import DataError
 from lev_jax.data.prepare import prepare
 
@@ -401,3 +401,28 @@ def test_each_file_s_skipped_lines_are_logged_once(tmp_path, pile, caplog):
     logged = [r.getMessage() for r in caplog.records
               if r.getMessage().startswith(f"{pile['root'] / 'train' / name}: skipped")]
     assert len(logged) == 1, logged
+
+
+def test_pool_workers_end_with_the_preparing_process(monkeypatch):
+  """Issue 26.16: lev_jax.parent_watch in each worker (tests/test_parent_watch.py)."""
+  made, watched = [], []
+
+  class Pool:
+    def __init__(self, n, initializer, initargs):
+      made.append(n)
+      initializer(*initargs)  # as in each worker
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      return None
+
+    def imap_unordered(self, fn, items):
+      return map(fn, items)
+  monkeypatch.setattr(prepare_lib.multiprocessing, "get_context",
+                      lambda method: type("Context", (), {"Pool": Pool}))
+  monkeypatch.setattr(prepare_lib, "exit_with_parent", lambda: watched.append(True))
+  assert prepare_lib._run_pool([], "tokenizer", {}, 2, progress=None) == []
+  assert made == [2] and watched == [True]
+  prepare_lib._WORKER.clear()

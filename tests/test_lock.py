@@ -1,7 +1,9 @@
 """One writer per folder: lev_jax.lock, its holder record and stale locks."""
 
+import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -157,3 +159,60 @@ def test_a_folder_that_is_a_file_is_one_error(tmp_path):
     with lock.hold(tmp_path / "run", prog="lev-train"):
       pytest.fail("held a lock inside a file")
   assert (tmp_path / "run").read_text() == "x"
+
+
+def test_a_lock_file_that_is_a_folder_is_one_error(tmp_path):
+  """Issue 26.15: an IsADirectoryError traceback."""
+  (tmp_path / ".lock").mkdir()
+  with pytest.raises(lock.WorkdirLockError, match=rf"^{tmp_path / '.lock'}: is a folder; "
+                     rf"expected {tmp_path}'s lock file: remove that folder"):
+    with lock.hold(tmp_path, prog="lev-train"):
+      pass
+
+
+@pytest.mark.parametrize("code, line", [
+    (errno.EROFS, "the lock file cannot be created: {run} is on a read-only filesystem and "
+     "lev-train writes there; copy the folder to a writable place"),
+    (errno.EPERM, r"the lock file cannot be opened for writing \(Operation not permitted\); "
+     r"if no run uses {run}, remove that file \(an immutable one: chattr -i first\)"),
+])
+def test_a_lock_file_that_cannot_be_opened_is_one_error(tmp_path, monkeypatch, code, line):
+  """Issue 26.15: an existing run on a read-only mount (EROFS), an immutable .lock
+  (EPERM) were tracebacks (root ignores permissions: os.open fails as they would)."""
+  run = tmp_path / "run"
+  run.mkdir()
+  real_open = os.open
+
+  def refused(path, *args, **kwargs):
+    if str(path).endswith(".lock"):
+      raise OSError(code, os.strerror(code), str(path))
+    return real_open(path, *args, **kwargs)
+  monkeypatch.setattr(lock.os, "open", refused)
+  with pytest.raises(lock.WorkdirLockError,
+                     match=re.escape(f"{run / '.lock'}: ") + line.format(run=re.escape(str(run)))):
+    with lock.hold(run, prog="lev-train"):
+      pass
+
+
+def test_a_lock_record_that_cannot_be_written_is_one_error_leaving_no_lock_file(
+    tmp_path, monkeypatch):
+  def disk_full(*args):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(lock.os, "pwrite", disk_full)
+  with pytest.raises(lock.WorkdirLockError, match=r"\.lock: the lock file cannot be "
+                     r"written \(No space left on device\); free space"):
+    with lock.hold(tmp_path / "run", prog="lev-train"):
+      pass
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lock_file_that_cannot_be_removed_on_leaving_keeps_the_blocks_error(
+    tmp_path, monkeypatch, warnings):
+  def read_only(path):
+    raise OSError(errno.EROFS, "Read-only file system")
+  with pytest.raises(KeyError, match="the block's own error"):
+    with lock.hold(tmp_path, prog="lev-train") as path:
+      monkeypatch.setattr(lock.os, "unlink", read_only)
+      raise KeyError("the block's own error")
+  assert warnings == [f"{path}: the lock file cannot be removed (Read-only file system); "
+                      "the next run takes it over"]

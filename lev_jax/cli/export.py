@@ -12,6 +12,11 @@ model's LEV generator by its V x D table (same logits, no generator at inference
 --hf also writes OUTPUT/hf, a transformers LlamaForCausalLM folder (lev_jax.hf_export;
 LEV is always materialised there, as HF LLaMA has a plain input table).
 
+The whole export, hf/ included, is written into a temporary folder beside OUTPUT and
+renamed into place once complete (lev_jax.inference.save): an export killed midway
+leaves no partial OUTPUT, and the next export to OUTPUT removes that temporary (or puts
+back the earlier export a kill left aside while replacing it).
+
 The source checkpoint is only read. A non-empty OUTPUT is refused unless --overwrite
 (the old folder is replaced only once the new export is complete); OUTPUT may not be
 the checkpoint, inside it, or hold it. One export per OUTPUT: it holds PARENT/.NAME.lock
@@ -106,18 +111,23 @@ def export(checkpoint: str, output: str, *, step: int | None = None,
       non-LEV model, a model HF LLaMA cannot express.
   """
   from lev_jax import hf_export, inference
+  inference.clean_stale(output)  # first: an earlier export a kill left aside is back
   check_output(checkpoint, output, overwrite)
   im = inference.load(checkpoint, step=step)  # stored precision; cast once, on writing
   if hf:
     hf_export.check_exportable(im.config)  # before writing anything
+
+  def write_hf(folder, model, config, dtype):  # inside the export: renamed with it
+    del model, config  # HF gets the original model (LEV materialised by save_hf)
+    return hf_export.save_hf(im.model, im.config, os.fspath(folder / HF), dtype=dtype,
+                             tokenizer=im.tokenizer)
   # check_output passed: OUTPUT is absent, empty, or may be replaced.
   info = inference.save(im, output, dtype=dtype, materialize_lev=materialize_lev,
-                        overwrite=True)
+                        overwrite=True, also=write_hf if hf else None)
+  hf_info = info.pop("also", None)
+  if hf_info is not None:
+    hf_info["dir"] = os.path.join(os.fspath(output), HF)
   info = dict(info, dir=os.fspath(output))
-  hf_info = None
-  if hf:
-    hf_info = hf_export.save_hf(im.model, im.config, os.path.join(output, HF),
-                                dtype=info["dtype"], tokenizer=im.tokenizer)
   info["folder_bytes"] = _folder_bytes(output)
   return {"export": info, "hf": hf_info}
 

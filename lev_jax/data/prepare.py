@@ -38,6 +38,7 @@ from lev_jax.data import tokenizer as tokenizer_lib
 from lev_jax.data import tokenizer_files
 from lev_jax.data.errors import DataError
 from lev_jax.data.reports import describe_skipped, new_report
+from lev_jax.parent_watch import exit_with_parent
 
 _FIELDS = {"train": "train_files", "validation": "validation_files", "test": "test_files"}
 
@@ -75,9 +76,16 @@ _WORKER: dict = {}
 
 
 def _init_worker(tokenizer, settings: dict) -> None:
-  """Pool initializer: the tokenizer and settings, received once per process."""
+  """The tokenizer and settings, received once per process."""
   _WORKER.clear()
   _WORKER.update(settings, tokenizer=tokenizer)
+
+
+def _init_pool_worker(tokenizer, settings: dict) -> None:
+  """Pool initializer: the worker ends with the preparing process, even one killed with
+  SIGKILL (lev_jax.parent_watch), so none writes on after its folder lock is freed."""
+  exit_with_parent()
+  _init_worker(tokenizer, settings)
 
 
 def _write_shard(shard: Shard) -> dict:
@@ -292,9 +300,11 @@ def _run_pool(todo: list[Shard], tokenizer, settings: dict, n_workers: int,
       _WORKER.clear()
     return results
   ctx = multiprocessing.get_context("spawn")
-  # Leaving the block terminates the workers, also on an error or KeyboardInterrupt:
-  # their temporary files are removed by the next run.
-  with ctx.Pool(n_workers, initializer=_init_worker, initargs=(tokenizer, settings)) as pool:
+  # Leaving the block terminates the workers, also on an error or KeyboardInterrupt, and
+  # they end with this process when it is killed: their temporary files are removed by
+  # the next run.
+  with ctx.Pool(n_workers, initializer=_init_pool_worker,
+                initargs=(tokenizer, settings)) as pool:
     for stats in pool.imap_unordered(_write_shard, todo):
       results.append(stats)
       progress.update(1)
