@@ -25,8 +25,8 @@ before the rename leaves a temporary, removed at the next open). A restore recom
 the checksums first: a flipped bit is CheckpointCorruptError naming the file, never a
 silent restore; a restored state with a non-finite value is refused the same way. A
 step without a manifest (written by an older lev_jax) restores with a warning. The
-manifest, the stored-config checks (SHAPE_FIELDS, DATA_FIELDS) and the quarantine of
-unrestorable steps need no Orbax: lev_jax/checkpoint_checks.py.
+manifest, the stored-config checks (SHAPE_FIELDS, ITERATOR_FIELDS, DATA_FIELDS) and the
+quarantine of unrestorable steps need no Orbax: lev_jax/checkpoint_checks.py.
 
 Only this module knows Orbax's on-disk layout: `latest_config_file` names the file a
 step's config item is stored in, for readers without Orbax (lev_jax.ladder.runs).
@@ -47,10 +47,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from lev_jax.checkpoint_checks import (DATA_FIELDS, MANIFEST, SHAPE_FIELDS,
+from lev_jax.checkpoint_checks import (DATA_FIELDS, ITERATOR_FIELDS, MANIFEST, SHAPE_FIELDS,
                                        CheckpointCorruptError, CheckpointMismatchError,
-                                       config_differences, quarantine, verify_manifest,
-                                       write_manifest)
+                                       config_differences, quarantine, resume_flags,
+                                       verify_manifest, write_manifest)
 
 
 # Orbax's commit records at a step's top level: written or updated as the step is
@@ -291,8 +291,11 @@ class Checkpointer:
         restored value is NaN or infinite (add --restore_fallback to lev-train to resume
         from the latest intact step).
       CheckpointMismatchError: the checkpoint's model shape differs from `config`'s
-        (every differing field is named), an array's stored shape differs, or the step
-        cannot be read.
+        (every differing field is named), so does a field that shapes the data
+        iterator's state (ITERATOR_FIELDS: data.worker_processes; named with the flag to
+        resume with), the saved data position does not fit this run's pipeline while
+        its data settings (DATA_FIELDS) differ (named the same way, not blamed on the
+        step), an array's stored shape differs, or the step cannot be read.
     """
     where = f"checkpoint {self.directory / str(step)}"
     try:
@@ -310,8 +313,15 @@ class Checkpointer:
       raise CheckpointMismatchError(
           f"{where} does not match this config's model shape:\n  " + "\n  ".join(diffs)
           + "\nUse a new --workdir, or the checkpoint's config.")
+    moved = config_differences(saved, config, ITERATOR_FIELDS, stored_only=True)
+    if moved:  # grain would fail, or restore another stream: the step is not at fault
+      raise CheckpointMismatchError(
+          f"{where}: its data position was saved under other data settings: "
+          f"{'; '.join(moved)}; resume with {resume_flags(saved, moved)}. Nothing was "
+          "changed")
+    data_diffs = config_differences(saved, config, DATA_FIELDS)
     try:
-      restored = self._read(step, where, abstract_state, data_iterator)
+      restored = self._read(step, where, abstract_state, data_iterator, data_diffs, saved)
     except CheckpointMismatchError:
       raise
     except Exception as e:  # tensorstore / Orbax errors of a damaged step: any type
@@ -328,15 +338,17 @@ class Checkpointer:
           "those: the step was damaged after the save). Nothing was changed; re-run with "
           "--restore_fallback to resume from the latest intact step, or move that folder "
           "aside")
-    data_diffs = config_differences(saved, config, DATA_FIELDS)
     if data_diffs:
       logging.warning("%s: resuming with different data settings; the restored data "
                       "position refers to the old stream:\n  %s", where, "\n  ".join(data_diffs))
     logging.info("restored %s", where)
     return restored["state"]
 
-  def _read(self, step, where, abstract_state, data_iterator):
-    """Checks the stored array shapes, then restores the state and the data position."""
+  def _read(self, step, where, abstract_state, data_iterator, data_diffs, saved):
+    """Checks the stored array shapes, then restores the state, then the data position:
+    a position that does not fit this run's pipeline (grain's KeyError, IndexError, ...)
+    while `data_diffs` name changed data settings is CheckpointMismatchError naming them,
+    not a damaged step (the state item read)."""
     stored = self.manager.item_metadata(step)["state"]
     stored_shapes = {_name(p): tuple(m.shape) for p, m in
                      jax.tree_util.tree_flatten_with_path(stored)[0] if hasattr(m, "shape")}
@@ -345,9 +357,21 @@ class Checkpointer:
       if name in stored_shapes and stored_shapes[name] != tuple(a.shape):
         raise CheckpointMismatchError(
             f"{where}: {name} has shape {stored_shapes[name]}, this run expects {tuple(a.shape)}")
-    return self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state),
-        data=DataRestore(data_iterator)))
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state)))
+    try:
+      self.manager.restore(step, args=ocp.args.Composite(data=DataRestore(data_iterator)))
+    except CheckpointMismatchError:
+      raise
+    except Exception as e:  # grain's error for a state of another shape: any type
+      if not data_diffs:
+        raise
+      raise CheckpointMismatchError(
+          f"{where}: its data position does not fit this run's data pipeline "
+          f"({error_line(e)}), whose settings differ from the checkpoint's: "
+          f"{'; '.join(data_diffs)}; resume with {resume_flags(saved, data_diffs)}. "
+          "Nothing was changed") from e
+    return {"state": restored["state"]}
 
   def wait(self):
     """Waits for a pending async save (committed with its manifest, see `_sign`).

@@ -206,3 +206,61 @@ def test_the_reader_and_latest_config_file_read_the_trained_config(run):
   assert json.loads(path.read_text()) == saved
   assert checkpoint_checks.config_differences(saved, c) == []
   assert checkpoint.latest_config_file(workdir / "none") is None
+
+
+class _OtherShapeIterator:
+  """A data iterator whose saved state has another shape than grain's range iterator
+  (as a pipeline built under other data settings has): set_state raises KeyError."""
+
+  def get_state(self):
+    return {"iterators_in_use_states": []}
+
+  def set_state(self, state):
+    state["iterators_in_use_states"]  # pylint: disable=pointless-statement
+
+
+def _saved_step(tmp_path):
+  """A Checkpointer holding step 3 of a tiny state with a grain range position."""
+  import grain
+  import jax
+  import jax.numpy as jnp
+  from conftest import byte_config
+  c = byte_config("tied")
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", keep=2)
+  state = {"w": jnp.arange(4.0), "step": jnp.int32(3)}
+  ckpt.save(3, state, iter(grain.MapDataset.range(4).to_iter_dataset()), c)
+  ckpt.wait()
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  return ckpt, c, abstract
+
+
+def test_another_worker_count_is_named_with_the_flag_to_resume_with(tmp_path, caplog):
+  """Issue 26.7 (MaxText #1760): not "incomplete or corrupt ... move that folder aside"
+  (every step would fail so; following it loses good checkpoints), and not restored
+  into another stream either (2 -> 3 workers restores without an error)."""
+  import grain
+  ckpt, c, abstract = _saved_step(tmp_path)
+  c.data.worker_processes = 2
+  for fallback in (False, True):  # --restore_fallback skips and moves nothing
+    with pytest.raises(CheckpointMismatchError) as e:
+      ckpt.restore_latest(abstract, iter(grain.MapDataset.range(4).to_iter_dataset()), c,
+                          fallback=fallback)
+    assert str(e.value).endswith(
+        "data.worker_processes: checkpoint 0, this run 2; resume with "
+        "--config.data.worker_processes=0. Nothing was changed")
+    assert "corrupt" not in str(e.value) and "aside" not in str(e.value)
+  assert ckpt.all_steps() == [3] and not (tmp_path / "checkpoints_quarantine").exists()
+  # A data setting that reshapes the saved position in another way (e.g. data.source:
+  # a stream's state) is named too, once the state item has read: not blamed on the step.
+  c.data.worker_processes = 0
+  c.data.source = "jsonl_stream"
+  with pytest.raises(CheckpointMismatchError, match=r"checkpoints/3: its data position does "
+                     r"not fit this run's data pipeline \(.+\), whose "
+                     r"settings differ from the checkpoint's: data.source: checkpoint "
+                     r"'embedded', this run 'jsonl_stream'; resume with "
+                     r"--config.data.source=embedded. Nothing was changed$"):
+    ckpt.restore_latest(abstract, _OtherShapeIterator(), c, fallback=True)
+  c.data.source = "embedded"  # the same settings: the step is at fault, as before
+  with pytest.raises(CheckpointMismatchError, match="incomplete or corrupt"):
+    ckpt.restore(3, abstract, _OtherShapeIterator(), c)
+  ckpt.close()
