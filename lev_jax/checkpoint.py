@@ -5,10 +5,13 @@ iterator and the config; `CheckpointReader` reads the same folder for inference
 (parameters only, never writing); `write_params` / `read_params` are an export's
 parameters-only folder.
 
-Each checkpoint step holds three items:
-  state   params, optimizer state, step, rng (StandardSave: OCDBT/zarr arrays)
-  data    the grain iterator position (grain.checkpoint.CheckpointSave)
-  config  the experiment config as JSON
+Each checkpoint step holds four items:
+  state     params, optimizer state, step, rng (StandardSave: OCDBT/zarr arrays)
+  data      the grain iterator position (grain.checkpoint.CheckpointSave)
+  config    the experiment config as JSON
+  progress  {"tokens_seen": int}: training tokens up to the step, summed over every
+            resume (under any batch size or seq_len); a step saved before it existed
+            counts step * its config's batch * seq_len (`tokens_seen`)
 
 Orbax writes each step into a temporary directory and renames it only when every item
 is complete, so a run killed at any moment (kill -9) leaves the earlier checkpoints
@@ -167,7 +170,8 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
         "state": ocp.StandardCheckpointHandler(),
         "data": DataIteratorHandler(portable_data),
-        "config": ocp.JsonCheckpointHandler()})
+        "config": ocp.JsonCheckpointHandler(),
+        "progress": ocp.JsonCheckpointHandler()})
     self._saving: int | None = None  # the step being saved, until `wait` sees it end
 
   def latest_step(self) -> int | None:
@@ -176,9 +180,14 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
-  def save(self, step: int, state, data_iterator, config: ml_collections.ConfigDict) -> bool:
+  def save(self, step: int, state, data_iterator, config: ml_collections.ConfigDict,
+           tokens_seen: int | None = None) -> bool:
     """Starts saving `step`; returns at once when async (call `wait` before exit).
 
+    Args:
+      tokens_seen: training tokens up to `step` over the whole run (default: step *
+        config's train.global_batch_size * train.seq_len, a run never resumed under
+        other ones).
     Raises:
       CheckpointWriteError: this or the previous (async) save failed, e.g. disk full.
     """
@@ -188,7 +197,10 @@ class Checkpointer:
       saved = self.manager.save(step, force=True, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state),
           data=DataSave(data_iterator),
-          config=ocp.args.JsonSave(config.to_dict())))
+          config=ocp.args.JsonSave(config.to_dict()),
+          progress=ocp.args.JsonSave({"tokens_seen": int(
+              step * config.train.global_batch_size * config.train.seq_len
+              if tokens_seen is None else tokens_seen)})))
     except Exception as e:  # Orbax / tensorstore / OSError: any type
       self._saving = None
       self._write_failed(step, e)
@@ -238,6 +250,24 @@ class Checkpointer:
       raise CheckpointMismatchError(
           f"checkpoint {self.directory / str(step)}: its config cannot be read "
           f"({error_line(e)}); the step is incomplete or damaged") from e
+
+  def tokens_seen(self, step: int) -> int:
+    """The training tokens up to `step` as saved with it (its progress item); for a step
+    saved without one (an older lev_jax), step * its config's batch * seq_len.
+
+    Raises:
+      CheckpointMismatchError: neither can be read.
+    """
+    if (self.directory / str(step) / "progress").exists():
+      try:
+        return int(self.manager.restore(step, args=ocp.args.Composite(
+            progress=ocp.args.JsonRestore()))["progress"]["tokens_seen"])
+      except Exception as e:  # a damaged item: any Orbax / JSON error type
+        raise CheckpointMismatchError(
+            f"checkpoint {self.directory / str(step)}: its progress item cannot be read "
+            f"({error_line(e)}); the step is incomplete or damaged") from e
+    train = self.saved_config(step)["train"]
+    return step * train["global_batch_size"] * train["seq_len"]
 
   def restore_latest(self, abstract_state, data_iterator, config: ml_collections.ConfigDict,
                      fallback: bool = False):

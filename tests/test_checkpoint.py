@@ -264,3 +264,18 @@ def test_another_worker_count_is_named_with_the_flag_to_resume_with(tmp_path, ca
   with pytest.raises(CheckpointMismatchError, match="incomplete or corrupt"):
     ckpt.restore(3, abstract, _OtherShapeIterator(), c)
   ckpt.close()
+
+
+def test_tokens_seen_is_a_running_count_across_a_resume_with_another_batch(run):
+  """Issue 26.17: 4 steps of 8 x 32 tokens, then 1 of 4 x 32: 1024, 1152 (not step *
+  this run's batch * seq_len, which went back to 640); saved with step 5."""
+  c, workdir = run
+  c.train.global_batch_size = 4
+  train_and_evaluate(c, workdir, stop_at_step=5)
+  seen = {r["step"]: r["train/tokens_seen"] for r in metrics(workdir) if "train/loss" in r}
+  assert [seen[s] for s in (4, 5)] == [1024, 1152]
+  ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=3)
+  assert ckpt.tokens_seen(5) == 1152
+  shutil.rmtree(workdir / "checkpoints" / "5" / "progress")  # as an older lev_jax saved
+  assert ckpt.tokens_seen(5) == 5 * 4 * 32  # its own config's count: all it knows
+  ckpt.close()

@@ -11,7 +11,9 @@ a finished run it prints one line and exits 0, writing nothing (not even the loc
 config that differs from the finished run's in a field that decides results is refused
 naming the fields (lev_jax.trainer.finished_run).
 SIGTERM (preemption) and Ctrl-C save a checkpoint of the step reached and exit 143 and
-130; a second Ctrl-C aborts at once, keeping the checkpoints already complete.
+130; a Ctrl-C after either aborts at once, keeping the checkpoints already complete, with
+the first signal's status (143 after SIGTERM, 130 after Ctrl-C); every Ctrl-C counts,
+also two that arrive within one compiled step (lev_jax.trainer._StopSignals).
 
 One run per workdir: the run holds WORKDIR/.lock (lev_jax.lock; process 0 of a
 multi-host run), and a second lev-train on it stops at once naming the holder. A lock
