@@ -173,6 +173,7 @@ class Checkpointer:
         "config": ocp.JsonCheckpointHandler(),
         "progress": ocp.JsonCheckpointHandler()})
     self._saving: int | None = None  # the step being saved, until `wait` sees it end
+    self._latest: int | None = None  # the step this run restored or last saved
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -192,6 +193,7 @@ class Checkpointer:
       CheckpointWriteError: this or the previous (async) save failed, e.g. disk full.
     """
     self.wait()  # the previous save is complete (Orbax would wait here too)
+    self._check_latest()
     self._saving = step
     try:
       saved = self.manager.save(step, force=True, args=ocp.args.Composite(
@@ -207,6 +209,18 @@ class Checkpointer:
     if not self.async_save:
       self.wait()
     return saved
+
+  def _check_latest(self) -> None:
+    """One warning when the step this run restored or last saved is gone from disk
+    (`rm -rf checkpoints/N` during the run: lev_jax and Orbax only delete older steps)."""
+    step, self._latest = self._latest, None
+    if step is None or (self.directory / str(step)).exists():
+      self._latest = step
+      return
+    self.manager.reload()  # Orbax's list of steps still holds it
+    logging.warning("checkpoint %s was removed during the run (not by lev_jax); the "
+                    "checkpoints on disk are now %s", self.directory / str(step),
+                    self.all_steps())
 
   def _sign(self) -> None:
     """Orbax's post-finalization callback (its save thread, process 0 only, after every
@@ -300,6 +314,7 @@ class Checkpointer:
         skipped.append(step)
         continue
       self._quarantine(skipped)
+      self._latest = step
       return step, state
     logging.warning("no checkpoint can be restored (--restore_fallback): starting again "
                     "from step 0; %s", "; ".join(errors))
@@ -414,12 +429,16 @@ class Checkpointer:
     except Exception as e:  # the background save's error, any type
       step, self._saving = self._saving, None
       self._write_failed(-1 if step is None else step, e)
+    if self._saving is not None:  # committed
+      self._latest = self._saving
     self._saving = None
 
   def close(self):
-    """Finishes pending saves (see `wait`) and closes the manager, also on error."""
+    """Finishes pending saves (see `wait`), warns when the latest step was removed
+    meanwhile (see `_check_latest`) and closes the manager, also on error."""
     try:
       self.wait()
+      self._check_latest()
     finally:
       self.manager.close()
 

@@ -279,3 +279,20 @@ def test_tokens_seen_is_a_running_count_across_a_resume_with_another_batch(run):
   shutil.rmtree(workdir / "checkpoints" / "5" / "progress")  # as an older lev_jax saved
   assert ckpt.tokens_seen(5) == 5 * 4 * 32  # its own config's count: all it knows
   ckpt.close()
+
+
+def test_a_latest_step_removed_during_the_run_is_one_warning(tmp_path, caplog):
+  """Issue 26.17: `rm -rf checkpoints/N` of the step last saved, noticed by the next
+  save and by the end of the run (close); Orbax and lev_jax only delete older steps."""
+  import grain
+  import jax.numpy as jnp
+  ckpt, c, _ = _saved_step(tmp_path)
+  shutil.rmtree(tmp_path / "checkpoints" / "3")
+  ckpt.save(4, {"w": jnp.arange(4.0), "step": jnp.int32(4)},
+            iter(grain.MapDataset.range(4).to_iter_dataset()), c)
+  ckpt.wait()
+  shutil.rmtree(tmp_path / "checkpoints" / "4")
+  ckpt.close()
+  assert [r.getMessage() for r in caplog.records if "removed" in r.getMessage()] == [
+      f"checkpoint {tmp_path}/checkpoints/{step} was removed during the run (not by "
+      f"lev_jax); the checkpoints on disk are now {left}" for step, left in ((3, []), (4, []))]
