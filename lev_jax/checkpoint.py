@@ -5,10 +5,13 @@ iterator and the config; `CheckpointReader` reads the same folder for inference
 (parameters only, never writing); `write_params` / `read_params` are an export's
 parameters-only folder.
 
-Each checkpoint step holds three items:
-  state   params, optimizer state, step, rng (StandardSave: OCDBT/zarr arrays)
-  data    the grain iterator position (grain.checkpoint.CheckpointSave)
-  config  the experiment config as JSON
+Each checkpoint step holds four items:
+  state     params, optimizer state, step, rng (StandardSave: OCDBT/zarr arrays)
+  data      the grain iterator position (grain.checkpoint.CheckpointSave)
+  config    the experiment config as JSON
+  progress  {"tokens_seen": int}: training tokens up to the step, summed over every
+            resume (under any batch size or seq_len); a step saved before it existed
+            counts step * its config's batch * seq_len (`tokens_seen`)
 
 Orbax writes each step into a temporary directory and renames it only when every item
 is complete, so a run killed at any moment (kill -9) leaves the earlier checkpoints
@@ -25,8 +28,8 @@ before the rename leaves a temporary, removed at the next open). A restore recom
 the checksums first: a flipped bit is CheckpointCorruptError naming the file, never a
 silent restore; a restored state with a non-finite value is refused the same way. A
 step without a manifest (written by an older lev_jax) restores with a warning. The
-manifest, the stored-config checks (SHAPE_FIELDS, DATA_FIELDS) and the quarantine of
-unrestorable steps need no Orbax: lev_jax/checkpoint_checks.py.
+manifest, the stored-config checks (SHAPE_FIELDS, ITERATOR_FIELDS, DATA_FIELDS) and the
+quarantine of unrestorable steps need no Orbax: lev_jax/checkpoint_checks.py.
 
 A save that fails is one CheckpointWriteError line (the earlier steps intact); Orbax's
 own reports of it (tracebacks logged from its threads, tensorstore's callbacks) go to
@@ -52,10 +55,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from lev_jax.checkpoint_checks import (DATA_FIELDS, MANIFEST, SHAPE_FIELDS,
+from lev_jax.checkpoint_checks import (DATA_FIELDS, ITERATOR_FIELDS, MANIFEST, SHAPE_FIELDS,
                                        CheckpointCorruptError, CheckpointMismatchError,
-                                       config_differences, quarantine, verify_manifest,
-                                       write_manifest)
+                                       config_differences, quarantine, resume_flags,
+                                       verify_manifest, write_manifest)
 from lev_jax.error_log import ErrorLog
 from lev_jax.workdir import ERRORS_LOG
 
@@ -195,8 +198,10 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
         "state": ocp.StandardCheckpointHandler(),
         "data": DataIteratorHandler(portable_data),
-        "config": ocp.JsonCheckpointHandler()})
+        "config": ocp.JsonCheckpointHandler(),
+        "progress": ocp.JsonCheckpointHandler()})
     self._saving: int | None = None  # the step being saved, until `wait` sees it end
+    self._latest: int | None = None  # the step this run restored or last saved
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -204,25 +209,46 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
-  def save(self, step: int, state, data_iterator, config: ml_collections.ConfigDict) -> bool:
+  def save(self, step: int, state, data_iterator, config: ml_collections.ConfigDict,
+           tokens_seen: int | None = None) -> bool:
     """Starts saving `step`; returns at once when async (call `wait` before exit).
 
+    Args:
+      tokens_seen: training tokens up to `step` over the whole run (default: step *
+        config's train.global_batch_size * train.seq_len, a run never resumed under
+        other ones).
     Raises:
       CheckpointWriteError: this or the previous (async) save failed, e.g. disk full.
     """
     self.wait()  # the previous save is complete (Orbax would wait here too)
+    self._check_latest()
     self._saving = step
     try:
       saved = self.manager.save(step, force=True, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state),
           data=DataSave(data_iterator),
-          config=ocp.args.JsonSave(config.to_dict())))
+          config=ocp.args.JsonSave(config.to_dict()),
+          progress=ocp.args.JsonSave({"tokens_seen": int(
+              step * config.train.global_batch_size * config.train.seq_len
+              if tokens_seen is None else tokens_seen)})))
     except Exception as e:  # Orbax / tensorstore / OSError: any type
       self._saving = None
       self._write_failed(step, e)
     if not self.async_save:
       self.wait()
     return saved
+
+  def _check_latest(self) -> None:
+    """One warning when the step this run restored or last saved is gone from disk
+    (`rm -rf checkpoints/N` during the run: lev_jax and Orbax only delete older steps)."""
+    step, self._latest = self._latest, None
+    if step is None or (self.directory / str(step)).exists():
+      self._latest = step
+      return
+    self.manager.reload()  # Orbax's list of steps still holds it
+    logging.warning("checkpoint %s was removed during the run (not by lev_jax); the "
+                    "checkpoints on disk are now %s", self.directory / str(step),
+                    self.all_steps())
 
   def _sign(self) -> None:
     """Orbax's post-finalization callback (its save thread, process 0 only, after every
@@ -269,6 +295,24 @@ class Checkpointer:
           f"checkpoint {self.directory / str(step)}: its config cannot be read "
           f"({error_line(e)}); the step is incomplete or damaged") from e
 
+  def tokens_seen(self, step: int) -> int:
+    """The training tokens up to `step` as saved with it (its progress item); for a step
+    saved without one (an older lev_jax), step * its config's batch * seq_len.
+
+    Raises:
+      CheckpointMismatchError: neither can be read.
+    """
+    if (self.directory / str(step) / "progress").exists():
+      try:
+        return int(self.manager.restore(step, args=ocp.args.Composite(
+            progress=ocp.args.JsonRestore()))["progress"]["tokens_seen"])
+      except Exception as e:  # a damaged item: any Orbax / JSON error type
+        raise CheckpointMismatchError(
+            f"checkpoint {self.directory / str(step)}: its progress item cannot be read "
+            f"({error_line(e)}); the step is incomplete or damaged") from e
+    train = self.saved_config(step)["train"]
+    return step * train["global_batch_size"] * train["seq_len"]
+
   def restore_latest(self, abstract_state, data_iterator, config: ml_collections.ConfigDict,
                      fallback: bool = False):
     """Restores the latest step (see `restore`); returns (step, state).
@@ -300,6 +344,7 @@ class Checkpointer:
         skipped.append(step)
         continue
       self._quarantine(skipped)
+      self._latest = step
       return step, state
     logging.warning("no checkpoint can be restored (--restore_fallback): starting again "
                     "from step 0; %s", "; ".join(errors))
@@ -321,8 +366,11 @@ class Checkpointer:
         restored value is NaN or infinite (add --restore_fallback to lev-train to resume
         from the latest intact step).
       CheckpointMismatchError: the checkpoint's model shape differs from `config`'s
-        (every differing field is named), an array's stored shape differs, or the step
-        cannot be read.
+        (every differing field is named), so does a field that shapes the data
+        iterator's state (ITERATOR_FIELDS: data.worker_processes; named with the flag to
+        resume with), the saved data position does not fit this run's pipeline while
+        its data settings (DATA_FIELDS) differ (named the same way, not blamed on the
+        step), an array's stored shape differs, or the step cannot be read.
     """
     where = f"checkpoint {self.directory / str(step)}"
     try:
@@ -340,8 +388,15 @@ class Checkpointer:
       raise CheckpointMismatchError(
           f"{where} does not match this config's model shape:\n  " + "\n  ".join(diffs)
           + "\nUse a new --workdir, or the checkpoint's config.")
+    moved = config_differences(saved, config, ITERATOR_FIELDS, stored_only=True)
+    if moved:  # grain would fail, or restore another stream: the step is not at fault
+      raise CheckpointMismatchError(
+          f"{where}: its data position was saved under other data settings: "
+          f"{'; '.join(moved)}; resume with {resume_flags(saved, moved)}. Nothing was "
+          "changed")
+    data_diffs = config_differences(saved, config, DATA_FIELDS)
     try:
-      restored = self._read(step, where, abstract_state, data_iterator)
+      restored = self._read(step, where, abstract_state, data_iterator, data_diffs, saved)
     except CheckpointMismatchError:
       raise
     except Exception as e:  # tensorstore / Orbax errors of a damaged step: any type
@@ -358,15 +413,17 @@ class Checkpointer:
           "those: the step was damaged after the save). Nothing was changed; re-run with "
           "--restore_fallback to resume from the latest intact step, or move that folder "
           "aside")
-    data_diffs = config_differences(saved, config, DATA_FIELDS)
     if data_diffs:
       logging.warning("%s: resuming with different data settings; the restored data "
                       "position refers to the old stream:\n  %s", where, "\n  ".join(data_diffs))
     logging.info("restored %s", where)
     return restored["state"]
 
-  def _read(self, step, where, abstract_state, data_iterator):
-    """Checks the stored array shapes, then restores the state and the data position."""
+  def _read(self, step, where, abstract_state, data_iterator, data_diffs, saved):
+    """Checks the stored array shapes, then restores the state, then the data position:
+    a position that does not fit this run's pipeline (grain's KeyError, IndexError, ...)
+    while `data_diffs` name changed data settings is CheckpointMismatchError naming them,
+    not a damaged step (the state item read)."""
     stored = self.manager.item_metadata(step)["state"]
     stored_shapes = {_name(p): tuple(m.shape) for p, m in
                      jax.tree_util.tree_flatten_with_path(stored)[0] if hasattr(m, "shape")}
@@ -375,9 +432,21 @@ class Checkpointer:
       if name in stored_shapes and stored_shapes[name] != tuple(a.shape):
         raise CheckpointMismatchError(
             f"{where}: {name} has shape {stored_shapes[name]}, this run expects {tuple(a.shape)}")
-    return self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state),
-        data=DataRestore(data_iterator)))
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state)))
+    try:
+      self.manager.restore(step, args=ocp.args.Composite(data=DataRestore(data_iterator)))
+    except CheckpointMismatchError:
+      raise
+    except Exception as e:  # grain's error for a state of another shape: any type
+      if not data_diffs:
+        raise
+      raise CheckpointMismatchError(
+          f"{where}: its data position does not fit this run's data pipeline "
+          f"({error_line(e)}), whose settings differ from the checkpoint's: "
+          f"{'; '.join(data_diffs)}; resume with {resume_flags(saved, data_diffs)}. "
+          "Nothing was changed") from e
+    return {"state": restored["state"]}
 
   def wait(self):
     """Waits for a pending async save (committed with its manifest, see `_sign`).
@@ -390,14 +459,18 @@ class Checkpointer:
     except Exception as e:  # the background save's error, any type
       step, self._saving = self._saving, None
       self._write_failed(-1 if step is None else step, e)
+    if self._saving is not None:  # committed
+      self._latest = self._saving
     self._saving = None
 
   def close(self):
-    """Finishes pending saves (see `wait`) and closes the manager, also on error; Orbax's
+    """Finishes pending saves (see `wait`), warns when the latest step was removed
+    meanwhile (see `_check_latest`) and closes the manager, also on error; Orbax's
     error reports go to the terminal again (a warning names the log file if Orbax
     reported errors that failed no save)."""
     try:
       self.wait()
+      self._check_latest()
     finally:
       try:
         self.manager.close()

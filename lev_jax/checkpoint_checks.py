@@ -5,6 +5,7 @@ config against this run's, and the quarantine of steps that fail them.
   verify_manifest(step_dir)    # before a restore: True, False (no manifest) or raises
   config_differences(saved, config, SHAPE_FIELDS)   # ["model.d_model: checkpoint 64, ..."]
   config_differences(saved, config, result_fields(config), stored_only=True)  # finished run
+  resume_flags(saved, diffs)   # "--config.data.worker_processes=2": resume as it was saved
   quarantine(directory, [4])   # DIRECTORY/4 -> DIRECTORY_quarantine/4-<ns>
 
 The manifest, `<step>/checksums.json` (MANIFEST), holds the sha256 and size of every
@@ -41,6 +42,13 @@ DATA_FIELDS = {"train": ("seq_len", "global_batch_size"),
                "data": ("source", "train_files", "prepared_dir", "pile_set_names",
                         "tokenizer", "seed", "shuffle_buffer", "segment_masking",
                         "worker_processes")}
+
+
+# Fields that decide the shape of the data iterator's saved state itself (one state per
+# worker process, taken round-robin): under another value the saved position cannot be
+# restored (or restores a different stream), so a resume must keep them; refused before
+# any read, naming the field and the flag to resume with (`resume_flags`).
+ITERATOR_FIELDS = {"data": ("worker_processes",)}
 
 
 # Fields that cannot change a finished run's results (its name, how often it logged or
@@ -189,6 +197,20 @@ def result_fields(config: ml_collections.ConfigDict) -> dict:
     if isinstance(value, ml_collections.ConfigDict):
       table[section] = tuple(f for f in value.keys() if f"{section}.{f}" not in RUN_ONLY_FIELDS)
   return table
+
+
+def resume_flags(saved: dict, differences: list[str]) -> str:
+  """The flags that resume with the stored values of the fields `config_differences`
+  named, e.g. "--config.data.worker_processes=2 --config.train.seq_len=128"."""
+  out = []
+  for line in differences:
+    field = line.split(":", 1)[0]
+    section, _, name = field.rpartition(".")
+    value = (saved.get(section, {}) if section else saved).get(name)
+    if isinstance(value, list):
+      value = "'(" + ", ".join(repr(v) for v in value) + ("," if len(value) == 1 else "") + ")'"
+    out.append(f"--config.{field}={value}")
+  return " ".join(out)
 
 
 def _as_stored(value):

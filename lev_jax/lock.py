@@ -18,6 +18,11 @@ removes a lock file recorded by a process on ANOTHER host and takes a fresh lock
 never overrides a holder on this host, which can be checked here. Object stores
 (gs://, any URL) have no flock: the lock is skipped with a warning.
 
+A filesystem without flock (some GPFS / NFS mounts: EINVAL, ENOLCK, EOPNOTSUPP) is
+WorkdirLockError before anything is left behind (the lock file and the folders `hold`
+created are removed); the commands' --nolock (`hold(enabled=False)`, LOCK_FLAG_HELP)
+runs without the lock when the user makes sure no other run writes to the folder.
+
 Where the lock file lives: FOLDER/.lock (`inside=True`, lev-train), or PARENT/.NAME.lock
 beside the folder (`inside=False`) for commands that replace or empty the folder
 itself (lev-export renames a new folder into place, lev-prepare-data --overwrite
@@ -38,6 +43,12 @@ from typing import Iterator
 from absl import logging
 
 from lev_jax.workdir import LOCK as LOCK_FILE
+
+
+# The help of the commands' `lock` flag (absl: --nolock turns it off).
+LOCK_FLAG_HELP = ("Hold the output folder's exclusive lock while writing (lev_jax/lock.py). "
+                  "--nolock writes without it, for a filesystem without flock (some GPFS / "
+                  "NFS mounts): you then make sure no other run writes to that folder.")
 
 
 class WorkdirLockError(RuntimeError):
@@ -143,11 +154,24 @@ def _open_error(folder: str, path: str, prog: str, error: OSError) -> str:
   return f"{path}: the lock file cannot be opened ({error.strerror or error})"
 
 
+def _open(path: str) -> tuple[int, bool]:
+  """(descriptor, created): the lock file, opened read-write, created when missing (not
+  inherited by exec'd children)."""
+  try:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+  except FileExistsError:
+    pass
+  try:
+    return os.open(path, os.O_RDWR), False
+  except FileNotFoundError:  # its holder removed it meanwhile: create it after all
+    return _open(path)
+
+
 def _acquire(folder: str, path: str, prog: str, force_unlock: bool) -> int:
   """Opens, flocks and fills the lock file; returns its descriptor (see the module)."""
   for _ in range(20):  # retried only when the file is replaced between open and flock
     try:
-      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+      fd, created = _open(path)
     except OSError as e:  # a folder there, read-only filesystem, immutable or foreign file
       raise WorkdirLockError(_open_error(folder, path, prog, e)) from e
     try:
@@ -156,8 +180,13 @@ def _acquire(folder: str, path: str, prog: str, force_unlock: bool) -> int:
       holder = _read(fd)
       os.close(fd)
       if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        raise WorkdirLockError(f"{path}: cannot be locked ({e.strerror}): this "
-                               "filesystem does not support flock") from e
+        if created:  # nothing left behind: the file is ours, never locked by anyone
+          with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise WorkdirLockError(
+            f"{path}: cannot be locked ({e.strerror or e}): this filesystem does not "
+            f"support flock; nothing was written. To run without the lock, re-run with "
+            f"--nolock (you then make sure no other run writes to {folder})") from e
       host = holder.get("host") if holder else None
       if force_unlock and host and host != _this_host():
         logging.warning("%s: --force_unlock: removing the lock of %s on another host",
@@ -206,8 +235,8 @@ def _missing_dirs(folder: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def hold(folder, *, prog: str, inside: bool = True,
-         force_unlock: bool = False) -> Iterator[str | None]:
+def hold(folder, *, prog: str, inside: bool = True, force_unlock: bool = False,
+         enabled: bool = True) -> Iterator[str | None]:
   """Holds `folder`'s exclusive lock for the duration of the `with` block.
 
   Creates the folder (inside=True) or its parent (inside=False) when missing, and
@@ -219,16 +248,25 @@ def hold(folder, *, prog: str, inside: bool = True,
     prog: the command, recorded in the lock file and named to a second process.
     inside: lock file FOLDER/.lock (True) or PARENT/.NAME.lock (False); see the module.
     force_unlock: remove a lock recorded by a process on another host (see the module).
+    enabled: False (the commands' --nolock): lock nothing and create nothing (a
+      warning says so); for a filesystem without flock.
   Yields:
-    The lock file's path, or None when `folder` is a URL (nothing locked).
+    The lock file's path, or None when `folder` is a URL or not `enabled` (nothing
+    locked).
   Raises:
     WorkdirLockedError: another live process holds the lock (host, pid, start named).
-    WorkdirLockError: the filesystem has no flock, or the lock file keeps changing.
+    WorkdirLockError: the filesystem has no flock (the lock file and the folders
+      created for it are removed first; the message names --nolock), or the lock file
+      keeps changing.
     WorkdirLockError: also when the folder is a file or cannot be created, or the lock
       file cannot be opened (a folder, a read-only filesystem, an immutable or foreign
       file) or written (disk full): the one line says what to do.
   """
   text = os.fspath(folder)
+  if not enabled:
+    logging.warning("%s: not locked (--nolock): make sure no other run writes to it", text)
+    yield None
+    return
   if "://" in text:
     logging.warning("%s: not a local folder, so not locked (flock does not work on "
                     "object stores): make sure no other run writes to it", text)

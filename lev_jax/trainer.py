@@ -14,7 +14,7 @@ Outputs:
                             (jsonl_stream: counted so far, rewritten at each checkpoint)
   WORKDIR/tokenizer/        the tokenizer (save_tokenizer), for inference and export
   WORKDIR/token_counts.npy  int64 [V] training-split count of each id (frequency buckets)
-  WORKDIR/checkpoints/<step>/{state,data,config}
+  WORKDIR/checkpoints/<step>/{state,data,config,progress}
   WORKDIR/profile/          jax.profiler traces of train.profile_steps (when set; _Profile)
 (the names: lev_jax.workdir).
 """
@@ -70,15 +70,21 @@ def _writing(path):
 
 class _StopSignals:
   """SIGTERM (a TPU/SLURM preemption notice) and SIGINT (Ctrl-C) -> a final checkpoint
-  of the step reached and a clean exit; a second SIGINT aborts at once.
+  of the step reached and a clean exit; a Ctrl-C after either aborts at once.
 
   `install` replaces the handlers (main thread only; elsewhere it does nothing; an
-  ignored SIGINT stays ignored) and `uninstall` puts the previous ones back. The first signal only sets `requested`; the
-  loop checks it after each step. A second SIGINT writes one line and ends the process
-  with os._exit(130), as kill -9 would end it: the checkpoints already complete are
+  ignored SIGINT stays ignored) and `uninstall` puts the previous ones back. The first
+  signal only sets `requested`, and its exit status is the run's (143 for SIGTERM, 130
+  for SIGINT: 128 + its number); the loop checks it after each step. A SIGINT after
+  the first signal writes one line and ends the process with os._exit and the first
+  signal's status, as kill -9 would end it: the checkpoints already complete are
   untouched and a partial one stays an Orbax temporary, never restored and removed when
-  the next run opens the folder (lev_jax.checkpoint). Python runs the handlers between
-  bytecodes, so inside a long compiled call (an XLA compile) they wait for its end.
+  the next run opens the folder (lev_jax.checkpoint). Other repeats (a second SIGTERM, a
+  SIGTERM after Ctrl-C) change nothing. Python runs the handlers between bytecodes, so
+  inside a long compiled call (an XLA compile) they wait for its end, and runs a handler
+  once for signals that arrived meanwhile; each arrival is counted all the same, from
+  the bytes the C-level handler writes to a wakeup pipe (signal.set_wakeup_fd): two
+  Ctrl-C 20 ms apart are two.
   """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -86,6 +92,8 @@ class _StopSignals:
   def __init__(self):
     self.requested = None  # the first signal's name ("SIGTERM" / "SIGINT"), else None
     self._previous = {}
+    self._pipe = None  # (read, write) fds of the wakeup pipe while installed
+    self._previous_wakeup = -1
 
   def install(self):
     try:
@@ -94,20 +102,47 @@ class _StopSignals:
           continue  # started ignoring Ctrl-C (`cmd &` in a script, nohup): as Python does
         self._previous[sig] = signal.signal(sig, self._handle)
     except ValueError:  # not the main thread
-      pass
+      return
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    self._previous_wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    self._pipe = (read, write)
 
   def uninstall(self):
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
     self._previous = {}
+    if self._pipe is not None:
+      signal.set_wakeup_fd(self._previous_wakeup)
+      for fd in self._pipe:
+        os.close(fd)
+      self._pipe = None
+
+  def _arrived(self, signum: int) -> list[int]:
+    """Our signals delivered since the last handler call, in order of arrival (a byte
+    each in the wakeup pipe); without the pipe, `signum` alone."""
+    if self._pipe is None:
+      return [signum]
+    got = b""
+    with contextlib.suppress(BlockingIOError):
+      while chunk := os.read(self._pipe[0], 512):
+        got += chunk
+    return [n for n in got if n in self.SIGNALS]  # empty: counted by an earlier call
 
   def _handle(self, signum, frame):
     del frame
+    for sig in self._arrived(signum):
+      self._one(sig)
+
+  def _one(self, signum: int) -> None:
     if signum == signal.SIGINT and self.requested is not None:
-      os.write(2, b"\nCtrl-C again: aborted at once, no checkpoint of this step; the "
-               b"latest complete checkpoint is kept (a partial one is removed when the "
-               b"run is restarted)\n")
-      os._exit(130)  # 128 + SIGINT
+      first = signal.Signals[self.requested]
+      after = "again" if first == signal.SIGINT else f"after {first.name}"
+      os.write(2, f"\nCtrl-C {after}: aborted at once, no checkpoint of this step; the "
+               "latest complete checkpoint is kept (a partial one is removed when the "
+               "run is restarted)\n".encode())
+      os._exit(128 + first)  # the first signal's status: 130, or 143 after SIGTERM
     if signum == signal.SIGINT:
       os.write(2, b"\nCtrl-C: saving a checkpoint of the current step, then stopping "
                b"(Ctrl-C again aborts at once)\n")
@@ -626,11 +661,13 @@ def _run_outputs(config, workdir, bundle, part, train_iter, feed, stop_at_step,
   stop = _StopSignals()  # installed by _loop; kept until the last save is complete
   try:
     ckpt = outputs.checkpointer() if (workdir / CHECKPOINTS).is_dir() else None
+    tokens_seen = 0  # a running count: resumes may change the batch size or seq_len
     if ckpt is not None and ckpt.latest_step() is not None:  # restored into its shardings
       latest, state = ckpt.restore_latest(abstract_state(part, config), train_iter, config,
                                           fallback=restore_fallback)
       if state is not None:
         logging.info("resumed from step %d", latest)
+        tokens_seen = ckpt.tokens_seen(latest)
     else:
       state = None
     if state is None:  # a new run, or --restore_fallback found no restorable step
@@ -642,7 +679,7 @@ def _run_outputs(config, workdir, bundle, part, train_iter, feed, stop_at_step,
           f"{t.steps}: the run finished with other settings. Nothing was changed: use a "
           "new --workdir, or the run's own config")
     return _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs,
-                 state, stop)
+                 state, stop, tokens_seen)
   finally:
     try:
       outputs.close()
@@ -651,13 +688,14 @@ def _run_outputs(config, workdir, bundle, part, train_iter, feed, stop_at_step,
 
 
 def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs, state,
-          stop):
+          stop, tokens_resumed: int):
   t = config.train
   step = resumed = int(state["step"])
   train_step = make_train_step(part, config)
   eval_step = make_eval_step(part, config)
   health = _Health(config, outputs, state)
   tokens_per_step = t.global_batch_size * t.seq_len
+  tokens_seen = lambda s: tokens_resumed + (s - resumed) * tokens_per_step  # at step s
   flops_per_step = train_flops_per_step(config)["total"]
   n_devices, device_kind = jax.device_count(), jax.devices()[0].device_kind
   stop.install()  # before: Ctrl-C is KeyboardInterrupt (nothing to save yet)
@@ -679,7 +717,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
     step_time = (now - window_start) / max(s - window_step, 1)
     scalars = {"train/loss": m["loss"], "train/perplexity": math.exp(min(m["loss"], 50.0)),
                "train/grad_norm": m["grad_norm"], "train/lr": m["lr"],
-               "train/tokens_seen": s * tokens_per_step,
+               "train/tokens_seen": tokens_seen(s),
                "train/skipped_steps": health.skipped,
                "perf/step_time_s": step_time, "perf/tokens_per_s": tokens_per_step / step_time,
                "perf/tokens_per_s_per_device": tokens_per_s_per_device(
@@ -756,7 +794,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
           pending = None
         health.check()  # never a checkpoint after a non-finite step
         with profile.paused(state):
-          outputs.checkpointer().save(step, state, train_iter, config)
+          outputs.checkpointer().save(step, state, train_iter, config, tokens_seen(step))
         if bundle.report.get("source") == "jsonl_stream":  # counts grow as it is read
           _write_data_report(workdir, bundle, step)
       if stopping:

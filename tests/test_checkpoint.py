@@ -266,3 +266,93 @@ def test_error_line_keeps_the_os_error_at_the_end_of_a_long_tensorstore_message(
   assert line.endswith("...: File too large [os_error_code='27']")
   assert checkpoint.error_line(ValueError(spec)).endswith("...: File too large")
   assert checkpoint.error_line(ValueError("x" * 200)) == "x" * 160 + "..."
+
+
+class _OtherShapeIterator:
+  """A data iterator whose saved state has another shape than grain's range iterator
+  (as a pipeline built under other data settings has): set_state raises KeyError."""
+
+  def get_state(self):
+    return {"iterators_in_use_states": []}
+
+  def set_state(self, state):
+    state["iterators_in_use_states"]  # pylint: disable=pointless-statement
+
+
+def _saved_step(tmp_path):
+  """A Checkpointer holding step 3 of a tiny state with a grain range position."""
+  import grain
+  import jax
+  import jax.numpy as jnp
+  from conftest import byte_config
+  c = byte_config("tied")
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", keep=2)
+  state = {"w": jnp.arange(4.0), "step": jnp.int32(3)}
+  ckpt.save(3, state, iter(grain.MapDataset.range(4).to_iter_dataset()), c)
+  ckpt.wait()
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  return ckpt, c, abstract
+
+
+def test_another_worker_count_is_named_with_the_flag_to_resume_with(tmp_path, caplog):
+  """Issue 26.7 (MaxText #1760): not "incomplete or corrupt ... move that folder aside"
+  (every step would fail so; following it loses good checkpoints), and not restored
+  into another stream either (2 -> 3 workers restores without an error)."""
+  import grain
+  ckpt, c, abstract = _saved_step(tmp_path)
+  c.data.worker_processes = 2
+  for fallback in (False, True):  # --restore_fallback skips and moves nothing
+    with pytest.raises(CheckpointMismatchError) as e:
+      ckpt.restore_latest(abstract, iter(grain.MapDataset.range(4).to_iter_dataset()), c,
+                          fallback=fallback)
+    assert str(e.value).endswith(
+        "data.worker_processes: checkpoint 0, this run 2; resume with "
+        "--config.data.worker_processes=0. Nothing was changed")
+    assert "corrupt" not in str(e.value) and "aside" not in str(e.value)
+  assert ckpt.all_steps() == [3] and not (tmp_path / "checkpoints_quarantine").exists()
+  # A data setting that reshapes the saved position in another way (e.g. data.source:
+  # a stream's state) is named too, once the state item has read: not blamed on the step.
+  c.data.worker_processes = 0
+  c.data.source = "jsonl_stream"
+  with pytest.raises(CheckpointMismatchError, match=r"checkpoints/3: its data position does "
+                     r"not fit this run's data pipeline \(.+\), whose "
+                     r"settings differ from the checkpoint's: data.source: checkpoint "
+                     r"'embedded', this run 'jsonl_stream'; resume with "
+                     r"--config.data.source=embedded. Nothing was changed$"):
+    ckpt.restore_latest(abstract, _OtherShapeIterator(), c, fallback=True)
+  c.data.source = "embedded"  # the same settings: the step is at fault, as before
+  with pytest.raises(CheckpointMismatchError, match="incomplete or corrupt"):
+    ckpt.restore(3, abstract, _OtherShapeIterator(), c)
+  ckpt.close()
+
+
+def test_tokens_seen_is_a_running_count_across_a_resume_with_another_batch(run):
+  """Issue 26.17: 4 steps of 8 x 32 tokens, then 1 of 4 x 32: 1024, 1152 (not step *
+  this run's batch * seq_len, which went back to 640); saved with step 5."""
+  c, workdir = run
+  c.train.global_batch_size = 4
+  train_and_evaluate(c, workdir, stop_at_step=5)
+  seen = {r["step"]: r["train/tokens_seen"] for r in metrics(workdir) if "train/loss" in r}
+  assert [seen[s] for s in (4, 5)] == [1024, 1152]
+  ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=3)
+  assert ckpt.tokens_seen(5) == 1152
+  shutil.rmtree(workdir / "checkpoints" / "5" / "progress")  # as an older lev_jax saved
+  assert ckpt.tokens_seen(5) == 5 * 4 * 32  # its own config's count: all it knows
+  ckpt.close()
+
+
+def test_a_latest_step_removed_during_the_run_is_one_warning(tmp_path, caplog):
+  """Issue 26.17: `rm -rf checkpoints/N` of the step last saved, noticed by the next
+  save and by the end of the run (close); Orbax and lev_jax only delete older steps."""
+  import grain
+  import jax.numpy as jnp
+  ckpt, c, _ = _saved_step(tmp_path)
+  shutil.rmtree(tmp_path / "checkpoints" / "3")
+  ckpt.save(4, {"w": jnp.arange(4.0), "step": jnp.int32(4)},
+            iter(grain.MapDataset.range(4).to_iter_dataset()), c)
+  ckpt.wait()
+  shutil.rmtree(tmp_path / "checkpoints" / "4")
+  ckpt.close()
+  assert [r.getMessage() for r in caplog.records if "removed" in r.getMessage()] == [
+      f"checkpoint {tmp_path}/checkpoints/{step} was removed during the run (not by "
+      f"lev_jax); the checkpoints on disk are now {left}" for step, left in ((3, []), (4, []))]

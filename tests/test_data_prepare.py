@@ -297,7 +297,7 @@ def test_loading_does_not_import_tensorflow(tmp_path, pile):
   assert proc.stdout.strip() == "False"
 
 
-_CLI_FLAGS = ("config", "output_dir", "workers", "overwrite", "force_unlock")
+_CLI_FLAGS = ("config", "output_dir", "workers", "overwrite", "force_unlock", "lock")
 
 
 def _forget_cli_flags():

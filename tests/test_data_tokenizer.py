@@ -26,6 +26,17 @@ def test_ids_and_exact_round_trip(trained_spm):
   assert tok.encode_batch(["fox", "dog"]) == [tok.encode("fox"), tok.encode("dog")]
 
 
+def test_the_whitespace_symbol_decodes_as_a_space_as_documented(trained_spm):
+  """Issue 26.11 (sentencepiece #863): U+2581 is SentencePiece's space; the one text
+  that does not round-trip, and the docstring says so (the ids stay SentencePiece's,
+  as the HF export and the seqio vocabulary give them)."""
+  tok, _ = trained_spm
+  for text, back in [("x▁y", "x y"), ("▁", " "), ("a ▁▁b", "a   b")]:
+    assert tok.encode(text) == tok.encode(back) and tok.decode(tok.encode(text)) == back
+  for doc in (tok_lib.__doc__, tok_lib.SentencePieceTokenizer.encode.__doc__):
+    assert "U+2581" in " ".join(doc.split()), doc
+
+
 def test_training_compresses_the_corpus(trained_spm):
   tok, _ = trained_spm
   n_bytes = len(DOCS[5].encode())

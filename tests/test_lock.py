@@ -216,3 +216,36 @@ def test_a_lock_file_that_cannot_be_removed_on_leaving_keeps_the_blocks_error(
       raise KeyError("the block's own error")
   assert warnings == [f"{path}: the lock file cannot be removed (Read-only file system); "
                       "the next run takes it over"]
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_filesystem_without_flock_is_refused_leaving_nothing_behind(tmp_path, monkeypatch,
+                                                                      exists):
+  """Issue 26.10 (T5X #452, GPFS: EINVAL): one line naming --nolock; neither the new
+  folders nor an empty .lock are left (an existing folder is left as it was)."""
+  import errno
+
+  def no_flock(fd, op):
+    raise OSError(errno.EINVAL, "Invalid argument")
+  monkeypatch.setattr(lock.fcntl, "flock", no_flock)
+  run = tmp_path / "a" / "run"
+  if exists:
+    run.mkdir(parents=True)
+  with pytest.raises(lock.WorkdirLockError, match=r"run/\.lock: cannot be locked \(Invalid "
+                     r"argument\): this filesystem does not support flock; nothing was "
+                     r"written\. To run without the lock, re-run with --nolock"):
+    with lock.hold(run, prog="lev-train"):
+      pytest.fail("held a lock without flock")
+  assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] == (
+      [run.parent.relative_to(tmp_path), run.relative_to(tmp_path)] if exists else [])
+
+
+def test_nolock_locks_and_creates_nothing(tmp_path, warnings):
+  with lock.hold(tmp_path / "run", prog="lev-train", enabled=False) as path:
+    assert path is None and not (tmp_path / "run").exists()
+  assert "not locked (--nolock)" in warnings[0]
+  from lev_jax.cli import export
+  from absl import flags
+  fv = flags.FlagValues()
+  export.define_flags(fv)
+  assert "--nolock" in fv["lock"].help and fv(["x", "--nolock"]) == ["x"] and not fv.lock

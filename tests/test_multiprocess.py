@@ -38,7 +38,7 @@ def args(workdir, cache, *extra):
           "--config.train.steps=8", "--config.train.log_every=1",
           "--config.train.checkpoint_every=4", "--config.train.eval_every=1000",
           "--config.eval.batches=1", "--config.eval.batch_size=8",
-          "--config.optim.warmup_steps=1", "--config.mesh.fsdp=-1",
+          "--config.optim.warmup_steps=1", "--config.mesh.fsdp=8",  # 8 in all (-1)
           f"--config.data.cache_dir={cache}", *extra]
 
 
@@ -129,3 +129,18 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(reference, tmp_path)
   assert codes == [143, 143], [p.stderr.read()[-2000:] for p in procs]
   steps = [int(p.name) for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
   assert len(steps) == 1 and steps[0] >= 3
+
+
+def test_an_8_device_run_evaluates_on_the_one_device_here(reference, tmp_path):
+  """Issue 26.8 (MaxText #5106): lev-eval of a run whose stored config.mesh needs 8
+  devices, in this 1-device process: a mesh of the devices present, as lev-sample and
+  lev-export load it; perplexity with its buckets and a downstream task."""
+  import jax
+  from lev_jax.eval.checkpoint_eval import evaluate_checkpoint
+  tmp, _, _ = reference
+  assert jax.device_count() == 1
+  lambada = tmp_path / "lambada.jsonl"
+  lambada.write_text('{"text": "the quick brown fox"}\n')
+  out = evaluate_checkpoint(tmp / "single", overrides={"eval.downstream.lambada": str(lambada)})
+  assert out["step"] == 8 and np.isfinite(out["validation"]["perplexity"])
+  assert out["validation"]["buckets"] and out["downstream"]["lambada"]["n"] == 1

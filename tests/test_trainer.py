@@ -354,6 +354,48 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line():
     stop.uninstall()
 
 
+@pytest.mark.parametrize("first", ["SIGINT", "SIGTERM"])
+def test_each_signal_counts_and_the_first_decides_the_status(first, monkeypatch, capfd):
+  """Issue 26.17: a Ctrl-C 20 ms after the first signal, both inside one long C call
+  (Python runs the handler once for the two), still aborts; after SIGTERM with 143, the
+  first signal's status (the scheduler requeues a preempted run), not 130."""
+  import hashlib
+  import os
+  import signal
+  import threading
+  import time
+  from lev_jax import trainer
+
+  class Exit(Exception):
+    pass
+
+  def exit_(code):
+    raise Exit(code)
+  monkeypatch.setattr(trainer.os, "_exit", exit_)
+
+  def send():
+    time.sleep(0.05)  # the main thread is inside sha256 by now
+    os.kill(os.getpid(), signal.Signals[first])
+    time.sleep(0.02)
+    os.kill(os.getpid(), signal.SIGINT)
+  data = bytes(300_000_000)
+  stop = trainer._StopSignals()
+  with ctrl_c_not_ignored():
+    stop.install()
+    try:
+      with pytest.raises(Exit) as e:
+        sender = threading.Thread(target=send)
+        sender.start()
+        hashlib.sha256(data).digest()  # ~0.5 s in C, the GIL released: both arrive
+        sender.join()
+        time.sleep(1)
+    finally:
+      stop.uninstall()
+  assert e.value.args == (128 + signal.Signals[first],)
+  assert (f"Ctrl-C {'again' if first == 'SIGINT' else 'after SIGTERM'}: aborted at once"
+          in capfd.readouterr().err)
+
+
 # --- train.profile_steps: a jax.profiler trace of a window of steps (trainer._Profile)
 
 def test_profile_steps_write_a_trace_a_log_line_and_a_perf_row_and_a_resume_traces_the_rest(

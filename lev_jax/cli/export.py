@@ -22,7 +22,8 @@ The source checkpoint is only read. A non-empty OUTPUT is refused unless --overw
 the checkpoint, inside it, or hold it. One export per OUTPUT: it holds PARENT/.NAME.lock
 beside OUTPUT (lev_jax.lock; OUTPUT itself is replaced by a rename), and a second
 export to the same OUTPUT stops at once naming the holder; --force_unlock removes a
-lock left by a run on another host that is gone.
+lock left by a run on another host that is gone; --nolock writes without the lock (a
+filesystem without flock).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from absl import flags
 
 from lev_jax.cli import common
 from lev_jax.config import DTYPES
+from lev_jax.lock import LOCK_FLAG_HELP
 from lev_jax.workdir import (EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF, TOKEN_COUNTS,
                              TOKENIZER)
 
@@ -57,6 +59,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_bool("overwrite", False, "Replace a non-empty OUTPUT.", flag_values=fv)
   flags.DEFINE_bool("force_unlock", False, "Remove OUTPUT's lock when it was left by a run "
                     "on another host that is gone (see lev_jax/lock.py).", flag_values=fv)
+  flags.DEFINE_bool("lock", True, LOCK_FLAG_HELP, flag_values=fv)
 
 
 def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
@@ -165,7 +168,8 @@ def main(argv, fv: flags.FlagValues | None = None):
   try:
     check_output(fv.checkpoint, fv.output, fv.overwrite)  # before the lock is created
     # Beside OUTPUT, not inside: inference.save renames a new folder into its place.
-    with workdir_lock.hold(fv.output, prog=PROG, inside=False, force_unlock=fv.force_unlock):
+    with workdir_lock.hold(fv.output, prog=PROG, inside=False, force_unlock=fv.force_unlock,
+                           enabled=fv.lock):
       result = export(fv.checkpoint, fv.output, step=fv.step, dtype=fv.dtype,
                       materialize_lev=fv.materialize_lev, hf=fv.hf, overwrite=fv.overwrite)
   except (ValueError, OSError, workdir_lock.WorkdirLockError) as e:

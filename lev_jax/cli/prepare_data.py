@@ -17,7 +17,8 @@ with --config.data.source=prepared --config.data.prepared_dir=<the same folder>.
 
 One preparation per folder: it holds PARENT/.NAME.lock beside the folder
 (lev_jax.lock), and a second one on the same folder stops at once naming the holder;
---force_unlock removes a lock left by a run on another host that is gone.
+--force_unlock removes a lock left by a run on another host that is gone; --nolock
+prepares without the lock (a filesystem without flock).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _define_flags():
                     "run's dataset (finished or not).")
   flags.DEFINE_bool("force_unlock", False, "Remove the folder's lock when it was left by a "
                     "run on another host that is gone (see lev_jax/lock.py).")
+  flags.DEFINE_bool("lock", True, workdir_lock.LOCK_FLAG_HELP)
 
 
 def summary(report: dict) -> str:
@@ -80,7 +82,8 @@ def main(argv):
     output_dir = flags.FLAGS.output_dir or config.data.prepared_dir
     # The lock sits beside the folder: --overwrite removes the folder itself.
     lock = (workdir_lock.hold(output_dir, prog=PROG, inside=False,
-                              force_unlock=flags.FLAGS.force_unlock)
+                              force_unlock=flags.FLAGS.force_unlock,
+                              enabled=flags.FLAGS.lock)
             if output_dir else contextlib.nullcontext())  # none: prepare() says so
     with lock:
       report = prepare(config, output_dir=flags.FLAGS.output_dir,

@@ -11,12 +11,16 @@ a finished run it prints one line and exits 0, writing nothing (not even the loc
 config that differs from the finished run's in a field that decides results is refused
 naming the fields (lev_jax.trainer.finished_run).
 SIGTERM (preemption) and Ctrl-C save a checkpoint of the step reached and exit 143 and
-130; a second Ctrl-C aborts at once, keeping the checkpoints already complete.
+130; a Ctrl-C after either aborts at once, keeping the checkpoints already complete, with
+the first signal's status (143 after SIGTERM, 130 after Ctrl-C); every Ctrl-C counts,
+also two that arrive within one compiled step (lev_jax.trainer._StopSignals).
 
 One run per workdir: the run holds WORKDIR/.lock (lev_jax.lock; process 0 of a
 multi-host run), and a second lev-train on it stops at once naming the holder. A lock
 left by a killed run is taken over; --force_unlock removes one recorded by a run on
-another host that is gone (a network filesystem can keep its lock).
+another host that is gone (a network filesystem can keep its lock); on a filesystem
+without flock (some GPFS / NFS mounts) the run is refused before anything is written,
+and --nolock runs without the lock (the user makes sure no other run uses the workdir).
 
 `--preflight=PLATFORM:PROCESSESxDEVICES` (e.g. gpu:4x8: 4 nodes of 8 GPUs) checks the
 flags, the config and its mesh, parameter splits and batches for such a job, prints one
@@ -64,6 +68,7 @@ def _define_flags():
   flags.DEFINE_bool("force_unlock", False, f"Remove WORKDIR/{LOCK} when it was left by a run "
                     "on another host that is gone (see lev_jax/lock.py); a lock held on "
                     "this host is never overridden.")
+  flags.DEFINE_bool("lock", True, workdir_lock.LOCK_FLAG_HELP)
   flags.DEFINE_bool("restore_fallback", False, "When the latest checkpoint is corrupt "
                     "(checksum), unreadable or holds NaN/infinite values, resume from the latest "
                     "intact one (step 0 if none is) instead of stopping; a warning names the "
@@ -133,7 +138,8 @@ def main(argv):
     result = trainer.finished_run(config, workdir)
     if result is None:
       lock = (workdir_lock.hold(workdir, prog="lev-train",
-                                force_unlock=flags.FLAGS.force_unlock)
+                                force_unlock=flags.FLAGS.force_unlock,
+                                enabled=flags.FLAGS.lock)
               if distributed.is_primary() else contextlib.nullcontext())
       with lock:  # released on every exit: return, error, KeyboardInterrupt, SystemExit
         result = trainer.train_and_evaluate(config, workdir,

@@ -3,7 +3,11 @@
 
 SentencePiece ids: pad = 0, unk = 1, eos = 2, no bos; id 3 is the newline. Byte fallback
 makes every string encodable, and the identity normalisation (no NFKC, whitespace kept,
-no dummy prefix) makes ``decode(encode(text)) == text`` for any text. Library:
+no dummy prefix) makes ``decode(encode(text)) == text`` for any text without U+2581
+("▁", SentencePiece's whitespace symbol): that character encodes as a space does and
+decodes as " " ("x▁y" -> "x y"; sentencepiece #863; no trainer option escapes it, and an
+escape of our own would give other ids than the Hugging Face export and the seqio
+vocabulary, which use the same model). Library:
 SentencePiece, https://github.com/google/sentencepiece/blob/master/doc/options.md
 (trainer options) and python/README.md (``sentence_iterator`` / ``model_writer``
 training in memory).
@@ -133,7 +137,8 @@ class SentencePieceTokenizer:
     return PAD_ID
 
   def encode(self, text: str) -> list[int]:
-    """Ids of `text`, without eos; ``decode(encode(text)) == text``."""
+    """Ids of `text`, without eos; ``decode(encode(text)) == text`` unless `text` holds
+    U+2581 ("▁"), which encodes as a space and so decodes as " " (module docstring)."""
     return self._sp.encode(text, out_type=int)
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:

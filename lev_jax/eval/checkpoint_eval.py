@@ -52,12 +52,49 @@ def _eval_batches(config, tokenizer, validation_override: bool, split: str):
   return evaluation_batches(config, tokenizer, files=files, split=split)
 
 
+def eval_partition(config):
+  """`train.partition` for evaluating `config`'s model on the devices present, whatever
+  mesh it was trained on (a checkpoint or export of a 4-device or multi-slice run
+  evaluates on one device, as lev-sample and lev-export load it).
+
+  The first that fits: config.mesh (the training layout, when it fits these devices);
+  every device on the fsdp axis (the other axes 1); the first device alone. A fallback
+  is logged with the reason.
+
+  Raises:
+    ShardingError: config.mesh.rules lacks a rule (no mesh can help).
+  """
+  from absl import logging
+  from lev_jax.sharding import ShardingError
+  from lev_jax.train import partition
+  try:
+    return partition(config)
+  except ShardingError as e:
+    reason = e
+  present = copy.deepcopy(config)
+  with present.unlocked():
+    present.mesh.update(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, dcn_tensor=1)
+  try:
+    part = partition(present)
+  except ShardingError:  # e.g. eval.batch_size does not divide over these devices
+    part = partition(present, _one_device_mesh(present))
+  logging.info("evaluating on a mesh of the %d device(s) present, %s: the training mesh "
+               "does not fit them (%s)", part.mesh.size, dict(part.mesh.shape), reason)
+  return part
+
+
+def _one_device_mesh(config):
+  import jax
+  from lev_jax.sharding import make_mesh
+  return make_mesh(config.mesh, devices=jax.devices()[:1])
+
+
 def perplexity(im, config, validation_override: bool = False, eval_step=None, *,
                split: str = "validation", check_data=None) -> dict:
   """{"validation", "validation_equal_mass"?, "data"}: `evaluate` results for `im` (one
   pass) and what was evaluated (`evaluate.data_record`).
 
-  eval_step: a `train.make_eval_step` of `partition(config)` to reuse (one compilation
+  eval_step: a `train.make_eval_step` of `eval_partition(config)` to reuse (one compilation
   for several splits); None builds one. split: the name recorded for
   validation_override files ("validation" or "test"). check_data: called with the data
   record once the batches are built, before any evaluation (it may raise).
@@ -68,7 +105,7 @@ def perplexity(im, config, validation_override: bool = False, eval_step=None, *,
   import jax
   from flax import nnx
   from lev_jax.eval.evaluate import equal_mass_edges, evaluate_schemes
-  from lev_jax.train import make_eval_step, partition
+  from lev_jax.train import make_eval_step
   batches, counts, record = _eval_batches(config, im.tokenizer, validation_override, split)
   if check_data is not None:
     check_data(record)
@@ -79,7 +116,7 @@ def perplexity(im, config, validation_override: bool = False, eval_step=None, *,
   schemes = {"log": list(config.eval.freq_bucket_edges)}
   if config.eval.equal_mass_buckets:
     schemes["equal_mass"] = equal_mass_edges(counts, config.eval.equal_mass_buckets)
-  part = partition(config)
+  part = eval_partition(config)  # the devices present, not the training job's
   params = jax.device_put(nnx.state(im.model, nnx.Param), part.state_sharding["params"])
   results = evaluate_schemes(eval_step or make_eval_step(part, config), params, batches,
                              counts, schemes)

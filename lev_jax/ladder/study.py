@@ -210,11 +210,11 @@ def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
     InferenceError, ConfigError, DataError: from lev_jax.eval.checkpoint_eval (e.g. no test split).
   """
   from lev_jax import inference
-  from lev_jax.eval.checkpoint_eval import evaluate_model
-  from lev_jax.train import make_eval_step, partition
+  from lev_jax.eval.checkpoint_eval import eval_partition, evaluate_model
+  from lev_jax.train import make_eval_step
   im = inference.load(workdir)
   overrides = {"eval.batches": eval_batches} if eval_batches else {}
-  step_fn = make_eval_step(partition(im.config), im.config)  # one compile, both splits
+  step_fn = make_eval_step(eval_partition(im.config), im.config)  # one compile, both splits
   out = {"step": im.step, "eval_batches": eval_batches or im.config.eval.batches}
   for split in SPLITS:
     r = evaluate_model(im, split=split, overrides=overrides, eval_step=step_fn)
