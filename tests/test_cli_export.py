@@ -155,3 +155,15 @@ def test_every_exported_file_honours_the_umask(source, tmp_path, capsys, umask, 
            for d, _, files in os.walk(out) for f in files}
   assert "hf/model.safetensors" in modes
   assert {p: m for p, m in modes.items() if m != oct(mode)} == {}
+
+
+def test_an_output_that_cannot_be_written_names_the_flag_not_the_lock(source, capsys):
+  """Issue 26: an unwritable OUTPUT's folder was reported as the export's internal lock
+  file (`[Errno 2] ...: '/proc/.levexp.lock'`): the line names --output."""
+  path, _ = source
+  with pytest.raises(SystemExit) as e:
+    lev_export(f"--checkpoint={path}", "--output=/proc/levexp")  # no file can be made there
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count("\n") == 1, err
+  assert err == ("lev-export: error: --output=/proc/levexp: cannot write in /proc (No such "
+                 "file or directory); expected a folder you can write to\n"), err
