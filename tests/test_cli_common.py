@@ -258,8 +258,10 @@ def test_the_tpu_backend_is_skipped_only_without_chips_and_a_platform_choice(mon
   import jax
   from jax._src import hardware_utils, xla_bridge
   from lev_jax.cli import common
-  factories = {"cpu": object(), "tpu": object()}
-  monkeypatch.setattr(xla_bridge, "_backend_factories", dict(factories))
+  def libtpu():
+    raise AssertionError("libtpu loaded")
+  tpu = xla_bridge.BackendRegistration(factory=libtpu, priority=300, fail_quietly=True)
+  monkeypatch.setattr(xla_bridge, "_backend_factories", {"tpu": tpu})
   monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
   monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id",
                       lambda: (0, None))
@@ -267,18 +269,19 @@ def test_the_tpu_backend_is_skipped_only_without_chips_and_a_platform_choice(mon
   platforms = jax.config.jax_platforms
   jax.config.update("jax_platforms", "cpu")  # JAX_PLATFORMS given: jax's choice is kept
   try:
-    assert not common.skip_tpu_backend_without_chips()
-    assert "tpu" in xla_bridge._backend_factories
+    assert not common.skip_tpu_backend_without_chips() and tpu.factory is libtpu
     jax.config.update("jax_platforms", None)
     monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id",
                         lambda: (4, None))
-    assert not common.skip_tpu_backend_without_chips()  # a TPU VM
+    assert not common.skip_tpu_backend_without_chips() and tpu.factory is libtpu  # a TPU VM
     monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id",
                         lambda: (0, None))
     assert common.skip_tpu_backend_without_chips()
-    assert list(xla_bridge._backend_factories) == ["cpu"]
   finally:
     jax.config.update("jax_platforms", platforms)
+  assert list(xla_bridge._backend_factories) == ["tpu"]  # still a known platform
+  with pytest.raises(RuntimeError, match="no TPU chip is attached"):
+    tpu.factory()
 
 
 def test_eval_help_does_not_dump_the_config(helps):

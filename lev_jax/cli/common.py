@@ -563,27 +563,34 @@ def quiet_library_logs():
 
 
 def skip_tpu_backend_without_chips() -> bool:
-  """Drops jax's TPU backend when JAX_PLATFORMS leaves the choice to jax and no TPU chip
-  is attached; returns whether it did.
+  """Makes jax's TPU backend fail at once, without loading libtpu, when JAX_PLATFORMS
+  leaves the choice to jax and no TPU chip is attached; returns whether it did.
 
   With libtpu installed (`.[tpu-aot]`, for lev-compile) jax tries that backend on every
   machine; off a TPU VM it fails (quietly, in jax) after libtpu printed lines about TPU
   metadata and worker hostnames that it could not find (before its logging starts:
-  TPU_MIN_LOG_LEVEL and TPU_STDERR_LOG_LEVEL do not silence them). Without a chip there
-  is nothing it could run on, so the run is the same without it. Kept when
-  JAX_PLATFORMS (jax_platforms) is set or JAX_FORCE_TPU_INIT asks for it. Uses jax's own
-  chip probe (`hardware_utils`, PCI ids) and backend registry (`xla_bridge`), private
-  modules: a jax without them leaves the backend as it is.
+  TPU_MIN_LOG_LEVEL and TPU_STDERR_LOG_LEVEL do not silence them). Without a chip it
+  has nothing to run on, so the run is the same: jax skips CUDA without a GPU the same
+  way. The platform stays registered (lowering rules and lev-compile's compile-only TPU
+  topologies need it). Kept as it is when JAX_PLATFORMS (jax_platforms) is set,
+  JAX_FORCE_TPU_INIT asks for it, or the backends already started. Uses jax's own chip
+  probe (`hardware_utils`, PCI ids) and backend registry (`xla_bridge`), private
+  modules: a jax without them is left as it is.
   """
   import jax  # pylint: disable=import-outside-toplevel
   try:
     from jax._src import hardware_utils, xla_bridge  # pylint: disable=import-outside-toplevel
-    if (jax.config.jax_platforms or "JAX_FORCE_TPU_INIT" in os.environ
-        or "tpu" not in xla_bridge._backend_factories  # pylint: disable=protected-access
-        or xla_bridge.backends_are_initialized()
+    registration = xla_bridge._backend_factories.get("tpu")  # pylint: disable=protected-access
+    if (registration is None or jax.config.jax_platforms
+        or "JAX_FORCE_TPU_INIT" in os.environ or xla_bridge.backends_are_initialized()
         or hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0):
       return False
-    del xla_bridge._backend_factories["tpu"]  # pylint: disable=protected-access
+    registration.factory = _no_tpu_chip
+    registration.fail_quietly = True
     return True
   except (ImportError, AttributeError, TypeError):  # another jax: leave it as it is
     return False
+
+
+def _no_tpu_chip():
+  raise RuntimeError("no TPU chip is attached (libtpu not loaded)")
