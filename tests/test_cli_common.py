@@ -241,6 +241,19 @@ def test_config_flag_mistakes_are_one_line_naming_the_field(monkeypatch, capsys,
   assert err.startswith("lev-x: error: " + error.replace("NOGET", str(noget))), err
 
 
+def test_an_override_without_a_config_to_change_says_so(monkeypatch, capsys):
+  """lev-prepare-data has no default config: `--config.data.seed=3` alone was "Unknown
+  command line flag 'config.data.seed'"."""
+  argv = ["lev-x", "--config.data.seed=3"]
+  fv, parse = _config_command(monkeypatch, argv, default=None)
+  with pytest.raises(SystemExit) as e:
+    parse(argv)
+  assert e.value.code == 2
+  assert capsys.readouterr().err == (
+      "lev-x: error: --config.data.seed: an override needs the config it changes: give "
+      "--config=FILE:VARIANT too, e.g. --config=experiments/ladder.py:tied_1.2b\n")
+
+
 def test_an_override_before_the_config_file_applies_to_that_file(monkeypatch):
   """Issue 26: `--config.train.steps=3 --config=FILE` was refused by ml_collections
   ("Found ... before a value for --config was specified"): it now means what it says."""

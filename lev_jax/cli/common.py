@@ -262,8 +262,8 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
       return fv(argv)
     except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
       line = re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e))
-      fail(prog, _bad_override_value(e, fv) or _config_field_hint(e, fv)
-           or _REPEATED_FLAG.sub("", line))
+      fail(prog, _bad_override_value(e, fv) or _override_without_config(e, fv)
+           or _config_field_hint(e, fv) or _REPEATED_FLAG.sub("", line))
     except Exception as e:  # raised by ml_collections while it loads --config=FILE
       _fail_on_config_error(prog, e, argv)
   return parse
@@ -311,6 +311,19 @@ def _bad_override_value(error: flags.Error, fv: flags.FlagValues) -> str | None:
   if expected is None:
     return None
   return f"--{m.group(1)}={m.group(2)}: expected {expected} ({m.group(1)} is {flag.value!r})"
+
+
+def _override_without_config(error: flags.Error, fv: flags.FlagValues) -> str | None:
+  """`--config.data.seed: ... needs --config=FILE` for an override given to a command
+  whose config has no default (lev-prepare-data) when --config was left out: absl knows
+  no such flag then ("Unknown command line flag 'config.data.seed'")."""
+  if not (isinstance(error, flags.UnrecognizedFlagError)
+          and error.flagname.startswith("config.") and "config" in fv
+          and _is_config_flag(fv["config"]) and fv["config"].default is None
+          and not fv["config"].present):
+    return None
+  return (f"--{error.flagname}: an override needs the config it changes: give "
+          "--config=FILE:VARIANT too, e.g. --config=experiments/ladder.py:tied_1.2b")
 
 
 def _config_fields(config, leaf: str, prefix: str = "config") -> list[tuple[str, object]]:
