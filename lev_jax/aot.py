@@ -390,7 +390,8 @@ def _largest_shape(shapes: str) -> str:
 
 def shortfall_line(report: StepReport, topology: Topology, config) -> str:
   """One line for a step that does not fit: how much is missing, the largest buffers
-  and the levers that reduce per-chip memory."""
+  and the levers that reduce per-chip memory (the mesh as compiled: config.mesh's -1
+  axis resolved for the slice's chips)."""
   r = report
   if r.fits:
     need, have = r.total_bytes, r.hbm_bytes
@@ -400,9 +401,12 @@ def shortfall_line(report: StepReport, topology: Topology, config) -> str:
           f"{_gib(need - have)} GiB)" if need and have else r.error)
   biggest = "; ".join(f"{_gib(b)} GiB {_largest_shape(shapes)}"
                       for b, shapes in r.largest_buffers[:3])
-  m = config.mesh
+  ici, dcn = sharding.mesh_shapes(config.mesh, topology.chips)  # -1 resolved, as compiled
+  mesh = f"data {ici[0]}, fsdp {ici[1]}, tensor {ici[2]}"
+  if math.prod(dcn) > 1:
+    mesh += f"; DCN {' x '.join(map(str, dcn))}"
   levers = (f"levers: train.grad_accum_steps (now {config.train.grad_accum_steps}), "
-            f"model.remat (now {config.model.remat}), the mesh (now data {m.data}, fsdp "
-            f"{m.fsdp}, tensor {m.tensor}) or a larger slice")
+            f"model.remat (now {config.model.remat}), the mesh (now {mesh}) or a larger "
+            "slice")
   return (f"the {r.step} step of {config.name} does not fit {topology.name}: {what}"
           + (f"; largest buffers: {biggest}" if biggest else "") + f"; {levers}")

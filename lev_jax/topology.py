@@ -195,12 +195,16 @@ def check_libtpu() -> str:
 @contextlib.contextmanager
 def _quiet_libtpu_env(topology: Topology):
   """libtpu, loaded off a TPU VM, looks for the VM's metadata and prints warnings that
-  it found none; naming the accelerator and a local worker keeps it silent. Set only
-  where unset, and only while the compile-only topology is made (libtpu reads them
-  when it loads)."""
+  it found none; naming the accelerator and a local worker keeps it silent. Its log
+  lines stay in its log files (/tmp/tpu_logs), off the terminal (TPU_STDERR_LOG_LEVEL
+  3: FATAL only), among them XLA:TPU's "Very slow compile?" banner of a compile past 2
+  minutes: lev-compile reports each compile's time itself, and a failed compile
+  raises with XLA's message. Set only where unset, and only while the compile-only
+  topology is made (libtpu reads them when it loads)."""
   chips_per_name = topology.chip.cores_in_name * math.prod(topology.shape)
   env = {"TPU_ACCELERATOR_TYPE": f"{topology.chip.generation}-{chips_per_name}",
          "TPU_WORKER_HOSTNAMES": "localhost", "TPU_SKIP_MDS_QUERY": "1",
+         "TPU_STDERR_LOG_LEVEL": "3",
          # No chip is opened, so several compiling processes (pytest-xdist workers, a
          # lev-compile next to a training job) need not take libtpu's one-process lock.
          "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}

@@ -47,7 +47,7 @@ from lev_jax.data.tokenizer_files import save_tokenizer
 from lev_jax.eval.evaluate import coverage, evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
-from lev_jax import attention, loss as loss_lib, sharding, target
+from lev_jax import attention, loss as loss_lib, progress, sharding, target
 from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
@@ -751,6 +751,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
     else:
       outputs.writer().write(step, scalars)
 
+  logs_restored = progress.logs_above_bars()  # a log line never ends up glued to the bar
   try:
     stopped = None
     if stop_at_step is not None and step >= stop_at_step and step < t.steps:
@@ -812,6 +813,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
                          workdir)
   finally:
     profile.discard()  # an error inside the window: its trace is not kept
+    logs_restored()
     bar.close()
 
 

@@ -149,3 +149,17 @@ def test_a_step_that_does_not_fit_is_reported_with_its_largest_buffers(make_conf
   line = aot.shortfall_line(report, parse_topology("v5e:2x2"), c)
   assert "\n" not in line and "train.grad_accum_steps (now 1)" in line
   assert "largest buffers: " in line and "f32[" in line
+
+
+def test_the_shortfall_levers_name_the_mesh_as_compiled():
+  """Issue 26: the levers printed `fsdp -1` where the header says 4: the mesh sizes are
+  the ones the step was compiled with (config.mesh's -1 resolved for the chips)."""
+  from lev_jax.config import base_config
+  c = base_config()
+  c.name = "x"
+  report = aot.StepReport(step="train", device_kind="TPU v5p", chips=4, hbm_bytes=95 * GiB,
+                          tokens=1, analytic_flops=1.0, compile_s=1.0,
+                          required_bytes=100 * GiB, available_bytes=95 * GiB)
+  line = aot.shortfall_line(report, parse_topology("v5p:2x2x1"), c)
+  assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == (1, -1, 1)
+  assert "the mesh (now data 1, fsdp 4, tensor 1) or a larger slice" in line, line

@@ -60,14 +60,21 @@ def _parse_only():
   lm_eval_cli.data_problem = lambda tasks, include_path: None
 
 
-def _attempt(entry, prog: str, argv: list[str], parse_only: bool) -> tuple[int, str]:
-  """(exit status, stdout + stderr) of `entry()` with sys.argv = [prog, *argv], forked."""
+def _attempt(entry, prog: str, argv: list[str], parse_only: bool,
+             closed_stdout: bool = False) -> tuple[int, str]:
+  """(exit status, stdout + stderr) of `entry()` with sys.argv = [prog, *argv], forked.
+  closed_stdout: stdout is a pipe nobody reads (`| head` that has exited); only stderr
+  is reported."""
   read, write = os.pipe()
   pid = os.fork()
   if pid == 0:  # the child: run the command, report through the pipe
     os.close(read)
     os.dup2(write, 1)
     os.dup2(write, 2)
+    if closed_stdout:
+      unread, into = os.pipe()
+      os.close(unread)
+      os.dup2(into, 1)
     code = 0
     try:
       if parse_only:
@@ -79,8 +86,11 @@ def _attempt(entry, prog: str, argv: list[str], parse_only: bool) -> tuple[int, 
     except BaseException:  # pylint: disable=broad-except
       traceback.print_exc()
       code = 99
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except OSError:  # the closed pipe, for a command that did not handle it
+        pass
     os._exit(code)
   os.close(write)
   with os.fdopen(read, errors="replace") as f:
@@ -107,6 +117,8 @@ def _drive() -> dict:
     context = listed if listed and listed_parse[0] == 0 else []
     results[prog] = {
         "help_code": code, "help": text, "listed": listed, "listed_parse": listed_parse,
+        "help_into_closed_pipe": _attempt(entry, prog, ["--help"], parse_only=False,
+                                          closed_stdout=True),
         "override_parse": _attempt(entry, prog, [*context, OVERRIDE], parse_only=True),
         "empty": {name: _attempt(entry, prog, ["--config="] if name == "config" else
                                  [*context, f"--{name}="], parse_only=name != "config")
@@ -151,6 +163,14 @@ def test_an_empty_path_flag_is_one_line_naming_it(prog, helps):
                                "variable?); expected "), (name, lines)
 
 
+@pytest.mark.parametrize("prog", sorted(SCRIPTS))
+def test_help_into_a_closed_pipe_ends_quietly(prog, helps):
+  """`lev-train --help | head -1`: the reader has gone; no BrokenPipeError traceback,
+  nothing on stderr, the shell's status for SIGPIPE (141)."""
+  code, err = helps[prog]["help_into_closed_pipe"]
+  assert (code, err) == (141, ""), err[-2000:]
+
+
 def test_define_path_refuses_an_empty_or_blank_value(capsys):
   from absl import flags
   from lev_jax.cli import common
@@ -166,6 +186,115 @@ def test_define_path_refuses_an_empty_or_blank_value(capsys):
                                        "variable?); expected the folder to write\n")
   parse(["lev-x", "--output=out"])
   assert fv.output == "out"
+
+
+def test_a_flag_on_by_default_is_listed_as_what_its_no_form_does(helps):
+  """Issue 26: `--noestimate_time  Estimate the step time ...` read backwards: a boolean
+  flag that is on by default is listed as --noNAME, which turns it off."""
+  rows = {prog: [l for l in helps[prog]["help"].splitlines() if l.startswith("  --no")]
+          for prog in ("lev-compile", "lev-eval")}
+  assert rows["lev-compile"] and rows["lev-eval"], rows
+  for prog, lines in rows.items():
+    for line in lines:
+      assert line.split(None, 1)[1].startswith("Turns off (default on): "), (prog, line)
+
+
+def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan"):
+  """A fresh FlagValues with a config-file flag defined as a command defines it (its
+  overrides read from sys.argv = argv), and the command's flags_parser."""
+  from absl import flags
+  from ml_collections import config_flags
+  from lev_jax.cli import common
+  monkeypatch.chdir(REPO)
+  monkeypatch.setattr(sys, "argv", list(argv))
+  fv = flags.FlagValues()
+  flags.DEFINE_integer("stop_at_step", None, "Stop.", flag_values=fv)
+  common.define_or_exit("lev-x", lambda: config_flags.DEFINE_config_file(
+      "config", default, "Experiment.", flag_values=fv))
+  return fv, common.flags_parser("lev-x", None, fv)
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["--config=NOGET"], "--config=NOGET: defines no get_config(variant) function"),
+    (["--config.train.steps=abc"],
+     "--config.train.steps=abc: expected an integer (config.train.steps is 300)"),
+    (["--config.lev.remat=maybe"],
+     "--config.lev.remat=maybe: expected true or false (config.lev.remat is False)"),
+    (["--config.optim.lr=x"], "--config.optim.lr=x: expected a number (config.optim.lr is "),
+    (["--steps=3"], "unknown flag --steps (did you mean --stop_at_step?); to set the config "
+     "field, pass --config.train.steps=3"),
+    (["--noremat"], "unknown flag --noremat; to set the config field, pass "
+     "--config.lev.remat=false"),
+])
+def test_config_flag_mistakes_are_one_line_naming_the_field(monkeypatch, capsys, tmp_path,
+                                                            argv, error):
+  """Issue 26: a config file without get_config (a traceback), ml_collections' raw words
+  for a value of the wrong type, and a config field given as a flag of its own."""
+  noget = tmp_path / "noget.py"
+  noget.write_text("x = 1\n")
+  argv = ["lev-x", *(a.replace("NOGET", str(noget)) for a in argv)]
+  with pytest.raises(SystemExit) as e:
+    fv, parse = _config_command(monkeypatch, argv)
+    parse(argv)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count("\n") == 1, err
+  assert err.startswith("lev-x: error: " + error.replace("NOGET", str(noget))), err
+
+
+def test_an_override_without_a_config_to_change_says_so(monkeypatch, capsys):
+  """lev-prepare-data has no default config: `--config.data.seed=3` alone was "Unknown
+  command line flag 'config.data.seed'"."""
+  argv = ["lev-x", "--config.data.seed=3"]
+  fv, parse = _config_command(monkeypatch, argv, default=None)
+  with pytest.raises(SystemExit) as e:
+    parse(argv)
+  assert e.value.code == 2
+  assert capsys.readouterr().err == (
+      "lev-x: error: --config.data.seed: an override needs the config it changes: give "
+      "--config=FILE:VARIANT too, e.g. --config=experiments/ladder.py:tied_1.2b\n")
+
+
+def test_an_override_before_the_config_file_applies_to_that_file(monkeypatch):
+  """Issue 26: `--config.train.steps=3 --config=FILE` was refused by ml_collections
+  ("Found ... before a value for --config was specified"): it now means what it says."""
+  argv = ["lev-x", "--config.train.steps=3", "--stop_at_step=2",
+          "--config=experiments/smoke.py:tied", "--config.eval.batches=2"]
+  fv, parse = _config_command(monkeypatch, argv)
+  parse(sys.argv)
+  assert (fv.config.name, fv.config.train.steps, fv.config.eval.batches,
+          fv.stop_at_step) == ("smoke_tied", 3, 2, 2)
+
+
+def test_the_tpu_backend_is_skipped_only_without_chips_and_a_platform_choice(monkeypatch):
+  """Issue 26: libtpu printed its start-up lines in CPU runs with JAX_PLATFORMS unset
+  (the TPU backend, which cannot start without a chip, was still tried)."""
+  import jax
+  from jax._src import hardware_utils, xla_bridge
+  from lev_jax.cli import common
+  def libtpu():
+    raise AssertionError("libtpu loaded")
+  tpu = xla_bridge.BackendRegistration(factory=libtpu, priority=300, fail_quietly=True)
+  monkeypatch.setattr(xla_bridge, "_backend_factories", {"tpu": tpu})
+  monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+  monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id",
+                      lambda: (0, None))
+  monkeypatch.delenv("JAX_FORCE_TPU_INIT", raising=False)
+  platforms = jax.config.jax_platforms
+  jax.config.update("jax_platforms", "cpu")  # JAX_PLATFORMS given: jax's choice is kept
+  try:
+    assert not common.skip_tpu_backend_without_chips() and tpu.factory is libtpu
+    jax.config.update("jax_platforms", None)
+    monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id",
+                        lambda: (4, None))
+    assert not common.skip_tpu_backend_without_chips() and tpu.factory is libtpu  # a TPU VM
+    monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id",
+                        lambda: (0, None))
+    assert common.skip_tpu_backend_without_chips()
+  finally:
+    jax.config.update("jax_platforms", platforms)
+  assert list(xla_bridge._backend_factories) == ["tpu"]  # still a known platform
+  with pytest.raises(RuntimeError, match="no TPU chip is attached"):
+    tpu.factory()
 
 
 def test_eval_help_does_not_dump_the_config(helps):

@@ -112,3 +112,21 @@ def test_a_mesh_that_does_not_divide_the_slice_is_one_line():
   proc = _compile("--config=experiments/smoke.py:tied", "--topology=v5p:2x2x1",
                   "--config.mesh.tensor=3")
   assert "(1, -1, 3) does not divide 4 devices" in _one_error_line(proc)
+
+
+def test_without_config_the_default_it_compiles_is_named_first(monkeypatch):
+  """Issue 26: lev-compile without --config compiled the 200M default without saying
+  so; the line logged before compiling names the default (file, variant, config name)."""
+  from absl import flags
+  from ml_collections import config_flags
+  from lev_jax.cli import compile as compile_cli
+  default = f"{REPO / 'experiments' / 'smoke.py'}:tied"
+  fv = flags.FlagValues()
+  monkeypatch.setattr(sys, "argv", ["lev-compile"])
+  config_flags.DEFINE_config_file("config", default, flag_values=fv)
+  fv(["lev-compile"])
+  assert compile_cli.default_config_note(fv["config"], fv.config, "v5p-128") == (
+      f"no --config: compiling the default, {default} (smoke_tied), for "
+      "--topology=v5p-128")
+  fv(["lev-compile", f"--config={default}"])
+  assert compile_cli.default_config_note(fv["config"], fv.config, "v5p-128") is None

@@ -221,3 +221,15 @@ def test_an_export_that_cannot_be_written_is_one_line_naming_the_details(
                  f"left on device); details in {log}\n")
   assert sorted(os.listdir(tmp_path)) == [log.name]
   assert "Traceback" in log.read_text()
+
+
+def test_an_output_that_cannot_be_written_names_the_flag_not_the_lock(source, capsys):
+  """Issue 26: an unwritable OUTPUT's folder was reported as the export's internal lock
+  file (`[Errno 2] ...: '/proc/.levexp.lock'`): the line names --output."""
+  path, _ = source
+  with pytest.raises(SystemExit) as e:
+    lev_export(f"--checkpoint={path}", "--output=/proc/levexp")  # no file can be made there
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count("\n") == 1, err
+  assert err == ("lev-export: error: --output=/proc/levexp: cannot write in /proc (No such "
+                 "file or directory); expected a folder you can write to\n"), err

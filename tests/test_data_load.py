@@ -157,3 +157,20 @@ def test_evaluation_batches_use_the_given_tokenizer_and_leave_the_config_unchang
 
   with pytest.raises(ConfigError, match="different tokenizer than the checkpoint's"):
     data.evaluation_batches(c, data.ByteTokenizer())
+
+
+@pytest.mark.parametrize("source", ["embedded", "jsonl"])
+def test_a_cache_dir_that_cannot_be_written_is_named(tmp_path, source):
+  """Issue 26: an unwritable data.cache_dir was a bare `[Errno 2] ...`: the error names
+  the field, its value and the OS reason (the corpus copy, the tokenizer, the counts)."""
+  (tmp_path / "file").write_text("not a folder")
+  cache = tmp_path / "file" / "cache"
+  train = _write(tmp_path / "train.jsonl", _docs(20))
+  c = _config(tmp_path, source=source, train_files=(train,), validation_fraction=0.2)
+  c.data.cache_dir = str(cache)
+  with pytest.raises(data.DataError) as e:
+    data.load(c)
+  assert str(e.value).startswith(
+      f"config.data.cache_dir = {str(cache)!r}: cannot write the data cache there: Not a "
+      "directory"), e.value
+  assert str(e.value).endswith("expected a folder you can write to")

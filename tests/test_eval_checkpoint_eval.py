@@ -202,7 +202,11 @@ def test_the_record_says_what_was_evaluated_and_the_summary_prints_it(workdirs, 
   assert data["tokens_in_split"] == total > 10 * 4 * 33
   eval_cli._print_summary(out)
   printed = capsys.readouterr().out
-  assert f"evaluated 132 of {total:,} validation tokens" in printed, printed
+  assert f"read 132 of {total:,} validation tokens" in printed, printed
+  # Issue 26: the two counts say which is which: rows read (seq_len + 1 tokens each)
+  # and the predicted tokens the perplexity is over
+  assert f"over {out['validation']['tokens']:,} predicted tokens" in printed, printed
+  assert "; 1 batch(es) of 4 x 33 tokens, each row predicting its last 32)" in printed
   assert "raise eval.batches to evaluate more of it" in printed
   for b in out["validation"]["buckets"]:
     if b["perplexity"] is not None:

@@ -101,10 +101,24 @@ def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
     inference.load(tmp_path / "empty")
 
 
+# Orbax reads the arrays of a step in one asyncio.gather (jax_array_handlers), which
+# raises at the first array whose tensorstore open fails; asyncio_utils.run_sync then
+# closes its event loop while the other arrays' tensorstore futures are pending, and
+# their completion callbacks (tensorstore's C++ threads) find the loop closed:
+# "RuntimeError: Event loop is closed" through sys.unraisablehook, which pytest reports
+# as a PytestUnraisableExceptionWarning. The cause is inside Orbax / tensorstore; lev_jax
+# has already turned the restore's own error into the one line this test checks.
+_ORBAX_CLOSED_LOOP = pytest.mark.filterwarnings(
+    "ignore:(?s)Exception ignored in.*Event loop is closed:"
+    "pytest.PytestUnraisableExceptionWarning")
+
+
 @pytest.mark.parametrize("damage,match", [
     ("delete", r"checkpoints/2: state/manifest.ocdbt is missing"),
     ("flip", r"checkpoints/2: state/manifest.ocdbt differs from its checksum"),
-    ("delete_unsigned", r"checkpoints/2 cannot be read: it is incomplete or corrupt .*"),
+    pytest.param("delete_unsigned",
+                 r"checkpoints/2 cannot be read: it is incomplete or corrupt .*",
+                 marks=_ORBAX_CLOSED_LOOP),
 ])
 def test_a_damaged_step_is_named_with_the_steps_that_remain(tmp_path, damage, match, caplog):
   from lev_jax.checkpoint_checks import MANIFEST

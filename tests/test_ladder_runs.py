@@ -307,3 +307,29 @@ def test_a_rung_trained_to_the_end_without_its_final_evaluation_says_so(tmp_path
   assert missing["tied_a"]["reason"] == (
       f"step {STEPS} of {STEPS} reached but {root / 'tied_a' / 'eval.json'} is missing: "
       "re-run lev-train on it to evaluate")
+
+
+def test_a_missing_ladder_file_is_named_before_the_root(tmp_path):
+  """Issue 26: without --run, a missing ladder file was reported as a missing --root."""
+  with pytest.raises(LadderError, match=r"^ladder .*nope.py: no such file"):
+    ladder_cli.load_inputs(str(tmp_path / "nope.py"), str(tmp_path / "no_root"), run=False,
+                           report_dir=None)
+  smoke = str(REPO / "experiments" / "smoke_ladder.py")
+  with pytest.raises(ValueError, match=r"no_root: no such folder \(add --run"):
+    ladder_cli.load_inputs(smoke, str(tmp_path / "no_root"), run=False, report_dir=None)
+  assert ladder_cli.load_inputs(smoke, str(tmp_path / "no_root"), run=True,
+                                report_dir=None).RUNGS
+
+
+def test_the_summary_says_n_a_for_an_infinite_effective_size():
+  """Issue 26: a Leviathan loss below the fitted floor printed `inf (inf - inf)` where
+  the report says n/a."""
+  inf = math.inf
+  pair = {"size": "xs", "ppl_change": -0.1, "tied_ppl": 10.0, "leviathan_ppl": 9.0,
+          "efficiency": {"ratio": 2.0},
+          "effective": {"n_eff": inf, "ratio": inf, "ratio_lo": inf, "ratio_hi": inf,
+                        "warning": None}}
+  analysis = {"rungs": [{"status": "finished"}] * 2, "pairs": [pair], "missing": [],
+              "fit": {"ok": False, "reason": "too few points"}}
+  row = ladder_cli.summary(analysis, {"report": "r.md"}).splitlines()[2]
+  assert row.split() == ["xs", "10.00", "->", "9.00", "(-10.0", "%)", "2.00x", "n/a"], row

@@ -74,3 +74,18 @@ def test_libtpu_missing_or_mismatched_is_one_line(monkeypatch):
   with pytest.raises(AotError, match=rf"libtpu 0\.0\.1 does not match jax "
                      rf"{jax.__version__}, which expects libtpu"):
     topo_lib.check_libtpu()
+
+
+def test_libtpu_logs_stay_off_the_terminal_while_the_topology_is_made(monkeypatch):
+  """Issue 26: XLA:TPU's "Very slow compile?" banner (LOG(ERROR) inside libtpu) reached
+  the terminal; libtpu's log lines go to its log files (TPU_STDERR_LOG_LEVEL 3), unless
+  the user set the variable."""
+  import os
+  topology = parse_topology("v5p:2x2x1")
+  monkeypatch.delenv("TPU_STDERR_LOG_LEVEL", raising=False)
+  with topo_lib._quiet_libtpu_env(topology):
+    assert os.environ["TPU_STDERR_LOG_LEVEL"] == "3"
+  assert "TPU_STDERR_LOG_LEVEL" not in os.environ
+  monkeypatch.setenv("TPU_STDERR_LOG_LEVEL", "0")
+  with topo_lib._quiet_libtpu_env(topology):
+    assert os.environ["TPU_STDERR_LOG_LEVEL"] == "0"

@@ -291,8 +291,8 @@ def test_a_streamed_run_reports_its_counts_at_every_checkpoint(tmp_path, caplog)
     train_and_evaluate(c, run)  # resumes with the counts of checkpoint 1
   # Issue 13.9f: the eval log line says how much of the validation split was read.
   assert "eval at step 4: loss" in caplog.text
-  assert ("evaluated 34 validation tokens (1 batch(es) of 2 x 17 tokens) of a stream not "
-          "read to its end") in caplog.text
+  assert ("read 34 validation tokens (1 batch(es) of 2 x 17 tokens, each row predicting "
+          "its last 16) of a stream not read to its end") in caplog.text
   last = json.loads((run / "data_report.json").read_text())
   assert last["counted_at_step"] == 4 and last["counted"]["train"] == "complete"
   assert last["train"]["documents"] == 6 and last["train"]["skipped"]["bad_json"] == 1
@@ -310,7 +310,7 @@ def test_eval_json_records_what_was_evaluated(finished_tied_run):
   assert data["tokens_in_split"] > n and len(data["sha256"]) == 64
   assert data["files"][0].endswith("validation.jsonl")
   assert coverage(data).startswith(
-      f"evaluated {n:,} of {data['tokens_in_split']:,} validation tokens")
+      f"read {n:,} of {data['tokens_in_split']:,} validation tokens")
 
 
 def test_a_second_ctrl_c_aborts_at_once_in_one_line():

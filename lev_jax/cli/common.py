@@ -9,6 +9,7 @@ naming a file or folder is defined with `define_path`, which refuses an empty va
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging as std_logging
 import os
@@ -27,6 +28,8 @@ flags.disclaim_key_flags()
 
 # 128 + SIGINT: the shell's status for a command ended by Ctrl-C.
 INTERRUPTED_EXIT = 130
+# 128 + SIGPIPE: the shell's status for a command whose reader went away (`| head`).
+CLOSED_PIPE_EXIT = 141
 
 
 def fail(prog: str, message: str):
@@ -72,6 +75,9 @@ def run(prog: str, main, module: str,
   prints `<prog>: <interrupted>` on stderr and exits with INTERRUPTED_EXIT (130), never
   a traceback; `finally` blocks and `with` exits (locks, temporary files) ran on the
   way out. Commands that save work on Ctrl-C (lev-train) handle SIGINT themselves.
+  Output into a pipe whose reader has gone (`lev-eval --help | head`) ends the command
+  quietly with CLOSED_PIPE_EXIT (141, as a shell reports a command killed by SIGPIPE),
+  never a BrokenPipeError traceback (`ending_closed_pipe_quietly`).
 
   Args:
     prog: the command's name, e.g. "lev-eval".
@@ -80,10 +86,31 @@ def run(prog: str, main, module: str,
     interrupted: the rest of the line, e.g. what was kept.
   """
   try:
-    app.run(main, flags_parser=flags_parser(prog, module))
+    with ending_closed_pipe_quietly():
+      app.run(main, flags_parser=flags_parser(prog, module))
   except KeyboardInterrupt:
     print(f"{prog}: {interrupted}", file=sys.stderr)
     sys.exit(INTERRUPTED_EXIT)
+
+
+@contextlib.contextmanager
+def ending_closed_pipe_quietly():
+  """Ends the program with CLOSED_PIPE_EXIT, printing nothing, when stdout's reader has
+  gone (BrokenPipeError, e.g. `lev-train --help | head -1`).
+
+  stdout is flushed on the way out (a normal end or sys.exit), so that an error of
+  buffered output surfaces here; then it is pointed at os.devnull, so that Python's
+  own flush at exit cannot raise it again (the recipe of Python's `signal` docs).
+  """
+  try:
+    try:
+      yield
+    finally:
+      sys.stdout.flush()
+  except BrokenPipeError:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(CLOSED_PIPE_EXIT)
 
 
 def first_line(error: BaseException) -> str:
@@ -182,7 +209,9 @@ def command_help(prog: str, module: str, fv: flags.FlagValues = flags.FLAGS) -> 
   """The `--help` text of a command: its module docstring, then the flags it accepts.
 
   Each flag `module` defines is one row: an example (`--name=VALUE`: the value the
-  docstring's example commands give it, else one its parser accepts) and its help.
+  docstring's example commands give it, else one its parser accepts) and its help; a
+  boolean flag that is on by default is listed as `--noNAME`, its help after
+  "Turns off (default on): ".
   `--config.<section>.<field>=value` is listed only when the command has a config flag
   (ml_collections), with the docstring's first such override as its example; the
   config's contents are never dumped.
@@ -208,6 +237,8 @@ def command_help(prog: str, module: str, fv: flags.FlagValues = flags.FLAGS) -> 
         text = "Overrides one field of that config (--config.<section>.<field>=value)."
       lines += help_row(override, text)
       continue
+    if isinstance(flag, flags.BooleanFlag) and flag.default:  # listed as --noNAME
+      text = f"Turns off (default on): {text}"
     lines += help_row(_flag_example(flag, examples), text)
   return "\n".join(lines)
 
@@ -226,14 +257,131 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
     if module is not None and any(a in _HELP for a in argv[1:]):
       print(command_help(prog, module, fv))
       sys.exit(0)
+    argv = config_first(argv)
     try:
       return fv(argv)
     except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
       line = re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e))
-      fail(prog, _REPEATED_FLAG.sub("", line))
+      fail(prog, _bad_override_value(e, fv) or _override_without_config(e, fv)
+           or _config_field_hint(e, fv) or _REPEATED_FLAG.sub("", line))
     except Exception as e:  # raised by ml_collections while it loads --config=FILE
       _fail_on_config_error(prog, e, argv)
   return parse
+
+
+def config_first(argv: list[str]) -> list[str]:
+  """argv with every `--config=FILE` (or `--config FILE`) moved to the front.
+
+  ml_collections applies `--config.<field>` overrides to the file's config, and refuses
+  one given before the file ("Found --config.train.steps=3 in argv before a value for
+  --config was specified"); the order of the other flags does not matter, so the file
+  goes first and `--config.train.steps=3 --config=FILE` means what it says. Arguments
+  after `--` stay where they are.
+  """
+  args = list(argv[1:])
+  end = args.index("--") if "--" in args else len(args)
+  files, rest, i = [], [], 0
+  while i < end:
+    if args[i].startswith(("--config=", "-config=")):
+      files.append(args[i])
+    elif args[i] in ("--config", "-config") and i + 1 < end:
+      files += args[i:i + 2]
+      i += 1
+    else:
+      rest.append(args[i])
+    i += 1
+  return [*argv[:1], *files, *rest, *args[end:]]
+
+
+# absl's message for a value that an override's parser refused: "flag --config.x.y=V: ..."
+_BAD_OVERRIDE = re.compile(r"^flag --(config\.[\w.]+)=(.*?): ", re.S)
+_EXPECTED = ((flags.BooleanParser, "true or false"), (flags.IntegerParser, "an integer"),
+             (flags.FloatParser, "a number"))
+
+
+def _bad_override_value(error: flags.Error, fv: flags.FlagValues) -> str | None:
+  """`--config.train.steps=abc: expected an integer (config.train.steps is 300)` for a
+  value the field's parser refused (ml_collections' own words name neither the type nor
+  the field's value); None for another error."""
+  m = _BAD_OVERRIDE.match(str(error))
+  if not m or m.group(1) not in fv:
+    return None
+  flag = fv[m.group(1)]
+  expected = next((text for kind, text in _EXPECTED if isinstance(flag.parser, kind)), None)
+  if expected is None:
+    return None
+  return f"--{m.group(1)}={m.group(2)}: expected {expected} ({m.group(1)} is {flag.value!r})"
+
+
+def _override_without_config(error: flags.Error, fv: flags.FlagValues) -> str | None:
+  """`--config.data.seed: ... needs --config=FILE` for an override given to a command
+  whose config has no default (lev-prepare-data) when --config was left out: absl knows
+  no such flag then ("Unknown command line flag 'config.data.seed'")."""
+  if not (isinstance(error, flags.UnrecognizedFlagError)
+          and error.flagname.startswith("config.") and "config" in fv
+          and _is_config_flag(fv["config"]) and fv["config"].default is None
+          and not fv["config"].present):
+    return None
+  return (f"--{error.flagname}: an override needs the config it changes: give "
+          "--config=FILE:VARIANT too, e.g. --config=experiments/ladder.py:tied_1.2b")
+
+
+def _config_fields(config, leaf: str, prefix: str = "config") -> list[tuple[str, object]]:
+  """(dotted path, value) of every field named `leaf` in `config`, depth first."""
+  found = []
+  for key, value in config.items():
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      found += _config_fields(value, leaf, f"{prefix}.{key}")
+    elif key == leaf:
+      found.append((f"{prefix}.{key}", value))
+  return found
+
+
+def _command_config(fv: flags.FlagValues):
+  """The command's config (its --config flag's value), else the base config (every
+  experiment has its fields); None for a command without a config flag."""
+  if "config" not in fv or not _is_config_flag(fv["config"]):
+    return None
+  try:
+    config = fv["config"].value
+    if isinstance(config, ml_collections.ConfigDict):
+      return config
+  except Exception:  # pylint: disable=broad-except  # a file that does not load
+    pass
+  from lev_jax.config import base_config  # pylint: disable=import-outside-toplevel
+  return base_config()
+
+
+def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
+  """For an unknown `--NAME[=VALUE]` where NAME is a config field's name (`--steps=3`):
+  `unknown flag --steps; to set the config field, pass --config.train.steps=3` (each
+  field of that name listed); None otherwise (absl's own message stands)."""
+  if not isinstance(error, flags.UnrecognizedFlagError):
+    return None
+  config = _command_config(fv)
+  if config is None:
+    return None
+  name, given = error.flagname, str(error.flagvalue or "")
+  value = given.split("=", 1)[1] if "=" in given else None
+  fields = _config_fields(config, name)
+  if not fields and name.startswith("no") and value is None:  # --noremat
+    fields = [(path, v) for path, v in _config_fields(config, name[2:]) if isinstance(v, bool)]
+    value = "false"
+  if not fields:
+    return None
+  def example(current):
+    if value is not None:
+      return value
+    return "true" if isinstance(current, bool) else "VALUE"
+  options = [f"--{path}={shlex.quote(example(current))}" for path, current in fields]
+  # The command's own flags that absl found close (lev-eval --steps: --step).
+  close = re.search(r"Did you mean: (.*) \?$", str(error))
+  own = [f"--{f.strip()}" for f in (close.group(1).split(",") if close else [])
+         if not f.strip().startswith("config.")]
+  head = f"unknown flag --{name}" + (f" (did you mean {' or '.join(own)}?)" if own else "")
+  if len(options) == 1:
+    return f"{head}; to set the config field, pass {options[0]}"
+  return f"{head}; to set a config field, pass one of {', '.join(options)}"
 
 
 def define_or_exit(prog: str, define) -> None:
@@ -243,8 +391,10 @@ def define_or_exit(prog: str, define) -> None:
   defined (or, with `--config=FILE`, while the flags are parsed), so an unknown field
   fails there: that becomes `--config.train.stepz: the config has no field 'stepz'
   (did you mean 'steps'?)`. A config file with a Python error becomes its file and
-  line. Anything else is a bug and keeps its traceback.
+  line. Anything else is a bug and keeps its traceback. `--config=FILE` is moved before
+  the overrides first (`config_first`).
   """
+  sys.argv[:] = config_first(sys.argv)  # ml_collections reads sys.argv when defining
   try:
     define()
   except Exception as e:
@@ -358,10 +508,25 @@ def _not_a_config_file(path: str | None) -> str | None:
           "e.g. experiments/smoke.py:leviathan)")
 
 
+def _no_get_config(error: BaseException, argv) -> str | None:
+  """`--config=FILE: defines no get_config(...)` when `error` is ml_collections failing
+  to find that function in the config file (an AttributeError on the file's module)."""
+  path = _config_file(argv)
+  module_file = getattr(getattr(error, "obj", None), "__file__", None)
+  if not (isinstance(error, AttributeError) and getattr(error, "name", None) == "get_config"
+          and path and module_file
+          and os.path.realpath(module_file) == os.path.realpath(os.path.expanduser(path))):
+    return None
+  return (f"--config={path}: defines no get_config(variant) function (expected an "
+          "experiment file whose get_config returns the ConfigDict, e.g. "
+          "experiments/smoke.py:leviathan)")
+
+
 def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
   """Ends with one line for an unknown `--config.<field>` or a config file that does not
   load; re-raises anything else (a bug deserves its traceback)."""
-  message = config_file_error(error, argv) or _not_a_config_file(_config_file(argv))
+  message = (config_file_error(error, argv) or _no_get_config(error, argv)
+             or _not_a_config_file(_config_file(argv)))
   if message is None and isinstance(error, (AttributeError, LookupError)) and _overrides(argv):
     config = _config_being_overridden(error)
     message = unknown_override(config, argv) if config is not None else None
@@ -402,6 +567,43 @@ class _OwnInfoOnly(std_logging.Filter):
 
 
 def quiet_library_logs():
-  """Called at start-up: Orbax, JAX and grain INFO lines stay out of the terminal."""
+  """Called at start-up: Orbax, JAX and grain INFO lines stay out of the terminal, and
+  so does libtpu's start-up chatter on a machine without TPU chips
+  (`skip_tpu_backend_without_chips`)."""
   logging.use_absl_handler()
   logging.get_absl_handler().addFilter(_OwnInfoOnly())
+  skip_tpu_backend_without_chips()
+
+
+def skip_tpu_backend_without_chips() -> bool:
+  """Makes jax's TPU backend fail at once, without loading libtpu, when JAX_PLATFORMS
+  leaves the choice to jax and no TPU chip is attached; returns whether it did.
+
+  With libtpu installed (`.[tpu-aot]`, for lev-compile) jax tries that backend on every
+  machine; off a TPU VM it fails (quietly, in jax) after libtpu printed lines about TPU
+  metadata and worker hostnames that it could not find (before its logging starts:
+  TPU_MIN_LOG_LEVEL and TPU_STDERR_LOG_LEVEL do not silence them). Without a chip it
+  has nothing to run on, so the run is the same: jax skips CUDA without a GPU the same
+  way. The platform stays registered (lowering rules and lev-compile's compile-only TPU
+  topologies need it). Kept as it is when JAX_PLATFORMS (jax_platforms) is set,
+  JAX_FORCE_TPU_INIT asks for it, or the backends already started. Uses jax's own chip
+  probe (`hardware_utils`, PCI ids) and backend registry (`xla_bridge`), private
+  modules: a jax without them is left as it is.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  try:
+    from jax._src import hardware_utils, xla_bridge  # pylint: disable=import-outside-toplevel
+    registration = xla_bridge._backend_factories.get("tpu")  # pylint: disable=protected-access
+    if (registration is None or jax.config.jax_platforms
+        or "JAX_FORCE_TPU_INIT" in os.environ or xla_bridge.backends_are_initialized()
+        or hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0):
+      return False
+    registration.factory = _no_tpu_chip
+    registration.fail_quietly = True
+    return True
+  except (ImportError, AttributeError, TypeError):  # another jax: leave it as it is
+    return False
+
+
+def _no_tpu_chip():
+  raise RuntimeError("no TPU chip is attached (libtpu not loaded)")

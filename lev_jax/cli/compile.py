@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 
-from absl import flags
+from absl import flags, logging
 from ml_collections import config_flags
 
 from lev_jax.cli import common
@@ -53,9 +53,9 @@ def _define_flags():
                      what="a folder for the dumps, or leave the flag out")
   flags.DEFINE_bool("estimate_time", True, "Estimate the step time from loop-free "
                     "compiles when the program loops (scanned layers, LEV, grad "
-                    "accumulation: XLA's cost model counts a loop body once); two more "
-                    "compiles per step. --noestimate_time: memory and the looped "
-                    "program's own figures only.")
+                    "accumulation: XLA's cost model counts a loop body once), two more "
+                    "compiles per step; when off, memory and the looped program's own "
+                    "figures only.")
   flags.DEFINE_float("min_free", 0.0, "Fail (exit 2) unless this fraction of each chip's "
                      "HBM stays free, e.g. 0.1.", lower_bound=0.0, upper_bound=0.99)
 
@@ -95,6 +95,18 @@ def program_line(config, topology) -> str:
   return line
 
 
+def default_config_note(flag, config, topology: str) -> str | None:
+  """The line logged before compiling when --config was left out (`flag`, the config
+  flag): which experiment the default is, e.g. "no --config: compiling the default,
+  .../experiments/ladder.py:leviathan_200m (leviathan_200m), for --topology=v5p-128";
+  None when --config was given."""
+  if flag.present:
+    return None
+  default = flag.default_as_str.strip("'")
+  return (f"no --config: compiling the default, {default} ({config.name}), for "
+          f"--topology={topology}")
+
+
 def main(argv):
   if len(argv) > 1:
     common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
@@ -120,6 +132,9 @@ def main(argv):
     validate(config)
     topology = topo_lib.parse_topology(f.topology, f.num_slices)
     compiler = topo_lib.check_compiler(topology)
+    note = default_config_note(f["config"], config, topology.name)
+    if note:  # minutes of compiling: say what, before they start
+      logging.info(note)
     reports = aot.compile_steps(config, topology, steps, dump_hlo=f.dump_hlo,
                                 estimate_time=f.estimate_time)
   except (ConfigError, ShardingError, topo_lib.AotError, GpuTargetError) as e:

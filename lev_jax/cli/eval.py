@@ -81,7 +81,7 @@ def _print_summary(out: dict) -> None:
   v = out.get("validation")
   if v:
     print(f"{PROG}: step {out['step']}: {out['split']} loss {v['loss']:.4f}, "
-          f"perplexity {v['perplexity']:.2f} over {v['tokens']} tokens")
+          f"perplexity {v['perplexity']:.2f} over {v['tokens']:,} predicted tokens")
     if out.get("data"):
       print(f"  {coverage(out['data'])}")
     for key in ("validation", "validation_equal_mass"):

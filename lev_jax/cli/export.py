@@ -84,6 +84,22 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
     raise ValueError(f"--output={output} is not empty; pass --overwrite to replace it")
 
 
+def output_error(output: str, error: OSError) -> str | None:
+  """`--output=OUTPUT: cannot write in PARENT (reason)` for an OSError on OUTPUT, inside
+  it, or on a hidden file beside it (the export's lock, its temporary folder): internal
+  names are not the user's to know. None for another path (e.g. the checkpoint's)."""
+  if not error.filename or "://" in output:
+    return None
+  out = os.path.abspath(os.path.expanduser(output))
+  parent, name = os.path.split(out)
+  path = os.path.abspath(os.fsdecode(error.filename))
+  beside = os.path.dirname(path) == parent and os.path.basename(path).startswith(f".{name}")
+  if not (path == out or path.startswith(out + os.sep) or beside):
+    return None
+  return (f"--output={output}: cannot write in {parent} ({error.strerror or error}); "
+          "expected a folder you can write to")
+
+
 def _folder_bytes(path) -> int:
   from etils import epath
   path = epath.Path(path)
@@ -172,7 +188,9 @@ def main(argv, fv: flags.FlagValues | None = None):
                            enabled=fv.lock):
       result = export(fv.checkpoint, fv.output, step=fv.step, dtype=fv.dtype,
                       materialize_lev=fv.materialize_lev, hf=fv.hf, overwrite=fv.overwrite)
-  except (ValueError, OSError, workdir_lock.WorkdirLockError) as e:
+  except OSError as e:  # the lock or the export beside OUTPUT, or the checkpoint
+    common.fail(PROG, output_error(fv.output, e) or common.first_line(e))
+  except (ValueError, workdir_lock.WorkdirLockError) as e:
     # InferenceError, HFExportError, ConfigError, DataError among the ValueErrors
     common.fail(PROG, common.first_line(e))
   print(report(result))

@@ -31,6 +31,7 @@ Exit status: 0; 1 when a rung trained here failed; 2 for a bad flag or ladder fi
 
 from __future__ import annotations
 
+import math
 import shlex
 import subprocess
 import sys
@@ -157,9 +158,12 @@ def summary(analysis: dict, paths: dict) -> str:
            f"({100 * p['ppl_change']:+.1f} %)")
     eff = p["efficiency"]["ratio"]
     e = p["effective"]
-    n_eff = ratio_text(e["ratio"]) if e and e["ratio"] is not None else "n/a"
-    if (e and e["ratio"] is not None and e["ratio_lo"] is not None
-        and not e.get("warning")):  # an interval that misses its estimate says nothing
+    # n/a as in the report: no estimate, or an infinite one (a loss at or below the
+    # fitted floor: no finite N reaches it)
+    known = bool(e and e["n_eff"] is not None and math.isfinite(e["n_eff"]))
+    n_eff = ratio_text(e["ratio"]) if known else "n/a"
+    if known and e["ratio_lo"] is not None and not e.get("warning"):
+      # an interval that misses its estimate says nothing
       n_eff += f" ({ratio_text(e['ratio_lo'])} - {ratio_text(e['ratio_hi'])})"
     eff_text = ratio_text(eff) if eff is not None else "not reached"
     lines.append(f"  {p['size']:<8} {ppl:<34} {eff_text:<11} {n_eff}")
@@ -177,6 +181,24 @@ def summary(analysis: dict, paths: dict) -> str:
   return "\n".join(lines)
 
 
+def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
+  """The ladder module, once the flags naming files are checked, the ladder file first
+  (a missing ladder is the error to name, whatever --root is).
+
+  Raises:
+    LadderError: the ladder file is missing or not a ladder (runs.load_ladder).
+    ValueError: a remote --root without a local --report_dir; without --run, a --root
+      that is not a folder.
+  """
+  from lev_jax.ladder import runs as ladder_lib  # pylint: disable=import-outside-toplevel
+  module = ladder_lib.load_ladder(ladder)
+  if "://" in root and not report_dir:
+    raise ValueError(f"--root={root} is remote: give a local --report_dir for the report")
+  if not run and "://" not in root and not Path(root).is_dir():
+    raise ValueError(f"--root={root}: no such folder (add --run to train the rungs there)")
+  return module
+
+
 def main(argv):
   if len(argv) > 1:
     common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
@@ -184,13 +206,12 @@ def main(argv):
   # after flags: keeps --help fast
   from lev_jax.ladder import analysis as ladder_analysis, report, runs as ladder_lib
   f = flags.FLAGS
-  if "://" in f.root and not f.report_dir:
-    common.fail(PROG, f"--root={f.root} is remote: give a local --report_dir for the report")
-  if not f.run and "://" not in f.root and not Path(f.root).is_dir():
-    common.fail(PROG, f"--root={f.root}: no such folder (add --run to train the rungs there)")
+  try:
+    module = load_inputs(f.ladder, f.root, run=f.run, report_dir=f.report_dir)
+  except (ladder_lib.LadderError, ValueError) as e:
+    common.fail(PROG, str(e))
   report_dir = f.report_dir or str(Path(f.root) / REPORT)
   try:
-    module = ladder_lib.load_ladder(f.ladder)
     result = ladder_lib.collect(module, f.root)
     result.ladder = f.ladder
     train_flags = _split("train_flags", f.train_flags)

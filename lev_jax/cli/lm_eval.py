@@ -200,10 +200,16 @@ def run(argv: Sequence[str] | None = None) -> None:
       `--model lev_jax` is added unless --model is given; `ls` / `validate`
       subcommands pass through; no arguments, -h or --help print `usage()`
       (lm-eval's own: `run --help`).
+  Output into a closed pipe (`lev-lm-eval --help | head -1`) ends quietly, exit 141.
   """
+  from lev_jax.cli.common import ending_closed_pipe_quietly  # pylint: disable=import-outside-toplevel
+  with ending_closed_pipe_quietly():
+    _run(list(sys.argv[1:] if argv is None else argv))
+
+
+def _run(argv: list[str]) -> None:
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
 
-  argv = list(sys.argv[1:] if argv is None else argv)
   if not argv or argv[0] in ("-h", "--help"):
     print(usage())
     sys.exit(0)

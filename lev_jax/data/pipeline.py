@@ -272,7 +272,7 @@ def make_eval_batches(documents, tokenizer, *, seq_len: int, batch_size: int,
 
 def count_tokens(docs: Sequence[str], tokenizer) -> int:
   """Tokens of a list of texts as the pipelines stream them: each document's ids plus
-  one eos (e.g. M in "evaluated N of M validation tokens"). Costs one encode of every
+  one eos (e.g. M in "read N of M validation tokens"). Costs one encode of every
   document (batched where the tokenizer can)."""
   return sum(len(ids) + 1 for chunk in _encoded_chunks(docs, tokenizer) for ids in chunk)
 

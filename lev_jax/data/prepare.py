@@ -39,6 +39,7 @@ from lev_jax.data import tokenizer_files
 from lev_jax.data.errors import DataError
 from lev_jax.data.reports import describe_skipped, new_report
 from lev_jax.parent_watch import exit_with_parent
+from lev_jax import progress as progress_logs
 
 _FIELDS = {"train": "train_files", "validation": "validation_files", "test": "test_files"}
 
@@ -428,9 +429,13 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
               "pile_set_names": tuple(d.pile_set_names)}
   logging.info("%s: run %s, %d shards to write (%d already finished), %d worker(s).",
                out, rid, len(todo), len(done), n_workers)
-  with tqdm.tqdm(total=len(shards), initial=len(done), unit="shard", disable=None,
-                 desc=f"lev-prepare-data {out.name}") as progress:
-    written = _run_pool(todo, tokenizer, settings, n_workers, progress)
+  logs_restored = progress_logs.logs_above_bars()  # log lines above the bar, not on it
+  try:
+    with tqdm.tqdm(total=len(shards), initial=len(done), unit="shard", disable=None,
+                   desc=f"lev-prepare-data {out.name}") as progress:
+      written = _run_pool(todo, tokenizer, settings, n_workers, progress)
+  finally:
+    logs_restored()
   for stats in written:
     done[stats["shard"]] = stats
 

@@ -26,6 +26,7 @@ configured validation split with the checkpoint's tokenizer, or given files read
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import os
@@ -109,12 +110,25 @@ def _check_not_empty(train_docs, validation_docs, d) -> None:
     raise DataError(f"the validation split has no documents: {where}")
 
 
+@contextlib.contextmanager
+def _writing_cache(d: ml_collections.ConfigDict):
+  """OSError while writing under ``data.cache_dir`` -> DataError naming the field."""
+  try:
+    yield
+  except OSError as e:
+    where = f" ({e.filename})" if e.filename else ""
+    raise DataError(f"config.data.cache_dir = {d.cache_dir!r}: cannot write the data cache "
+                    f"there: {e.strerror or e}{where}; expected a folder you can write "
+                    "to") from e
+
+
 def _in_memory(config, report: dict) -> DataBundle:
   """Sources 'embedded' and 'jsonl': every document in memory, split, tokenizer, counts."""
   d = config.data
   cache_dir = epath.Path(os.path.expanduser(d.cache_dir))
   if d.source == "embedded":
-    paths = write_embedded_corpus(cache_dir, d.validation_fraction, d.test_fraction)
+    with _writing_cache(d):
+      paths = write_embedded_corpus(cache_dir, d.validation_fraction, d.test_fraction)
     report["corpus_paths"] = {k: os.fspath(v) for k, v in paths.items()}
     train_docs, report["train"] = _read([paths["train"]], d, "cache_dir")
     validation_docs, report["validation"] = _read([paths["validation"]], d, "cache_dir")
@@ -127,8 +141,9 @@ def _in_memory(config, report: dict) -> DataBundle:
       train_docs, validation_docs = split_documents(train_docs, d.validation_fraction)
   _check_not_empty(train_docs, validation_docs, d)
   tokenizer, counts_path = _tokenizer(config, train_docs, report)
-  counts_V, counts_path = _cached_counts(tokenizer, train_docs, config.model.vocab_size,
-                                         counts_path)
+  with _writing_cache(d):
+    counts_V, counts_path = _cached_counts(tokenizer, train_docs, config.model.vocab_size,
+                                           counts_path)
   report.update(train_tokens=int(counts_V.sum()), counts_path=os.fspath(counts_path))
   logging.info(
       "Data (%s): %d train documents (%d tokens, eos included), %d validation documents; "
@@ -144,10 +159,11 @@ def _tokenizer(config, sample_docs: list[str], report: dict):
   """The configured tokenizer and the path of its token-counts cache file."""
   d = config.data
   cache_dir = epath.Path(os.path.expanduser(d.cache_dir)) / "tokenizers"
-  cache_dir.mkdir(parents=True, exist_ok=True)
   try:
-    tokenizer = make_tokenizer(d, config.model.vocab_size, train_texts=sample_docs,
-                               cache_dir=cache_dir)
+    with _writing_cache(d):
+      cache_dir.mkdir(parents=True, exist_ok=True)
+      tokenizer = make_tokenizer(d, config.model.vocab_size, train_texts=sample_docs,
+                                 cache_dir=cache_dir)
   except DataError as e:
     raise DataError(e if "config." in str(e) else f"config.model.vocab_size: {e}") from e
   if tokenizer.name == "sentencepiece":
@@ -168,8 +184,9 @@ def _streamed(config, report: dict) -> DataBundle:
   sample_stream = _stream(d.train_files, d, "train_files", num_epochs=1, warn=False)
   sample_docs = list(itertools.islice(iter(sample_stream), STREAM_SAMPLE_DOCUMENTS))
   tokenizer, counts_path = _tokenizer(config, sample_docs, report)
-  counts_V, counts_path = _cached_counts(tokenizer, sample_docs, config.model.vocab_size,
-                                         counts_path)
+  with _writing_cache(d):
+    counts_V, counts_path = _cached_counts(tokenizer, sample_docs, config.model.vocab_size,
+                                           counts_path)
   validation = _stream(d.validation_files, d, "validation_files", num_epochs=1,
                        encode=tokenizer.encode)
   # train, validation, train_tokens: counted as the streams are read (current_report).
@@ -233,8 +250,9 @@ def load(config: ml_collections.ConfigDict) -> DataBundle:
 
   Raises:
     DataError: missing or bad files (named, with ``config.data.<field>``), an empty
-      training or validation split, an unfinished or mismatched prepared dataset, or a
-      vocab_size the tokenizer does not have.
+      training or validation split, an unfinished or mismatched prepared dataset, a
+      vocab_size the tokenizer does not have, or a ``data.cache_dir`` that cannot be
+      written (named, with the OS reason).
   """
   d = config.data
   report = {"source": d.source, "validation": None, "corpus_paths": None}

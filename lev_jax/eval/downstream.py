@@ -50,6 +50,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from lev_jax import progress as progress_logs
+
 
 class DownstreamError(ValueError):
   """A benchmark file that cannot be read; the message names the file, the line and
@@ -399,12 +401,16 @@ def score_items(scorer, name: str, items: Sequence[Item], path="",
   else:
     item_of = [k for k, item in enumerate(items) for _ in item.requests]
     left = [len(item.requests) for item in items]
-    with tqdm(total=len(items), desc=name, unit="item", file=sys.stderr) as bar:
-      def on_done(i: int) -> None:
-        left[item_of[i]] -= 1
-        if not left[item_of[i]]:
-          bar.update(1)
-      results = scorer.loglikelihood(requests, on_done=on_done)
+    logs_restored = progress_logs.logs_above_bars()  # log lines above the bar, not on it
+    try:
+      with tqdm(total=len(items), desc=name, unit="item", file=sys.stderr) as bar:
+        def on_done(i: int) -> None:
+          left[item_of[i]] -= 1
+          if not left[item_of[i]]:
+            bar.update(1)
+        results = scorer.loglikelihood(requests, on_done=on_done)
+    finally:
+      logs_restored()
   if name == "lambada":
     metrics = lambada_metrics(results)
   else:

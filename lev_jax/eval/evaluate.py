@@ -7,7 +7,7 @@ extended by 0 and infinity. A bucket's perplexity is exp(mean nll of its targets
 
 `data_record` says what an evaluation read (split, files, a sha256 of the batches, how
 many of the split's tokens), so that two results are compared only on the same data
-(`same_data`), and `coverage` says "evaluated N of M tokens".
+(`same_data`), and `coverage` says "read N of M tokens".
 """
 
 from __future__ import annotations
@@ -192,15 +192,19 @@ def data_record(batches: Sequence[dict], *, split: str, files: Sequence[str],
 
 
 def coverage(record: dict) -> str:
-  """"evaluated N of M validation tokens (...)" for a `data_record`: how much of the
-  split the evaluation read, and when not all of it, what limited it."""
+  """"read N of M validation tokens (...)" for a `data_record`: how much of the split
+  the evaluation read, and when not all of it, what limited it.
+
+  N counts every token of the rows read (seq_len + 1 per row: the first is context
+  only), so it exceeds the predicted tokens that a perplexity is over (seq_len per row,
+  fewer where weights mask them); the line says so."""
   n, m, split = record["tokens_evaluated"], record["tokens_in_split"], record["split"]
   rows = (f"{record['batches']} batch(es) of {record['batch_size']} x "
-          f"{record['seq_len'] + 1} tokens")
+          f"{record['seq_len'] + 1} tokens, each row predicting its last {record['seq_len']}")
   if m is None:
-    return (f"evaluated {n:,} {split} tokens ({rows}) of a stream not read to its end "
+    return (f"read {n:,} {split} tokens ({rows}) of a stream not read to its end "
             "(its size is not counted)")
-  line = f"evaluated {n:,} of {m:,} {split} tokens ({100 * n / max(m, 1):.3g}%; {rows})"
+  line = f"read {n:,} of {m:,} {split} tokens ({100 * n / max(m, 1):.3g}%; {rows})"
   per_batch = record["batch_size"] * (record["seq_len"] + 1)
   if per_batch and m // per_batch > record["batches"]:
     line += (f"; the split holds {m // per_batch:,} such batches: raise eval.batches to "
