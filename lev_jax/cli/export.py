@@ -190,7 +190,10 @@ def main(argv, fv: flags.FlagValues | None = None):
                       materialize_lev=fv.materialize_lev, hf=fv.hf, overwrite=fv.overwrite)
   except OSError as e:  # the lock or the export beside OUTPUT, or the checkpoint
     common.fail(PROG, output_error(fv.output, e) or common.first_line(e))
-  except (ValueError, workdir_lock.WorkdirLockError) as e:
+  except workdir_lock.WorkdirLockError as e:  # the lock file beside OUTPUT: name --output
+    cause = e.__cause__ if isinstance(e.__cause__, OSError) else None
+    common.fail(PROG, (cause and output_error(fv.output, cause)) or common.first_line(e))
+  except ValueError as e:
     # InferenceError, HFExportError, ConfigError, DataError among the ValueErrors
     common.fail(PROG, common.first_line(e))
   print(report(result))
