@@ -232,6 +232,10 @@ def test_config_flag_mistakes_are_one_line_naming_the_field(monkeypatch, capsys,
   for a value of the wrong type, and a config field given as a flag of its own."""
   noget = tmp_path / "noget.py"
   noget.write_text("x = 1\n")
+  # ml_collections loads every --config file as the module "config_config" and
+  # re-executes a file into the module already there: an earlier test's get_config
+  # would survive in it.
+  monkeypatch.delitem(sys.modules, "config_config", raising=False)
   argv = ["lev-x", *(a.replace("NOGET", str(noget)) for a in argv)]
   with pytest.raises(SystemExit) as e:
     fv, parse = _config_command(monkeypatch, argv)
