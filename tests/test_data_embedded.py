@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lev_jax.data import embedded, embedded_build, splits
+from lev_jax.data import corpora_build, embedded, embedded_build, splits
 from lev_jax.data.corpus import read_documents
 from lev_jax.data.errors import DataError
 
@@ -150,6 +150,8 @@ def test_a_preset_is_its_recorded_corpus(name, manifest):
   assert len(docs) == spec.documents == entry["documents"]
   assert spec.sha256 == entry["sha256"] == hashlib.sha256(spec.path.read_bytes()).hexdigest()
   assert sum(len(d["text"]) for d in docs) == entry["characters"]
+  assert [(p["package"], p["version"], p["deb_sha256"]) for p in entry["packages"]] == [
+      (p.name, p.version, p.sha256) for p in corpora_build.PACKAGES[name]]
   subsets = {p["subset"] for p in entry["packages"]}
   assert {d["meta"]["pile_set_name"] for d in docs} == subsets
   assert 1.9e6 < entry["utf8_bytes"] < 6e6 and spec.path.stat().st_size < 1.5e6
