@@ -34,6 +34,9 @@ REMAT_POLICIES = {
     "dots_no_batch": "dots_with_no_batch_dims_saveable",
 }
 DATA_SOURCES = ("embedded", "jsonl", "jsonl_stream", "prepared")
+# data.corpus with data.source = "embedded": the frozen corpora of lev_jax.data.embedded
+# (CORPORA): CPython's docs (the default), four Debian manuals, FOLDOC's entries.
+DATA_CORPORA = ("python_docs", "debian_books", "foldoc")
 TOKENIZERS = ("sentencepiece", "o200k_base", "bytes")
 PREPARE_FORMATS = ("tokens", "text")
 HOST_BATCHES = ("global", "documents")
@@ -144,6 +147,10 @@ def base_config() -> ml_collections.ConfigDict:
   # paper's setting, quick starts); prepared: ArrayRecord shards written by
   # lev-prepare-data (random access, global shuffle; The Pile at pod scale).
   d.source = "embedded"        # one of DATA_SOURCES
+  # Embedded source: which frozen corpus (DATA_CORPORA): python_docs = CPython 3.11.7's
+  # pydoc topics and docstrings; debian_books = four Debian manuals (2.0 MB of prose);
+  # foldoc = the Free On-line Dictionary of Computing (3.9 MB of encyclopedic entries).
+  d.corpus = "python_docs"
   d.tokenizer = "sentencepiece"  # one of TOKENIZERS; sentencepiece is trained on train split
   d.tiktoken_file = ""         # o200k_base: local .tiktoken ranks file ("" = tiktoken's cache)
   d.sentencepiece_file = ""    # sentencepiece: a trained *.model ("" = train one, cached)
@@ -496,6 +503,11 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _one_of(c, "data", "tokenizer", TOKENIZERS)
   _one_of(c, "data", "host_batches", HOST_BATCHES)
   _one_of(c, "data", "prepare_format", PREPARE_FORMATS)
+  _one_of(c, "data", "corpus", DATA_CORPORA)
+  if c.data.source != "embedded" and c.data.corpus != DATA_CORPORA[0]:
+    _fail("data.corpus", c.data.corpus,
+          f"{DATA_CORPORA[0]!r} (the default) with data.source = {c.data.source!r}; set "
+          "data.source = 'embedded' to train on a frozen corpus")
   if c.data.source == "embedded":
     for field in ("train_files", "validation_files", "test_files"):
       if c.data[field]:

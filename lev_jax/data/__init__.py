@@ -4,9 +4,11 @@
 (`lev_jax.data.sources`, `lev_jax.data.bundle`). Sources
 (``config.data.source``):
 
-* ``'embedded'``: CPython 3.11.7's pydoc topics and standard-library docstrings, frozen
-  in the package (`embedded.embedded_documents`, 607 documents, 2.3 MB, sha256-checked),
-  written once as Pile-format JSONL under
+* ``'embedded'``: a corpus frozen in the package, chosen by ``config.data.corpus``:
+  ``python_docs`` (default), CPython 3.11.7's pydoc topics and standard-library
+  docstrings (607 documents, 2.3 MB); ``debian_books``, four Debian manuals (2.0 MB of
+  prose); ``foldoc``, the Free On-line Dictionary of Computing (3.9 MB)
+  (`embedded.CORPORA`, sha256-checked), written once as Pile-format JSONL under
   ``config.data.cache_dir`` and split per document by a hash of its text (a test
   split too with ``data.test_fraction`` > 0, for ``lev-eval --split=test``);
 * ``'jsonl'``: Pile-format ``*.jsonl`` / ``*.jsonl.zst`` files or globs (local or
@@ -29,8 +31,8 @@ through tiktoken (``data.tiktoken_file``); UTF-8 bytes. Batches are ``{"inputs",
 
 Modules: `sources` (`load`, `evaluation_batches`), `bundle` (`DataBundle`), `errors`
 (`DataError`), `corpus` (file lists, Pile-format readers), `reports` (read reports),
-`splits` (hash splits), `embedded` (the frozen default corpus; `embedded_build`
-rebuilds it), `stream`, `tokenizer`, `tokenizer_files` (a tokenizer saved to and
+`splits` (hash splits), `embedded` (the frozen corpora; `embedded_build` rebuilds the
+default one, `corpora_build` the presets from pinned Debian packages), `stream`, `tokenizer`, `tokenizer_files` (a tokenizer saved to and
 rebuilt from a folder), `pipeline` (grain), `prepared` / `prepare` (ArrayRecord
 datasets), `files` (atomic writes), `vocabularies` (seqio; imports TensorFlow, so it
 is never imported here). This module only re-exports.

@@ -153,8 +153,9 @@ def input_files(config: ml_collections.ConfigDict, reports: dict[str, dict]
                 ) -> dict[str, list[epath.Path]]:
   """Per split, the input files (splits without files are left out).
 
-  data.source "embedded": the embedded corpus under data.cache_dir (train, validation,
-  and test with data.test_fraction > 0; `embedded.write_embedded_corpus`); otherwise
+  data.source "embedded": the frozen corpus data.corpus under data.cache_dir (train,
+  validation, and test with data.test_fraction > 0; `embedded.write_embedded_corpus`);
+  otherwise
   data.train_files, validation_files and test_files through `corpus.expand_files`
   (skipped paths counted in ``reports[split]``).
 
@@ -166,7 +167,7 @@ def input_files(config: ml_collections.ConfigDict, reports: dict[str, dict]
   if d.source == "embedded":
     paths = embedded.write_embedded_corpus(
         epath.Path(os.path.expanduser(d.cache_dir)), d.validation_fraction,
-        d.get("test_fraction", 0.0))
+        d.get("test_fraction", 0.0), corpus=d.get("corpus", embedded.DEFAULT_CORPUS))
     for split in paths:
       reports[split]["files"] += 1
     return {split: [path] for split, path in paths.items()}

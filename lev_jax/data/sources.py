@@ -2,11 +2,14 @@
 
 Sources (``config.data.source``):
 
-* ``'embedded'``: CPython 3.11.7's pydoc topics and standard-library docstrings, frozen
-  in the package (`embedded.embedded_documents`, 607 documents, 2.3 MB, sha256-checked),
-  written once as Pile-format JSONL under ``config.data.cache_dir`` and split per
-  document by a hash of its text (a test split too with ``data.test_fraction`` > 0, for
-  ``lev-eval --split=test``);
+* ``'embedded'``: a corpus frozen in the package, chosen by ``config.data.corpus``
+  (`embedded.CORPORA`): ``python_docs`` (default), CPython 3.11.7's pydoc topics and
+  standard-library docstrings (607 documents, 2.3 MB); ``debian_books``, four Debian
+  manuals (1,050 sections, 2.0 MB of prose); ``foldoc``, the Free On-line Dictionary of
+  Computing (6,366 entries, 3.9 MB). Each is sha256-checked
+  (`embedded.embedded_documents`), written once as Pile-format JSONL under
+  ``config.data.cache_dir`` and split per document by a hash of its text (a test split
+  too with ``data.test_fraction`` > 0, for ``lev-eval --split=test``);
 * ``'jsonl'``: Pile-format ``*.jsonl`` / ``*.jsonl.zst`` files or globs (local or
   ``gs://``) in ``config.data.train_files`` read into memory (and ``validation_files``,
   else a hash hold-out of ``validation_fraction``); small corpora;
@@ -41,7 +44,7 @@ import numpy as np
 from lev_jax.config import ConfigError
 from lev_jax.data.bundle import DataBundle
 from lev_jax.data.corpus import read_documents
-from lev_jax.data.embedded import write_embedded_corpus
+from lev_jax.data.embedded import DEFAULT_CORPUS, write_embedded_corpus
 from lev_jax.data.errors import DataError
 from lev_jax.data.files import npy_bytes, read_npy, write_bytes_atomic
 from lev_jax.data.pipeline import count_tokens, make_eval_batches, token_counts
@@ -95,7 +98,8 @@ def _cached_counts(tokenizer, docs: list[str], vocab_size: int, path: epath.Path
 
 def _check_not_empty(train_docs, validation_docs, d) -> None:
   if not train_docs:
-    where = ("the embedded corpus" if d.source == "embedded"
+    where = (f"the embedded corpus {d.get('corpus', DEFAULT_CORPUS)!r}"
+             if d.source == "embedded"
              else f"config.data.train_files = {tuple(d.train_files)}")
     raise DataError(f"the training split has no documents: {where} gave no non-empty text"
                     + (f" in subsets {tuple(d.pile_set_names)} (config.data.pile_set_names)"
@@ -127,8 +131,11 @@ def _in_memory(config, report: dict) -> DataBundle:
   d = config.data
   cache_dir = epath.Path(os.path.expanduser(d.cache_dir))
   if d.source == "embedded":
+    corpus = d.get("corpus", DEFAULT_CORPUS)
     with _writing_cache(d):
-      paths = write_embedded_corpus(cache_dir, d.validation_fraction, d.test_fraction)
+      paths = write_embedded_corpus(cache_dir, d.validation_fraction, d.test_fraction,
+                                    corpus=corpus)
+    report["corpus"] = corpus
     report["corpus_paths"] = {k: os.fspath(v) for k, v in paths.items()}
     train_docs, report["train"] = _read([paths["train"]], d, "cache_dir")
     validation_docs, report["validation"] = _read([paths["validation"]], d, "cache_dir")
@@ -148,7 +155,8 @@ def _in_memory(config, report: dict) -> DataBundle:
   logging.info(
       "Data (%s): %d train documents (%d tokens, eos included), %d validation documents; "
       "tokenizer %s; "
-      "token counts %s.", d.source, len(train_docs), report["train_tokens"],
+      "token counts %s.", " ".join(filter(None, (d.source, report.get("corpus")))),
+      len(train_docs), report["train_tokens"],
       len(validation_docs), report["tokenizer_path"], report["counts_path"])
   return DataBundle(tokenizer=tokenizer, report=report, token_counts_V=counts_V,
                     config=config, train_documents=lambda i, n: train_docs[i::n],
@@ -242,14 +250,15 @@ def load(config: ml_collections.ConfigDict) -> DataBundle:
   """Reads the documents (or opens the stream / prepared dataset), the tokenizer and
   the token counts of ``config.data``.
 
-  Reads ``config.data`` (source, train_files, validation_files, pile_set_names,
+  Reads ``config.data`` (source, corpus, train_files, validation_files, pile_set_names,
   validation_fraction, cache_dir, strict, tokenizer, tiktoken_file,
   sentencepiece_file, prepared_dir) and ``config.model.vocab_size``; the bundle's batch
   methods read ``config.train.seq_len``, ``config.data.shuffle_buffer`` / ``seed`` /
   ``segment_masking`` and ``config.eval.batch_size`` / ``batches``.
 
   Raises:
-    DataError: missing or bad files (named, with ``config.data.<field>``), an empty
+    DataError: missing or bad files (named, with ``config.data.<field>``); an unknown,
+      missing or damaged ``data.corpus`` (one line naming the field or file); an empty
       training or validation split, an unfinished or mismatched prepared dataset, a
       vocab_size the tokenizer does not have, or a ``data.cache_dir`` that cannot be
       written (named, with the OS reason).

@@ -322,14 +322,17 @@ def register_jsonl_task(name: str, *, files: Mapping[str, object], tokenizer,
 
 
 def register_embedded_task(name: str = "lev_embedded", *, cache_dir,
-                           validation_fraction: float = 0.05, tokenizer) -> seqio.Task:
-  """`register_jsonl_task` over the embedded corpus (`embedded.write_embedded_corpus`):
-  splits "train" and "validation", written under `cache_dir` on first use.
+                           validation_fraction: float = 0.05, tokenizer,
+                           corpus: str = embedded.DEFAULT_CORPUS) -> seqio.Task:
+  """`register_jsonl_task` over a frozen corpus (`embedded.write_embedded_corpus`;
+  `corpus` is a name of `embedded.CORPORA`): splits "train" and "validation", written
+  under `cache_dir` on first use.
 
   Raises:
-    DataError: validation_fraction outside (0, 1), or as `register_jsonl_task`.
+    DataError: validation_fraction outside (0, 1), an unknown or damaged corpus, or as
+      `register_jsonl_task`.
   """
-  paths = embedded.write_embedded_corpus(cache_dir, validation_fraction)
+  paths = embedded.write_embedded_corpus(cache_dir, validation_fraction, corpus=corpus)
   return register_jsonl_task(name, files={k: [p] for k, p in paths.items()},
                              tokenizer=tokenizer)
 

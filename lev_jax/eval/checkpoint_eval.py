@@ -228,9 +228,9 @@ def heldout_test_files(config) -> tuple:
   if d.test_files:
     return tuple(d.test_files)
   if d.source == "embedded" and d.get("test_fraction", 0.0) > 0:
-    from lev_jax.data.embedded import write_embedded_corpus
+    from lev_jax.data.embedded import DEFAULT_CORPUS, write_embedded_corpus
     paths = write_embedded_corpus(os.path.expanduser(d.cache_dir), d.validation_fraction,
-                                  d.test_fraction)
+                                  d.test_fraction, corpus=d.get("corpus", DEFAULT_CORPUS))
     return (os.fspath(paths["test"]),)
   raise ConfigError("--split=test: config.data.test_files is empty" + (
       " and config.data.test_fraction = 0 (the embedded source holds out a test split "
