@@ -105,9 +105,12 @@ def get_config(variant: str = "leviathan_1.2b"):
   # a quarter of a chip's memory, else dense), bfloat16 logits (MaxText's default), and
   # model.attention = "auto": splash on a TPU (what MaxText's "autoselected" picks),
   # cuDNN flash attention on an NVIDIA GPU, XLA on a CPU.
+  # Where XLA attention runs (auto off a TPU and a GPU, or model.attention = xla), its
+  # scores stay bfloat16 as in MaxText's dot_product (model.attention_logits_dtype).
   c.train.loss_impl = "auto"
   c.model.logits_dtype = "bfloat16"
   c.model.attention = "auto"
+  c.model.attention_logits_dtype = "bfloat16"
   c.optim.lr = lr
   c.optim.warmup_steps = 1000
   # 2,048 validation sequences, in batches that split over 64 devices (a v5p-128 slice)

@@ -144,7 +144,8 @@ def resolve(config: ml_collections.ConfigDict, platform: str) -> tuple[str, str]
 
 def attend(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array,
            segment_ids_BxL: jax.Array | None, impl: str, *, block_q: int = 512,
-           block_kv: int = 512, interpret: bool = False) -> jax.Array:
+           block_kv: int = 512, interpret: bool = False,
+           logits_dtype: str = "float32") -> jax.Array:
   """Causal grouped-query attention of L tokens with kernel `impl` (from `choose`).
 
   Args:
@@ -155,6 +156,8 @@ def attend(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array,
     impl: "xla", "splash" or "cudnn".
     block_q, block_kv: splash's blocks (clipped to L; then dividing L, multiples of 128).
     interpret: splash in the Pallas interpreter.
+    logits_dtype: xla only: "float32" (jax.nn.dot_product_attention: float32 scores and
+      softmax) or "bfloat16" (`_xla_low_precision`: q's dtype throughout).
   Returns:
     out_BxLxHxK, q's dtype: softmax(q k^T / sqrt(K)) v per head.
   Raises:
@@ -163,6 +166,8 @@ def attend(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array,
   if impl == "xla":
     q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = (sharding.constrain(t, HEADS)
                                        for t in (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK))
+    if logits_dtype == "bfloat16":
+      return _xla_low_precision(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL)
     return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
                                         mask=_segment_mask(segment_ids_BxL),
                                         is_causal=True, implementation="xla")
@@ -179,6 +184,33 @@ def attend(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array,
     return _splash(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, block_q, block_kv,
                    interpret)
   raise ValueError(f"attention impl {impl!r}: expected 'xla', 'splash' or 'cudnn'")
+
+
+def _xla_low_precision(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL):
+  """Causal GQA attention with the scores and softmax in q's dtype (bfloat16): q k^T
+  (float32 accumulation, rounded once), masked, the row max subtracted, exponentials,
+  their row sums, the value product, then the division by the sums (normalised after
+  the value product, as MaxText's dot_product attention with float32_qk_product =
+  float32_logits = False: its compute_local_attention). Half the bytes of the
+  [B, H, L, L] scores and their gradient; equal to the float32 path to bfloat16
+  rounding (tests/test_attention.py)."""
+  b, length, h, k = q_BxLxHxK.shape
+  g = k_BxLxGxK.shape[2]
+  dtype = q_BxLxHxK.dtype
+  q_BxLxGxRxK = (q_BxLxHxK * jnp.asarray(k ** -0.5, dtype)).reshape(b, length, g, h // g, k)
+  s_BxGxRxLxS = jnp.einsum("blgrk,bsgk->bgrls", q_BxLxGxRxK, k_BxLxGxK)
+  keep_LxS = jnp.tril(jnp.ones((length, length), bool))
+  keep = keep_LxS[None, None, None]
+  if segment_ids_BxL is not None:
+    same_BxLxS = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
+    keep = keep & same_BxLxS[:, None, None]
+  s_BxGxRxLxS = jnp.where(keep, s_BxGxRxLxS, jnp.finfo(dtype).min)
+  e_BxGxRxLxS = jnp.exp(s_BxGxRxLxS - jax.lax.stop_gradient(
+      jnp.max(s_BxGxRxLxS, axis=-1, keepdims=True)))
+  z_BxLxGxR = jnp.einsum("bgrls->blgr", e_BxGxRxLxS, preferred_element_type=jnp.float32)
+  o_BxLxGxRxK = jnp.einsum("bgrls,bsgk->blgrk", e_BxGxRxLxS, v_BxLxGxK)
+  o_BxLxGxRxK = o_BxLxGxRxK / z_BxLxGxR[..., None].astype(dtype)
+  return o_BxLxGxRxK.reshape(b, length, h, k)
 
 
 def _segment_mask(segment_ids_BxL: jax.Array | None) -> jax.Array | None:

@@ -90,6 +90,12 @@ def base_config() -> ml_collections.ConfigDict:
   # splash in the Pallas interpreter on any platform (tests, CPU debugging; slow): the
   # only way to run model.attention = "splash" off a TPU. "auto" ignores it.
   m.attention_interpret = False
+  # The attention scores' and softmax's dtype of the xla kernel: float32 (jax's
+  # dot_product_attention: every CPU figure), or bfloat16, the compute dtype kept
+  # through q k^T, the mask, exp and the value product, normalised after it (MaxText's
+  # dot_product at float32_qk_product = float32_logits = False; needs model.dtype =
+  # bfloat16). splash and cudnn keep float32 inside their kernels either way.
+  m.attention_logits_dtype = "float32"
 
   # LEV, ../shared/LEV.md; defaults are the paper's (per the reimplementation).
   c.lev = lv = ml_collections.ConfigDict()
@@ -374,6 +380,10 @@ def _check_attention(c) -> None:
   lev_jax/attention.py)."""
   m = c.model
   _one_of(c, "model", "attention", ATTENTION_IMPLS)
+  _one_of(c, "model", "attention_logits_dtype", LOGITS_DTYPES)
+  if m.attention_logits_dtype == "bfloat16" and m.dtype != "bfloat16":
+    _fail("model.attention_logits_dtype", m.attention_logits_dtype,
+          "'float32' unless model.dtype = 'bfloat16' (the scores stay in the compute dtype)")
   for field in ("splash_block_q", "splash_block_kv"):
     v = m[field]
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v % SPLASH_LANES:

@@ -83,6 +83,7 @@ class Attention(nnx.Module):
     self.theta, self.dtype = cfg.rope_theta, dtype
     self.impl = attention.check_name(cfg.attention)  # "auto": chosen when traced
     self.interpret = cfg.attention_interpret
+    self.logits_dtype = cfg.get("attention_logits_dtype", "float32")
     self.splash_blocks = (cfg.splash_block_q, cfg.splash_block_kv)
     self.wq = _param(rngs, (d, h, k), std, ("embed", "heads", "head_dim"), param_dtype)
     self.wk = _param(rngs, (d, kv, k), std, ("embed", "kv_heads", "head_dim"), param_dtype)
@@ -119,7 +120,8 @@ class Attention(nnx.Module):
                                block_kv=block_kv, interpret=self.interpret)
     out_BxLxHxK = attention.attend(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, impl,
                                    block_q=block_q, block_kv=block_kv,
-                                   interpret=self.interpret)
+                                   interpret=self.interpret,
+                                   logits_dtype=self.logits_dtype)
     return dense(out_BxLxHxK, c(self.wo), 2)
 
   def decode(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, cache: dict,
