@@ -33,8 +33,13 @@ from lev_jax.workdir import write_json_atomic
 SHAPE_FIELDS = {
     "model": ("embedding", "vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
               "n_kv_heads", "head_dim", "d_ff", "param_dtype", "scan_layers"),
-    "lev": ("n_coords", "base", "d_seed", "n_heads", "n_knots", "rank", "basis"),
+    "lev": ("n_coords", "base", "d_seed", "n_heads", "n_knots", "rank", "basis",
+            "output_norm"),
 }
+
+# Fields of SHAPE_FIELDS added after checkpoints were written, with the value every
+# run before them had: a stored config without the field is compared as holding it.
+FIELDS_ADDED = {"lev.output_norm": "none"}
 
 
 # Fields that do not change shapes but change what the restored data position means.
@@ -230,7 +235,8 @@ def config_differences(saved: dict, config: ml_collections.ConfigDict,
     config: this run's config; its `lev` fields count only for model.embedding "lev".
     table: {section: field names}; section "" = the config's top-level values.
     stored_only: compare only the fields `saved` holds (a run saved before a field
-      existed ran as its default did); else a missing one counts as None.
+      existed ran as its default did); else a missing one counts as None (as its
+      FIELDS_ADDED value for those).
   Returns:
     One line per difference: "section.field: checkpoint OLD, this run NEW"; [] if none.
   """
@@ -242,7 +248,7 @@ def config_differences(saved: dict, config: ml_collections.ConfigDict,
     for f in fields:
       if stored_only and f not in stored:
         continue
-      old = stored.get(f)
+      old = stored.get(f, FIELDS_ADDED.get(f"{section}.{f}"))
       new = _as_stored(config[section][f] if section else config[f])
       if old != new:
         diffs.append(f"{section + '.' if section else ''}{f}: checkpoint {old!r}, "

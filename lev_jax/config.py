@@ -24,6 +24,8 @@ CLIP_MODES = ("global", "per_group", "exclude_lev")  # lev_jax/optimizer.py make
 LOSS_IMPLS = ("auto", "dense", "chunked")  # train.loss_impl: lev_jax/loss.py
 NAN_POLICIES = ("stop", "skip_step")  # train.nan_policy: lev_jax/trainer.py
 LEV_OUT_PROJ_INITS = ("paper", "match_table")
+LEV_OUTPUT_NORMS = ("none", "rmsnorm", "scale")  # lev.output_norm: lev_jax/lev.py
+SPLINE_ORDER = 3  # quadratic B-splines: 3 nonzero basis functions per input (LEV.md 3c)
 # config.model.remat -> the jax.checkpoint_policies function that decides what the
 # backward pass keeps instead of recomputing (None: no rematerialisation). Named here so
 # that validation needs no jax; lev_jax/model.py looks the functions up by these names.
@@ -135,6 +137,18 @@ def base_config() -> ml_collections.ConfigDict:
   # same draw rescaled so LEV's output RMS over a fixed sample of ids equals
   # model.init_std, the tied table's per-row RMS at init (one of LEV_OUT_PROJ_INITS).
   lv.out_proj_init = "paper"
+  # Ablations of issue 25 (lev_jax/lev.py; defaults keep the paper's LEV unchanged).
+  # id_permutation: LEV embeds id perm[i] for token id i, perm a fixed random bijection
+  # of the padded vocab drawn by numpy.random.default_rng(permutation_seed) (a constant,
+  # not a parameter): ids that are neighbours in order (BPE ids are roughly sorted by
+  # frequency) no longer share their leading base-b digits, hence codebook rows.
+  lv.id_permutation = False
+  lv.permutation_seed = 0      # integer >= 0; only with id_permutation (else 0)
+  # LEV's output before the backbone (one of LEV_OUTPUT_NORMS): none = the paper's;
+  # rmsnorm = x / rms(x) * g per row (eps lev.ln_eps, g learned [D], init 1: unit-RMS
+  # rows, as an embedding LayerNorm); scale = x * s (s one learned scalar, init 1). Both
+  # parameters are LEV's (its optimizer group: lev_lr_multiplier applies).
+  lv.output_norm = "none"
 
   # Device mesh (lev_jax/sharding.py): ICI sizes within a slice / node, DCN sizes across
   # slices / nodes; -1 = all remaining devices (at most one -1 in ICI or DCN).
@@ -249,6 +263,12 @@ def base_config() -> ml_collections.ConfigDict:
   # 179.9 for 1.0, lower on 2 of 3 seeds; docs/smoke_study/study.csv); chosen at CPU
   # scale only: sweep it when reproducing the ladder (docs/results.md, the seeded study).
   o.lev_lr_multiplier = 3.0
+  # LEV's own decoupled weight decay (on the parameters decay_mask selects): -1 = the
+  # same as weight_decay; any other value >= 0 replaces it for LEV's group only.
+  o.lev_weight_decay = -1.0
+  # LEV's own linear warm-up, in optimizer steps (then the same cosine decay as the
+  # rest): -1 = the same as warmup_steps; else in [0, train.steps).
+  o.lev_warmup_steps = -1
   # z-loss weight: z_loss * log(Z)^2 per target added to the objective, log Z the
   # log-sum-exp of the token's logits (PaLM, Chowdhery et al. 2022, Sec. 5, used 1e-4);
   # 0 = off. Logged as train/z_loss.
@@ -375,6 +395,45 @@ def cudnn_misfit(dtype: str, head_dim: int, seq_len: int, segment_masking: bool,
   return None
 
 
+def _is_int(v) -> bool:
+  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _check_lev_ablations(c) -> None:
+  """lev.id_permutation, lev.permutation_seed, lev.output_norm (any model: a non-LEV
+  model must leave them at their defaults, since it has no LEV to apply them to)."""
+  lv, embedding = c.lev, c.model.embedding
+  _one_of(c, "lev", "output_norm", LEV_OUTPUT_NORMS)
+  if not _is_int(lv.permutation_seed) or lv.permutation_seed < 0:
+    _fail("lev.permutation_seed", lv.permutation_seed, "an integer >= 0")
+  if embedding != "lev":
+    no_lev = f"with model.embedding = {embedding!r}, which has no LEV"
+    if lv.id_permutation:
+      _fail("lev.id_permutation", lv.id_permutation, f"False {no_lev}")
+    if lv.output_norm != "none":
+      _fail("lev.output_norm", lv.output_norm, f"'none' {no_lev}")
+  if lv.permutation_seed and not lv.id_permutation:
+    _fail("lev.permutation_seed", lv.permutation_seed, "0 without lev.id_permutation "
+          "(the seed draws its permutation; set lev.id_permutation = True to use it)")
+  if embedding == "lev" and lv.output_norm == "rmsnorm" and lv.out_proj_init != "paper":
+    _fail("lev.out_proj_init", lv.out_proj_init, "'paper' with lev.output_norm = "
+          "'rmsnorm' (the norm sets the output's scale, whatever W_out's)")
+
+
+def _check_lev_optim(o, steps: int) -> None:
+  """optim.lev_weight_decay and optim.lev_warmup_steps: -1 (the global value) or their
+  own value."""
+  wd = o.lev_weight_decay
+  if (isinstance(wd, bool) or not isinstance(wd, (int, float))
+      or not (wd == -1 or 0 <= wd < math.inf)):
+    _fail("optim.lev_weight_decay", wd, "-1 (the same as optim.weight_decay) or a "
+          "finite number >= 0")
+  w = o.lev_warmup_steps
+  if not _is_int(w) or not (w == -1 or 0 <= w < steps):
+    _fail("optim.lev_warmup_steps", w, f"-1 (the same as optim.warmup_steps) or an "
+          f"integer in [0, train.steps = {steps})")
+
+
 def _check_attention(c) -> None:
   """model.attention and its fields (the platform is checked when the step is traced:
   lev_jax/attention.py)."""
@@ -483,12 +542,15 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       _fail("lev.remat", lv.remat, "True or False")
     if not isinstance(lv.unique_size, int) or lv.unique_size < 0:
       _fail("lev.unique_size", lv.unique_size, "an integer >= 0 (0 = automatic)")
-    if lv.n_knots < 3:
-      _fail("lev.n_knots", lv.n_knots, "at least 3 (quadratic B-splines)")
+    if not _is_int(lv.n_knots) or lv.n_knots < SPLINE_ORDER:
+      _fail("lev.n_knots", lv.n_knots, f"an integer >= {SPLINE_ORDER}, the spline order "
+            f"(quadratic B-splines: each input has {SPLINE_ORDER} nonzero basis "
+            f"functions, on {SPLINE_ORDER} adjacent knots)")
     if lv.base < 0 or lv.base == 1:
       _fail("lev.base", lv.base, "0 (automatic) or an integer >= 2")
     if lv.base:  # 0 (automatic) always addresses every id
       lev_digit_base(lv.base, lv.n_coords, padded_vocab_size(m.vocab_size, m.vocab_multiple))
+  _check_lev_ablations(c)
   _one_of(c, "optim", "decay_mask", DECAY_MASKS)
   _positive(c, "optim", ["lr", "eps", "clip_norm"])
   for beta in ("b1", "b2"):  # Adam's moment decay rates: 1 would never forget
@@ -506,6 +568,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("optim.warmup_steps", c.optim.warmup_steps, f"in [0, train.steps = {t.steps})")
   if not c.optim.weight_decay >= 0:
     _fail("optim.weight_decay", c.optim.weight_decay, "a number >= 0")
+  _check_lev_optim(c.optim, t.steps)
   z = c.optim.z_loss
   if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 <= z < math.inf:
     _fail("optim.z_loss", z, "a finite number >= 0 (0 = off; PaLM used 1e-4)")

@@ -11,6 +11,10 @@ and the KHRONOS separable B-spline layer by the same authors. Steps, for token i
                M_l[r] = prod_d phi[d, r]        (float32 log space, sign by parity)
   4. output    E(i) = sum_l M_l W_out_l                                W_out_l: R x D
 
+Ablations (config.lev, issue 25; off by default, the paper's LEV): `id_permutation`
+embeds perm[i] in place of i (`id_permutation`, in `LEV.__call__`, so before every core
+and row strategy); `output_norm` rescales E(i) (`output_norm`, in `_lev_rows`).
+
 Shapes: N ids, K coords, S = d_seed, H heads, J = kappa knots, R rank, D = d_model.
 The math is a pure function of a parameter dict (`lev_embed`) so it can be jitted,
 chunked and rematerialised; the `LEV` module owns the parameters.
@@ -45,7 +49,27 @@ def lev_param_count(vocab_size: int, d_model: int, lev: ml_collections.ConfigDic
   s, h = lev.d_seed, lev.n_heads
   count = lev.n_coords * b * s + h * (s * s + 2 * s + s * lev.n_knots * lev.rank
                                       + lev.rank * d_model)
+  count += {"none": 0, "rmsnorm": d_model, "scale": 1}[lev.output_norm]
   return count + (h if lev.basis == "khronos" else 0)
+
+
+@functools.lru_cache(maxsize=8)
+def id_permutation(vocab_size: int, seed: int) -> np.ndarray:
+  """The fixed random bijection of token ids of `lev.id_permutation`.
+
+  Args:
+    vocab_size: the padded vocab V (every id LEV addresses).
+    seed: config.lev.permutation_seed, >= 0.
+  Returns:
+    int32 [V], read-only: a permutation of 0 .. V-1 (LEV embeds perm[i] for id i),
+    computed once per (V, seed).
+  Source: numpy.random.Generator.permutation of numpy.random.default_rng(seed) (PCG64);
+    tests/test_lev.py pins its first values, so a numpy that drew another permutation
+    (and would change a trained model's embedding on resume) fails there.
+  """
+  perm_V = np.random.default_rng(seed).permutation(vocab_size).astype(np.int32)
+  perm_V.flags.writeable = False
+  return perm_V
 
 
 def to_digits(ids_N: jax.Array, base: int, n_coords: int) -> jax.Array:
@@ -483,7 +507,25 @@ def _lev_rows(params: dict, ids_N: jax.Array, cfg: ml_collections.ConfigDict,
   u_NxHxS = u_NxHxS * params["ln_scale"] + params["ln_bias"]
   t_NxHxS = jax.nn.sigmoid(u_NxHxS * (0.5 if cfg.sigmoid == "half" else 1.0))
   modes_NxHxR = _modes(params, t_NxHxS, cfg)
-  return dense(modes_NxHxR, params["out_proj"].astype(f32), 2)
+  return output_norm(params, dense(modes_NxHxR, params["out_proj"].astype(f32), 2), cfg)
+
+
+def output_norm(params: dict, x_NxD: jax.Array, cfg: ml_collections.ConfigDict
+                ) -> jax.Array:
+  """LEV's output as the backbone gets it, by `cfg.output_norm` (per row, float32):
+
+    none     x (the paper's).
+    rmsnorm  x / sqrt(mean_D(x**2) + cfg.ln_eps) * g, g = params["out_norm_scale"] [D]
+             (RMSNorm, Zhang & Sennrich 2019, as model.RMSNorm).
+    scale    x * s, s = params["out_scale"] [] (one learned scalar).
+  """
+  if cfg.output_norm == "none":
+    return x_NxD
+  x_NxD = x_NxD.astype(jnp.float32)
+  if cfg.output_norm == "rmsnorm":
+    x_NxD = x_NxD * jax.lax.rsqrt(jnp.mean(x_NxD * x_NxD, -1, keepdims=True) + cfg.ln_eps)
+    return x_NxD * params["out_norm_scale"].astype(jnp.float32)
+  return x_NxD * params["out_scale"].astype(jnp.float32)
 
 
 def dense_plan(padded_vocab: int, n_ids: int) -> tuple[str, int]:
@@ -589,6 +631,11 @@ class LEV(nnx.Module):
 
   `vocab_size` is the padded vocab (the rows of `table()`).
 
+  `cfg.id_permutation`: ids go through `id_permutation(vocab_size,
+  cfg.permutation_seed)` before LEV (a constant of the program, not a parameter or
+  state). `cfg.output_norm`: "rmsnorm" adds `out_norm_scale` [D] (init 1), "scale"
+  `out_scale` [] (init 1), both in LEV's optimizer group (`output_norm`).
+
   Raises:
     ConfigError: if base**n_coords < vocab_size (`config.lev_digit_base`).
   """
@@ -617,6 +664,11 @@ class LEV(nnx.Module):
     if cfg.basis == "khronos":
       self.basis_scale = nnx.Param(jnp.full((h,), j - 1.0, param_dtype),
                                    logical_axes=("lev_heads",))
+    if cfg.output_norm == "rmsnorm":
+      self.out_norm_scale = nnx.Param(jnp.ones((d_model,), param_dtype),
+                                      logical_axes=("embed",))
+    elif cfg.output_norm == "scale":
+      self.out_scale = nnx.Param(jnp.ones((), param_dtype), logical_axes=())
     if cfg.out_proj_init == "match_table":
       sample_N = jnp.linspace(0, vocab_size - 1, min(vocab_size, 256)).astype(jnp.int32)
       rms = jnp.sqrt(jnp.mean(jnp.square(self(sample_N))))
@@ -627,10 +679,16 @@ class LEV(nnx.Module):
     names = ["codebooks", "seed_proj", "ln_scale", "ln_bias", "spline_delta", "out_proj"]
     if self.cfg.basis == "khronos":
       names.append("basis_scale")
+    names += {"none": [], "rmsnorm": ["out_norm_scale"], "scale": ["out_scale"]}[
+        self.cfg.output_norm]
     return {n: getattr(self, n)[...] for n in names}
 
   def __call__(self, ids: jax.Array) -> jax.Array:
-    """int [...] ids -> float32 [..., D] embeddings, computed per token."""
+    """int [...] ids in [0, vocab_size) -> float32 [..., D] embeddings, computed per
+    token (of perm[ids] with `cfg.id_permutation`)."""
+    if self.cfg.id_permutation:
+      perm_V = jnp.asarray(id_permutation(self.vocab_size, self.cfg.permutation_seed))
+      ids = perm_V[ids]
     return lev_embed(self.param_dict(), ids, self.cfg, self.base)
 
   def table(self) -> jax.Array:

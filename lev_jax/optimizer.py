@@ -12,11 +12,12 @@ Parameter groups (`param_group`), one name per parameter path:
 Options (config.optim): `clip_mode` = "global" (one norm over all parameters),
 "per_group" (each group clipped by its own norm) or "exclude_lev" (one norm over all
 but LEV; LEV by its own norm), each clipping to `clip_norm`; `lev_lr_multiplier` scales
-LEV's AdamW update (learning rate * multiplier, schedule and decoupled decay included).
-Both are built so that the optimizer state has the same structure for every option
-value (`(EmptyState(), adamw state)`, as with plain global clipping), so checkpoints
-restore across option changes; optax.multi_transform would instead nest one inner
-state per label.
+LEV's AdamW update (learning rate * multiplier, schedule and decoupled decay included);
+`lev_weight_decay` and `lev_warmup_steps` (-1: the global value) give LEV its own
+decoupled decay and warm-up (`group_adamw`). All are built so that the optimizer state
+has the same structure for every option value (`(EmptyState(), adamw state)`, as with
+plain global clipping), so checkpoints restore across option changes;
+optax.multi_transform would instead nest one inner state per label.
 
 Source: optax docs (`optax.adamw`, `optax.clip_by_global_norm`,
 `optax.warmup_cosine_decay_schedule`, `optax.GradientTransformation`); Loshchilov &
@@ -135,20 +136,24 @@ def scale_group_updates(inner: optax.GradientTransformation, multipliers: dict
   return optax.GradientTransformation(inner.init, update_fn)
 
 
-def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+def learning_rate_schedule(config: ml_collections.ConfigDict,
+                           warmup_steps: int | None = None) -> optax.Schedule:
   """The learning rate of each optimizer update: linear warm-up, then cosine decay.
 
   Update k (k = 1 .. train.steps; optax passes count = k - 1, the updates already
   applied) uses lr * k / warmup_steps for k <= warmup_steps, then a cosine from lr down
   to lr * min_lr_ratio at k = train.steps. The first update therefore trains (lr /
   warmup_steps, not 0: warm-up counted from update 1, not from a zero-lr update 0).
-  Counts are optimizer steps, not micro-batches.
+  Counts are optimizer steps, not micro-batches. `warmup_steps` (default
+  optim.warmup_steps) replaces the warm-up length: LEV's own schedule
+  (optim.lev_warmup_steps).
 
   Source: optax.warmup_cosine_decay_schedule (evaluated at count + 1).
   """
   o = config.optim
+  warmup = o.warmup_steps if warmup_steps is None else warmup_steps
   schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
+      init_value=0.0, peak_value=o.lr, warmup_steps=warmup,
       decay_steps=config.train.steps, end_value=o.lr * o.min_lr_ratio)
   return lambda count: schedule(count + 1)
 
@@ -206,6 +211,74 @@ def decay_mask(params, optim: ml_collections.ConfigDict):
                                           is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def lev_weight_decay(optim: ml_collections.ConfigDict) -> float:
+  """LEV's decoupled weight decay: optim.lev_weight_decay, or optim.weight_decay for -1."""
+  return optim.weight_decay if optim.lev_weight_decay == -1 else optim.lev_weight_decay
+
+
+def lev_warmup_steps(optim: ml_collections.ConfigDict) -> int:
+  """LEV's warm-up steps: optim.lev_warmup_steps, or optim.warmup_steps for -1."""
+  return optim.warmup_steps if optim.lev_warmup_steps == -1 else optim.lev_warmup_steps
+
+
+def add_group_decayed_weights(weight_decays: dict, default: float
+                              ) -> optax.GradientTransformation:
+  """optax.add_decayed_weights with the rate weight_decays.get(group, default) per
+  parameter group (`param_group`): update + rate * param. Stateless (EmptyState, as
+  optax's for a constant rate); wrap it in optax.masked for a decay mask."""
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params):
+    rate = lambda path: weight_decays.get(param_group(path), default)
+    return jax.tree_util.tree_map_with_path(lambda p, g, x: g + rate(p) * x, updates,
+                                            params), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def scale_by_group_schedule(schedules: dict, default: optax.Schedule
+                            ) -> optax.GradientTransformation:
+  """optax.scale_by_schedule with the schedule schedules.get(group, default) per
+  parameter group (`param_group`), all at one count. Its state is optax's
+  ScaleByScheduleState (`schedule_count` finds it)."""
+  def init_fn(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None):
+    del params
+    step_sizes = {g: fn(state.count) for g, fn in schedules.items()}
+    step_size = default(state.count)  # each schedule evaluated once, as optax does
+
+    def scale(path, g):
+      return jnp.array(step_sizes.get(param_group(path), step_size), dtype=g.dtype) * g
+    updates = jax.tree_util.tree_map_with_path(scale, updates)
+    return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def group_adamw(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """optax.adamw (scale_by_adam -> masked decay -> -learning rate), with LEV's own
+  decoupled decay rate (`lev_weight_decay`) and warm-up (`lev_warmup_steps`).
+
+  The same transformations as optax.adamw in the same chain, so the state has the same
+  structure and, with LEV's values equal to the global ones, the updates are bitwise
+  adamw's (tests/test_optimizer.py). Source: optax.adamw (optax 0.2.8).
+  """
+  o = config.optim
+  lr = learning_rate_schedule(config)
+  lev_lr = learning_rate_schedule(config, lev_warmup_steps(o))
+  decay = add_group_decayed_weights({"lev": lev_weight_decay(o)}, o.weight_decay)
+  return optax.chain(
+      optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps),
+      optax.masked(decay, lambda p: decay_mask(p, o)),
+      scale_by_group_schedule({"lev": lambda count: -lev_lr(count)},
+                              lambda count: -lr(count)))
+
+
 def make_clipping(optim: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """The clipping of `optim.clip_mode` at `optim.clip_norm` (stateless).
 
@@ -229,13 +302,18 @@ def make_clipping(optim: ml_collections.ConfigDict) -> optax.GradientTransformat
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """clipping(clip_mode, clip_norm) -> adamw(schedule, b1, b2, eps, weight_decay, mask),
-  with LEV's updates scaled by optim.lev_lr_multiplier when it is not 1.
+  with LEV's updates scaled by optim.lev_lr_multiplier when it is not 1, and LEV's own
+  decay and warm-up (`group_adamw`) when optim.lev_weight_decay / lev_warmup_steps
+  differ from the global values (else optax.adamw itself, the program of old).
 
   The state is `(EmptyState(), adamw state)` for every option value.
   """
   o = config.optim
-  adam = optax.adamw(learning_rate_schedule(config), b1=o.b1, b2=o.b2, eps=o.eps,
-                     weight_decay=o.weight_decay, mask=lambda p: decay_mask(p, o))
+  if lev_weight_decay(o) != o.weight_decay or lev_warmup_steps(o) != o.warmup_steps:
+    adam = group_adamw(config)
+  else:
+    adam = optax.adamw(learning_rate_schedule(config), b1=o.b1, b2=o.b2, eps=o.eps,
+                       weight_decay=o.weight_decay, mask=lambda p: decay_mask(p, o))
   if o.lev_lr_multiplier != 1.0:
     adam = scale_group_updates(adam, {"lev": float(o.lev_lr_multiplier)})
   return optax.chain(make_clipping(o), adam)

@@ -89,6 +89,18 @@ def test_config_differences_name_shape_and_data_fields():
       f"train.seq_len: checkpoint {c.train.seq_len * 2}, this run {c.train.seq_len}"]
 
 
+def test_lev_output_norm_is_a_shape_field_that_checkpoints_before_it_lack():
+  """lev.output_norm adds a parameter: a resume under another value is refused by name
+  (not as a damaged step); a checkpoint written before the field existed had 'none'."""
+  c = base_config()
+  saved = json.loads(json.dumps(c.to_dict()))
+  del saved["lev"]["output_norm"]
+  assert config_differences(saved, c) == []
+  c.lev.output_norm = "scale"
+  assert config_differences(saved, c) == [
+      "lev.output_norm: checkpoint 'none', this run 'scale'"]
+
+
 def test_quarantine_into_a_file_or_a_read_only_folder_is_one_error_moving_nothing(
     tmp_path, monkeypatch):
   """Issue 26.15: `checkpoints_quarantine` being a file was a FileExistsError traceback."""

@@ -20,7 +20,21 @@ def test_base_config_is_valid():
     ("model.dtype", "int8", r"config.model.dtype = 'int8'"),
     ("lev.sigmoid", "tanh", r"config.lev.sigmoid = 'tanh': expected one of 'half', 'full'"),
     ("lev.basis", "cubic", r"config.lev.basis = 'cubic'"),
-    ("lev.n_knots", 2, r"config.lev.n_knots = 2: expected at least 3"),
+    ("lev.n_knots", 2, r"config.lev.n_knots = 2: expected an integer >= 3, the spline "
+     r"order \(quadratic B-splines: each input has 3 nonzero basis functions"),
+    ("lev.n_knots", True, r"config.lev.n_knots = True: expected an integer >= 3"),
+    ("lev.output_norm", "layernorm", r"^config.lev.output_norm = 'layernorm': expected one "
+     r"of 'none', 'rmsnorm', 'scale'$"),
+    ("lev.permutation_seed", -1, r"^config.lev.permutation_seed = -1: expected an integer "
+     r">= 0$"),
+    ("lev.permutation_seed", True, r"^config.lev.permutation_seed = True: expected an "
+     r"integer >= 0$"),
+    ("lev.permutation_seed", 3, r"^config.lev.permutation_seed = 3: expected 0 without "
+     r"lev.id_permutation"),
+    ("optim.lev_weight_decay", -0.1, r"^config.optim.lev_weight_decay = -0.1: expected -1 "
+     r"\(the same as optim.weight_decay\) or a finite number >= 0$"),
+    ("optim.lev_warmup_steps", 10, r"^config.optim.lev_warmup_steps = 10: expected -1 \(the "
+     r"same as optim.warmup_steps\) or an integer in \[0, train.steps = 10\)$"),
     ("train.grad_accum_steps", 3, r"a divisor of train.global_batch_size = 4"),
     ("optim.warmup_steps", 10, r"config.optim.warmup_steps = 10: expected in \[0, train.steps = 10\)"),
     ("optim.decay_mask", "some", r"config.optim.decay_mask = 'some'"),
@@ -61,6 +75,30 @@ def test_lev_checks_apply_only_to_lev_models():
   c.model.embedding = "lev"
   with pytest.raises(ConfigError, match=r"3\*\*3 = 27 < padded vocab_size = 384"):
     validate(c)
+
+
+@pytest.mark.parametrize("embedding,field,value,match", [
+    ("tied", "id_permutation", True, r"^config.lev.id_permutation = True: expected False "
+     r"with model.embedding = 'tied', which has no LEV$"),
+    ("untied", "permutation_seed", 4, r"^config.lev.permutation_seed = 4: expected 0 "
+     r"without lev.id_permutation"),
+    ("untied", "output_norm", "rmsnorm", r"^config.lev.output_norm = 'rmsnorm': expected "
+     r"'none' with model.embedding = 'untied', which has no LEV$"),
+    ("tied", "output_norm", "norm", r"^config.lev.output_norm = 'norm': expected one of"),
+    ("lev", "out_proj_init", "match_table", r"^config.lev.out_proj_init = 'match_table': "
+     r"expected 'paper' with lev.output_norm = 'rmsnorm'"),
+])
+def test_lev_ablation_options_name_the_field_and_what_is_allowed(embedding, field, value,
+                                                                 match):
+  """LEV's ablation options are refused on a model without LEV and in combinations that
+  mean nothing; with LEV (and their partners) they validate."""
+  c = tiny_config(embedding, **({"output_norm": "rmsnorm"} if field == "out_proj_init"
+                                else {}))
+  c.lev[field] = value
+  with pytest.raises(ConfigError, match=match):
+    validate(c)
+  validate(tiny_config(id_permutation=True, permutation_seed=4, output_norm="scale",
+                       out_proj_init="match_table"))
 
 
 def test_vocab_padding_and_base():

@@ -9,7 +9,8 @@ from flax import nnx
 
 from conftest import tiny_config
 from lev_jax.config import ConfigError, lev_base, validate
-from lev_jax.lev import LEV, bspline_basis, lev_embed, lev_param_count, signed_log_product, to_digits
+from lev_jax.lev import (LEV, bspline_basis, id_permutation, lev_embed, lev_param_count,
+                         output_norm, signed_log_product, to_digits)
 
 
 @pytest.mark.parametrize("vocab,k", [(300, 3), (384, 2), (1000, 3), (50_000, 3), (200_064, 3),
@@ -118,3 +119,80 @@ def test_base_too_small_is_a_config_error_naming_both_numbers():
     LEV(384, 32, c.lev, rngs=nnx.Rngs(0))
   c.lev.base = 8  # 512 >= 384
   validate(c)
+
+
+def test_id_permutation_is_a_pinned_deterministic_bijection():
+  perm = id_permutation(384, 0)
+  np.testing.assert_array_equal(np.sort(perm), np.arange(384))
+  assert perm.dtype == np.int32 and not perm.flags.writeable
+  # Pinned: a numpy that drew another permutation would re-map a trained model's ids.
+  np.testing.assert_array_equal(perm[:8], [375, 93, 212, 36, 214, 90, 372, 334])
+  np.testing.assert_array_equal(id_permutation.__wrapped__(384, 0), perm)
+  assert (id_permutation(384, 1) != perm).any()
+
+
+def test_id_permutation_embeds_perm_of_each_id_in_every_mode_and_core():
+  """LEV with lev.id_permutation embeds id i as the plain LEV embeds perm[i], with the
+  same parameters (the permutation is none of them). It is applied in LEV.__call__,
+  before lev_embed and its core: table mode (LEV.table) and a per-id call (tokens;
+  unique calls it on its distinct ids) are the two ways in."""
+  from lev_jax.embeddings import make_embedding  # noqa: PLC0415
+
+  def graphdef(**lev):
+    c = tiny_config(**lev)
+    build = lambda: make_embedding(c.model, c.lev, rngs=nnx.Rngs(0), dtype=jnp.float32,
+                                   param_dtype=jnp.float32)
+    return nnx.split(nnx.eval_shape(build), nnx.Param)[0]
+
+  plain = graphdef(mode="tokens")
+  permuted = {(mode, impl): graphdef(mode=mode, impl=impl, unique_size=16,
+                                     id_permutation=True, permutation_seed=5)
+              for mode, impl in (("table", "fused"), ("tokens", "vectorized"))}
+  c = tiny_config()
+  _, params = nnx.split(make_embedding(c.model, c.lev, rngs=nnx.Rngs(0), dtype=jnp.float32,
+                                       param_dtype=jnp.float32), nnx.Param)
+  perm = id_permutation(384, 5)
+  ids = jnp.asarray([[0, 1, 2, 3, 4, 150, 298, 299]], jnp.int32)
+
+  @jax.jit
+  def embed(p):
+    expected = nnx.merge(plain, p).embed(jnp.asarray(perm)[ids])
+    return expected, {k: nnx.merge(g, p).embed(ids) for k, g in permuted.items()}
+
+  expected, got = embed(params)
+  for key, x in got.items():
+    np.testing.assert_allclose(np.asarray(x), np.asarray(expected), rtol=1e-5, atol=1e-6,
+                               err_msg=str(key))
+  # Neighbouring ids 0..4 shared their leading digits; permuted, they do not all.
+  assert len({int(i) // 64 for i in perm[:5]}) > 1  # b = 8, k = 3: leading digit i // 64
+
+
+def test_output_norm_rmsnorm_and_scale_values_gradients_and_count():
+  """lev.output_norm: rmsnorm = unit-RMS rows times g [D] (init 1), scale = s [] times
+  the rows (init 1); each adds one LEV parameter with a gradient of its shape; "none"
+  is the plain LEV (same draws: the new parameters take no random numbers)."""
+  levs = {n: LEV(384, 32, tiny_config(output_norm=n).lev, rngs=nnx.Rngs(0))
+          for n in ("none", "rmsnorm", "scale")}
+  assert set(levs["rmsnorm"].param_dict()) - set(levs["none"].param_dict()) == {
+      "out_norm_scale"}
+  assert set(levs["scale"].param_dict()) - set(levs["none"].param_dict()) == {"out_scale"}
+  for n, lev in levs.items():
+    real = sum(x.size for x in jax.tree.leaves(nnx.state(lev, nnx.Param)))
+    assert real == lev_param_count(384, 32, lev.cfg), n
+  ids = jnp.arange(0, 384, 7)
+  params = {n: lev.param_dict() for n, lev in levs.items()}
+  params["rmsnorm"]["out_norm_scale"] = jnp.linspace(0.5, 2.0, 32)
+  params["scale"]["out_scale"] = jnp.asarray(2.5)
+
+  embed = lambda n, p: lev_embed(p, ids, levs[n].cfg, levs[n].base)
+  # The plain rows from the same parameters: lev_embed with output_norm "none" reads
+  # none of the norm's parameters.
+  out = jax.jit(lambda p: (embed("none", p), embed("rmsnorm", p)))(params["rmsnorm"])
+  plain, normed = np.asarray(out[0]), np.asarray(out[1])
+  rms = np.sqrt((plain ** 2).mean(-1, keepdims=True) + 1e-5)
+  np.testing.assert_allclose(normed, plain / rms * np.linspace(0.5, 2.0, 32), rtol=1e-5)
+  np.testing.assert_array_equal(output_norm(params["scale"], plain, levs["scale"].cfg),
+                                2.5 * plain)
+  for n, name, shape in (("rmsnorm", "out_norm_scale", (32,)), ("scale", "out_scale", ())):
+    grads = jax.eval_shape(jax.grad(lambda p, n=n: embed(n, p).sum()), params[n])
+    assert grads[name].shape == shape

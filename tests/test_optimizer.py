@@ -10,8 +10,9 @@ from flax import nnx
 
 from conftest import tiny_config
 from lev_jax.lev import LEV
-from lev_jax.optimizer import (decay_mask, group_diagnostics, learning_rate_schedule,
-                               make_clipping, make_optimizer, param_group)
+from lev_jax.optimizer import (decay_mask, group_adamw, group_diagnostics,
+                               learning_rate_schedule, make_clipping, make_optimizer,
+                               param_group, schedule_count)
 from lev_jax.train import abstract_model, create_model, partition
 
 
@@ -147,10 +148,10 @@ def _groups(tree):
   return {g: np.concatenate(v) for g, v in parts.items()}
 
 
-def _options(clip_mode="global", lev_lr_multiplier=1.0, clip_norm=1.0):
+def _options(clip_mode="global", lev_lr_multiplier=1.0, clip_norm=1.0, **optim):
   c = tiny_config()
-  c.optim.update(clip_mode=clip_mode, lev_lr_multiplier=lev_lr_multiplier,
-                 clip_norm=clip_norm, warmup_steps=0)
+  c.optim.update({"clip_mode": clip_mode, "lev_lr_multiplier": lev_lr_multiplier,
+                  "clip_norm": clip_norm, "warmup_steps": 0, **optim})
   return c
 
 
@@ -239,9 +240,11 @@ def test_opt_state_structure_is_the_same_for_every_option():
   default = jax.eval_shape(make_optimizer(_options()).init, _toy_params())
   for mode in ("global", "per_group", "exclude_lev"):
     for mult in (1.0, 0.0, 3.0):
-      tx = make_optimizer(_options(mode, mult))
-      state = jax.eval_shape(tx.init, _toy_params())
-      assert jax.tree.structure(state) == jax.tree.structure(default), (mode, mult)
+      for lev in ({}, {"lev_weight_decay": 0.0}, {"lev_warmup_steps": 5}):
+        tx = make_optimizer(_options(mode, mult, **lev))
+        state = jax.eval_shape(tx.init, _toy_params())
+        assert jax.tree.structure(state) == jax.tree.structure(default), (mode, mult, lev)
+        assert schedule_count(state).shape == ()
   c = tiny_config("lev")
   c.optim.update(clip_mode="exclude_lev", lev_lr_multiplier=2.0)
   shardings = partition(c).state_sharding["opt_state"]
@@ -269,3 +272,48 @@ def test_match_table_init_scales_lev_output_to_the_table_std():
       np.testing.assert_array_equal(p[name], m[name])
   ratio = np.asarray(m["out_proj"] / p["out_proj"])
   np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-5)
+
+
+def test_group_adamw_with_levs_values_equal_to_the_global_ones_is_bitwise_adamw():
+  """The chain behind lev_weight_decay / lev_warmup_steps, given LEV the global values,
+  makes optax.adamw's updates bit for bit over warm-up steps with decay."""
+  c = _options(warmup_steps=2, weight_decay=0.1)
+  adamw = optax.adamw(learning_rate_schedule(c), b1=c.optim.b1, b2=c.optim.b2,
+                      eps=c.optim.eps, weight_decay=0.1,
+                      mask=lambda p: decay_mask(p, c.optim))
+  params = _toy_params()
+  grads = [jax.tree.map(lambda x, i=i: jnp.sin(x * (i + 1)), params) for i in range(3)]
+
+  def run(tx):  # one program per optimizer: XLA may round a shared program's ops apart
+    def steps():
+      state, ups = tx.init(params), []
+      for g in grads:
+        u, state = tx.update(g, state, params)
+        ups.append(u)
+      return ups
+    return jax.jit(steps)()
+
+  ours, theirs = run(group_adamw(c)), run(adamw)
+  for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_lev_weight_decay_and_lev_warmup_steps_change_only_levs_updates():
+  lr = float(learning_rate_schedule(_options())(0))
+  zero = jax.tree.map(jnp.zeros_like, _toy_params())  # the update is then the decay alone
+  base = _groups(_first_update(_options(weight_decay=0.1), zero))
+  decayed = _first_update(_options(weight_decay=0.1, lev_weight_decay=0.5), zero)
+  np.testing.assert_allclose(decayed["embedding"]["lev"]["codebooks"],
+                             -lr * 0.5 * _toy_params()["embedding"]["lev"]["codebooks"],
+                             rtol=1e-6)
+  assert float(np.abs(decayed["embedding"]["lev"]["ln_scale"]).max()) == 0.0  # no_decay
+  grads = jax.tree.map(lambda x: 0.01 * jnp.ones_like(x), _toy_params())
+  warm = _first_update(_options(lev_warmup_steps=4), grads)
+  plain = _groups(_first_update(_options(), grads))
+  # Update 1 of a 4-step warm-up runs at lr / 4; the rest at the full rate (no warm-up).
+  lev_lr = float(learning_rate_schedule(_options(), 4)(0))
+  assert lev_lr == pytest.approx(_options().optim.lr / 4) and lr > 3 * lev_lr
+  np.testing.assert_allclose(_groups(warm)["lev"], plain["lev"] * lev_lr / lr, rtol=1e-6)
+  for g in ("head", "backbone"):
+    np.testing.assert_array_equal(_groups(decayed)[g], base[g])
+    np.testing.assert_array_equal(_groups(warm)[g], plain[g])
