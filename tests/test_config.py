@@ -62,6 +62,24 @@ def test_bad_values_name_field_and_expectation(field, value, match):
     validate(c)
 
 
+@pytest.mark.parametrize("field,value,match", [
+    ("cache_dir", "", r"^config.data.cache_dir = '': expected a folder for the data cache"),
+    ("cache_dir", "  ", r"^config.data.cache_dir = '  '"),
+    ("sentencepiece_file", " ", r"^config.data.sentencepiece_file = ' ': expected a path, "
+     r"or '' \(unset\)$"),
+    ("tiktoken_file", "\t", r"^config.data.tiktoken_file = '\\t'"),
+    ("prepared_dir", " ", r"^config.data.prepared_dir = ' '"),
+    ("test_files", ("",), r"^config.data.test_files = \('',\): expected no empty path$"),
+])
+def test_an_empty_data_path_is_refused(field, value, match):
+  c = tiny_config()
+  c.data.source = "prepared"  # where test_files are allowed
+  c.data.prepared_dir = "/data/prepared"
+  c.data[field] = value
+  with pytest.raises(ConfigError, match=match):
+    validate(c)
+
+
 def test_jsonl_source_needs_files():
   c = tiny_config()
   c.data.source = "jsonl"
