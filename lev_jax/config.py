@@ -579,7 +579,8 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if not 0 <= c.optim.min_lr_ratio <= 1:
     _fail("optim.min_lr_ratio", c.optim.min_lr_ratio, "a number in [0, 1]")
   if c.optim.warmup_steps < 0 or c.optim.warmup_steps >= t.steps:
-    _fail("optim.warmup_steps", c.optim.warmup_steps, f"in [0, train.steps = {t.steps})")
+    _fail("optim.warmup_steps", c.optim.warmup_steps, f"in [0, train.steps = {t.steps}); "
+          "lower it with --config.optim.warmup_steps=N (or raise train.steps)")
   if not c.optim.weight_decay >= 0:
     _fail("optim.weight_decay", c.optim.weight_decay, "a number >= 0")
   _check_lev_optim(c.optim, t.steps)

@@ -36,7 +36,9 @@ def test_base_config_is_valid():
     ("optim.lev_warmup_steps", 10, r"^config.optim.lev_warmup_steps = 10: expected -1 \(the "
      r"same as optim.warmup_steps\) or an integer in \[0, train.steps = 10\)$"),
     ("train.grad_accum_steps", 3, r"a divisor of train.global_batch_size = 4"),
-    ("optim.warmup_steps", 10, r"config.optim.warmup_steps = 10: expected in \[0, train.steps = 10\)"),
+    ("optim.warmup_steps", 10, r"^config.optim.warmup_steps = 10: expected in \[0, "
+     r"train.steps = 10\); lower it with --config.optim.warmup_steps=N \(or raise "
+     r"train.steps\)$"),
     ("optim.decay_mask", "some", r"config.optim.decay_mask = 'some'"),
     ("optim.clip_mode", "layer", r"config.optim.clip_mode = 'layer': expected one of "
      r"'global', 'per_group', 'exclude_lev'"),
