@@ -478,6 +478,20 @@ def _check_profile_steps(t) -> None:
           f"first + count <= train.steps = {t.steps} (the trace ends at step first + count)")
 
 
+def _check_data_paths(d) -> None:
+  """Refuses an empty folder for the data cache and a blank file where "" means unset."""
+  if not str(d.cache_dir).strip():  # "" would write the cache into the current folder
+    _fail("data.cache_dir", d.cache_dir, "a folder for the data cache (default "
+          "'~/.cache/lev_jax'); empty would write it into the current folder")
+  for field in ("tiktoken_file", "sentencepiece_file", "prepared_dir"):
+    v = d[field]
+    if v and not v.strip():  # "" is the documented "unset"; only spaces is a typo
+      _fail(f"data.{field}", v, "a path, or '' (unset)")
+  for field in ("train_files", "validation_files", "test_files"):
+    if any(not str(p).strip() for p in d[field]):
+      _fail(f"data.{field}", tuple(d[field]), "no empty path")
+
+
 def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every field once; returns the config unchanged.
 
@@ -565,7 +579,8 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if not 0 <= c.optim.min_lr_ratio <= 1:
     _fail("optim.min_lr_ratio", c.optim.min_lr_ratio, "a number in [0, 1]")
   if c.optim.warmup_steps < 0 or c.optim.warmup_steps >= t.steps:
-    _fail("optim.warmup_steps", c.optim.warmup_steps, f"in [0, train.steps = {t.steps})")
+    _fail("optim.warmup_steps", c.optim.warmup_steps, f"in [0, train.steps = {t.steps}); "
+          "lower it with --config.optim.warmup_steps=N (or raise train.steps)")
   if not c.optim.weight_decay >= 0:
     _fail("optim.weight_decay", c.optim.weight_decay, "a number >= 0")
   _check_lev_optim(c.optim, t.steps)
@@ -595,7 +610,8 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("data.validation_files", tuple(c.data.validation_files),
           "at least one Pile-format file when data.source = 'jsonl_stream' (a stream "
           "has no hold-out)")
-  if c.data.source == "prepared" and not c.data.prepared_dir:
+  _check_data_paths(c.data)
+  if c.data.source == "prepared" and not c.data.prepared_dir.strip():
     _fail("data.prepared_dir", c.data.prepared_dir,
           "the folder written by lev-prepare-data when data.source = 'prepared'")
   if not isinstance(c.data.worker_processes, int) or c.data.worker_processes < 0:

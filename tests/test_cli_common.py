@@ -171,6 +171,20 @@ def test_help_into_a_closed_pipe_ends_quietly(prog, helps):
   assert (code, err) == (141, ""), err[-2000:]
 
 
+def test_folder_output_error_names_a_file_or_an_unwritable_ancestor(tmp_path, monkeypatch):
+  from lev_jax.cli import common
+  (tmp_path / "f").write_text("")
+  assert common.folder_output_error("--report_dir", str(tmp_path / "f")) == (
+      f"--report_dir={tmp_path / 'f'}: is a file; expected a folder")
+  assert common.folder_output_error("--report_dir", str(tmp_path / "f" / "r")) == (
+      f"--report_dir={tmp_path / 'f' / 'r'}: cannot write in {tmp_path / 'f'}; expected a "
+      "folder you can write to")
+  assert common.folder_output_error("--report_dir", str(tmp_path / "new" / "r")) is None
+  assert common.folder_output_error("--report_dir", "gs://b/r") is None
+  monkeypatch.setattr(common.os, "access", lambda path, mode: False)  # read-only (CI: root)
+  assert "cannot write in" in common.folder_output_error("--x", str(tmp_path / "new"))
+
+
 def test_define_path_refuses_an_empty_or_blank_value(capsys):
   from absl import flags
   from lev_jax.cli import common

@@ -36,7 +36,9 @@ def test_base_config_is_valid():
     ("optim.lev_warmup_steps", 10, r"^config.optim.lev_warmup_steps = 10: expected -1 \(the "
      r"same as optim.warmup_steps\) or an integer in \[0, train.steps = 10\)$"),
     ("train.grad_accum_steps", 3, r"a divisor of train.global_batch_size = 4"),
-    ("optim.warmup_steps", 10, r"config.optim.warmup_steps = 10: expected in \[0, train.steps = 10\)"),
+    ("optim.warmup_steps", 10, r"^config.optim.warmup_steps = 10: expected in \[0, "
+     r"train.steps = 10\); lower it with --config.optim.warmup_steps=N \(or raise "
+     r"train.steps\)$"),
     ("optim.decay_mask", "some", r"config.optim.decay_mask = 'some'"),
     ("optim.clip_mode", "layer", r"config.optim.clip_mode = 'layer': expected one of "
      r"'global', 'per_group', 'exclude_lev'"),
@@ -58,6 +60,24 @@ def test_bad_values_name_field_and_expectation(field, value, match):
   c = tiny_config()
   section, name = field.split(".")
   c[section][name] = value
+  with pytest.raises(ConfigError, match=match):
+    validate(c)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("cache_dir", "", r"^config.data.cache_dir = '': expected a folder for the data cache"),
+    ("cache_dir", "  ", r"^config.data.cache_dir = '  '"),
+    ("sentencepiece_file", " ", r"^config.data.sentencepiece_file = ' ': expected a path, "
+     r"or '' \(unset\)$"),
+    ("tiktoken_file", "\t", r"^config.data.tiktoken_file = '\\t'"),
+    ("prepared_dir", " ", r"^config.data.prepared_dir = ' '"),
+    ("test_files", ("",), r"^config.data.test_files = \('',\): expected no empty path$"),
+])
+def test_an_empty_data_path_is_refused(field, value, match):
+  c = tiny_config()
+  c.data.source = "prepared"  # where test_files are allowed
+  c.data.prepared_dir = "/data/prepared"
+  c.data[field] = value
   with pytest.raises(ConfigError, match=match):
     validate(c)
 

@@ -87,6 +87,19 @@ def test_the_split_is_disjoint_and_cached_once(tmp_path, docs):
     embedded.write_embedded_corpus(tmp_path, 1.5)
 
 
+@pytest.mark.parametrize("validation,test,match", [
+    (1e-9, 0.0, r"^validation_fraction = 1e-09 leaves the validation split of .* empty; "
+     r"expected a larger share$"),
+    (0.05, 1e-9, r"^test_fraction = 1e-09 leaves the test split of .* empty"),
+])
+def test_a_fraction_that_empties_a_split_is_refused_before_anything_is_written(
+    tmp_path, validation, test, match):
+  with pytest.raises(DataError, match=match):
+    embedded.write_embedded_corpus(tmp_path / "cache", validation, test)
+  assert not (tmp_path / "cache").exists() or test  # nothing written for the refusal
+  assert not list((tmp_path / "cache").glob("*-test*"))
+
+
 @pytest.mark.parametrize("damage", ["truncate", "edit", "delete"])
 def test_a_damaged_cached_split_is_named_and_written_again(tmp_path, damage, caplog):
   """The cache is checked against the corpus at every load: a truncated train.jsonl

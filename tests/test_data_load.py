@@ -84,6 +84,20 @@ def test_errors_name_the_config_field(tmp_path):
     data.load(c)
 
 
+@pytest.mark.parametrize("source,field", [("jsonl", "validation_files"),
+                                          ("jsonl_stream", "validation_files"),
+                                          ("jsonl", "test_files")])
+def test_a_training_folder_holding_a_held_out_file_is_refused(tmp_path, source, field):
+  _write(tmp_path / "train.jsonl", _docs(10))
+  _write(tmp_path / "val.jsonl", _docs(10, 500))
+  c = _config(tmp_path, source=source, train_files=(str(tmp_path),),
+              **{field: (str(tmp_path / "." / "val.jsonl"),)})
+  with pytest.raises(data.DataError, match=rf"^config.data.{field}: .*/val.jsonl is also "
+                     "matched by config.data.train_files; a file belongs to one split only"):
+    data.load(c)
+  assert not (tmp_path / "cache").exists()
+
+
 def test_embedded_source_at_the_default_vocab(tmp_path):
   c = _config(tmp_path)
   c.model.vocab_size = 2048

@@ -388,6 +388,14 @@ def test_cli_refuses_a_folder_another_preparation_is_writing(tmp_path, pile, cap
   assert err.startswith(f"lev-prepare-data: error: {busy} is in use by lev-prepare-data "
                         f"(pid {os.getpid()}, host "), err
   assert not busy.exists() and not (tmp_path / ".busy.lock").exists()
+  def read_only(path, *_):  # /proc/x: the lock file beside the folder cannot be created
+    raise PermissionError(13, "Permission denied", path)
+  monkeypatch.setattr(lock, "_open", read_only)
+  args = [a for a in args if not a.startswith("--output_dir")]
+  status, _, err = _cli([*args, f"--config.data.prepared_dir={busy}"], capsys, monkeypatch)
+  assert status == 2 and err.strip() == (
+      f"lev-prepare-data: error: config.data.prepared_dir={busy}: cannot write in "
+      f"{tmp_path} (Permission denied); expected a folder you can write to")
 
 
 def test_each_file_s_skipped_lines_are_logged_once(tmp_path, pile, caplog):

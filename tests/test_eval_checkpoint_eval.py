@@ -110,6 +110,22 @@ def test_an_unwritable_output_folder_is_one_line(tmp_path, monkeypatch, capsys):
       f"{tmp_path / 'run'} is not writable; pass --output=PATH in a writable folder")
 
 
+@pytest.mark.parametrize("output,expected", [
+    ("{tmp}", "--output={tmp}: is a folder; expected the result file's path, e.g. "
+     "{tmp}/lev_eval.json"),
+    ("{tmp}/x/e.json", "--output={tmp}/x/e.json: folder {tmp}/x does not exist; expected "
+     "a file in an existing folder you can write to"),
+])
+def test_an_output_that_cannot_be_a_file_is_one_line(tmp_path, capsys, output, expected):
+  """Before evaluating: a folder or a missing folder as --output (no traceback after)."""
+  (tmp_path / "run").mkdir()
+  with pytest.raises(SystemExit) as e:
+    eval_cli._check_output_writable(output.format(tmp=tmp_path), str(tmp_path / "run"))
+  assert e.value.code == 2
+  assert capsys.readouterr().err.strip() == "lev-eval: error: " + expected.format(
+      tmp=tmp_path)
+
+
 def test_a_checkpoint_that_is_a_file_is_named_as_such(tmp_path, capsys):
   (tmp_path / "afile").write_text("x")
   with pytest.raises(SystemExit) as e:

@@ -319,6 +319,11 @@ def test_a_missing_ladder_file_is_named_before_the_root(tmp_path):
     ladder_cli.load_inputs(smoke, str(tmp_path / "no_root"), run=False, report_dir=None)
   assert ladder_cli.load_inputs(smoke, str(tmp_path / "no_root"), run=True,
                                 report_dir=None).RUNGS
+  (tmp_path / "afile").write_text("")  # before hours of training, not after
+  with pytest.raises(ValueError, match=r"^--report_dir=.*afile: is a file; expected a "
+                     "folder$"):
+    ladder_cli.load_inputs(smoke, str(tmp_path / "no_root"), run=True,
+                           report_dir=str(tmp_path / "afile"))
 
 
 def test_the_summary_says_n_a_for_an_infinite_effective_size():

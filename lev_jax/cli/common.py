@@ -62,6 +62,42 @@ def empty_message(name: str, what: str) -> str:
   return f"--{name} is empty (an unset shell variable?); expected {what}"
 
 
+def output_path_error(name: str, output: str, error: OSError) -> str | None:
+  """`NAME=OUTPUT: cannot write in PARENT (reason); ...` for an OSError on the output
+  path OUTPUT (given as flag or config field NAME, e.g. "--output"), inside it, or on a
+  hidden file beside it (its lock file, a temporary folder): internal names are not the
+  user's to know. None for another path, or a remote OUTPUT."""
+  if not error.filename or "://" in output:
+    return None
+  out = os.path.abspath(os.path.expanduser(output))
+  parent, base = os.path.split(out)
+  path = os.path.abspath(os.fsdecode(error.filename))
+  beside = os.path.dirname(path) == parent and os.path.basename(path).startswith(f".{base}")
+  if not (path == out or path.startswith(out + os.sep) or beside):
+    return None
+  return (f"{name}={output}: cannot write in {parent} ({error.strerror or error}); "
+          "expected a folder you can write to")
+
+
+def folder_output_error(flag: str, path: str) -> str | None:
+  """The one line when the local folder `path` (of flag `flag`, e.g. "--report_dir") can
+  be neither used nor created: a file is there, or its nearest existing ancestor is not
+  a folder this process can write. None when it can be written, or for a remote URL
+  (left to the write). Checked before the long work whose result goes there."""
+  if "://" in path:
+    return None
+  folder = os.path.abspath(os.path.expanduser(path))
+  if os.path.exists(folder) and not os.path.isdir(folder):
+    return f"{flag}={path}: is a file; expected a folder"
+  ancestor = folder
+  while not os.path.exists(ancestor):
+    ancestor = os.path.dirname(ancestor)
+  if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK | os.X_OK):
+    return (f"{flag}={path}: cannot write in {ancestor}; expected a folder you can "
+            "write to")
+  return None
+
+
 # absl's prefix of a validator's message, "flag --NAME=VALUE: ", when the message itself
 # starts with --NAME (define_path's, whose VALUE is blank).
 _REPEATED_FLAG = re.compile(r"^flag (--[\w.]+)=\s*: (?=\1 )")

@@ -111,17 +111,26 @@ def _pm(value: float, stderr: float | None) -> str:
 
 
 def _check_output_writable(output: str | None, checkpoint: str) -> None:
-  """One line, before any evaluation, when the result file's folder cannot be written
-  (e.g. a read-only checkpoint folder: --output elsewhere)."""
+  """One line, before any evaluation, when the result file cannot be written: a folder
+  given as --output, a missing --output folder (e.g. a typo), or a folder that cannot
+  be written (e.g. a read-only checkpoint folder: --output elsewhere)."""
   if "://" not in checkpoint and os.path.exists(checkpoint) and not os.path.isdir(checkpoint):
     common.fail(PROG, f"--checkpoint={checkpoint}: is a file, not a folder (expected a "
              "lev-train workdir or a lev-export folder)")
   path = epath.Path(output or os.path.join(checkpoint, LEV_EVAL_JSON))
   folder = path.parent
-  if "://" in str(folder) or not folder.exists():
-    return  # a missing checkpoint folder is reported by the load, naming it
+  flag = f"--output={output}" if output else f"--output (default {path})"
+  if "://" in str(folder):
+    return
+  if path.is_dir():
+    common.fail(PROG, f"{flag}: is a folder; expected the result file's path, e.g. "
+                f"{path / LEV_EVAL_JSON}")
+  if not folder.exists():
+    if output:  # a missing checkpoint folder is reported by the load, naming it
+      common.fail(PROG, f"{flag}: folder {folder} does not exist; expected a file in an "
+                  "existing folder you can write to")
+    return
   if not os.access(folder, os.W_OK | os.X_OK):
-    flag = "--output" if output else f"--output (default {path})"
     common.fail(PROG, f"{flag}: {folder} is not writable; pass --output=PATH in a writable "
              "folder")
 

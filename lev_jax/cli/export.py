@@ -88,16 +88,7 @@ def output_error(output: str, error: OSError) -> str | None:
   """`--output=OUTPUT: cannot write in PARENT (reason)` for an OSError on OUTPUT, inside
   it, or on a hidden file beside it (the export's lock, its temporary folder): internal
   names are not the user's to know. None for another path (e.g. the checkpoint's)."""
-  if not error.filename or "://" in output:
-    return None
-  out = os.path.abspath(os.path.expanduser(output))
-  parent, name = os.path.split(out)
-  path = os.path.abspath(os.fsdecode(error.filename))
-  beside = os.path.dirname(path) == parent and os.path.basename(path).startswith(f".{name}")
-  if not (path == out or path.startswith(out + os.sep) or beside):
-    return None
-  return (f"--output={output}: cannot write in {parent} ({error.strerror or error}); "
-          "expected a folder you can write to")
+  return common.output_path_error("--output", output, error)
 
 
 def _folder_bytes(path) -> int:

@@ -188,7 +188,8 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
   Raises:
     LadderError: the ladder file is missing or not a ladder (runs.load_ladder).
     ValueError: a remote --root without a local --report_dir; without --run, a --root
-      that is not a folder.
+      that is not a folder; a --report_dir that is a file or cannot be created
+      (`common.folder_output_error`).
   """
   from lev_jax.ladder import runs as ladder_lib  # pylint: disable=import-outside-toplevel
   module = ladder_lib.load_ladder(ladder)
@@ -196,6 +197,10 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
     raise ValueError(f"--root={root} is remote: give a local --report_dir for the report")
   if not run and "://" not in root and not Path(root).is_dir():
     raise ValueError(f"--root={root}: no such folder (add --run to train the rungs there)")
+  problem = common.folder_output_error(  # before the rungs train for hours
+      "--report_dir", report_dir or str(Path(root) / REPORT))
+  if problem:
+    raise ValueError(problem)
   return module
 
 

@@ -88,7 +88,12 @@ def main(argv):
     with lock:
       report = prepare(config, output_dir=flags.FLAGS.output_dir,
                        workers=flags.FLAGS.workers, overwrite=flags.FLAGS.overwrite)
-  except (ConfigError, DataError, workdir_lock.WorkdirLockError) as e:
+  except workdir_lock.WorkdirLockError as e:  # the lock file beside the folder: name it
+    cause = e.__cause__ if isinstance(e.__cause__, OSError) else None
+    name = "--output_dir" if flags.FLAGS.output_dir else "config.data.prepared_dir"
+    common.fail(PROG, (cause and common.output_path_error(name, output_dir, cause))
+                or str(e))
+  except (ConfigError, DataError) as e:
     common.fail(PROG, str(e))
   logging.info("%s: report %s/report.json", PROG, report["output_dir"])
   print(summary(report))

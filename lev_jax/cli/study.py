@@ -202,6 +202,11 @@ def main(argv):
     common.fail(PROG, f"--root={f.root}: is a file; expected a folder (one workdir per run)")
   if not f.run and not root.is_dir():
     common.fail(PROG, f"--root={f.root}: no such folder (add --run to train the runs there)")
+  report_dir = f.report_dir or str(root / REPORT)
+  problem = common.folder_output_error(  # before the runs train and evaluate
+      "--report_dir", report_dir)
+  if problem:
+    common.fail(PROG, problem)
   try:
     train_flags = ladder_cli._split("train_flags", f.train_flags)
     analysis, paths, failed = run_study(

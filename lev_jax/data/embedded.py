@@ -174,10 +174,26 @@ def write_embedded_corpus(cache_dir, validation_fraction: float, test_fraction: 
   for doc in embedded_documents(corpus=corpus):
     split = "validation" if is_validation(doc["text"], validation_fraction) else "train"
     records[split].append(json.dumps(doc, ensure_ascii=False) + "\n")
+  _check_not_empty(records, "validation", "validation_fraction", validation_fraction,
+                   spec.label)
+  _check_not_empty(records, "train", "validation_fraction", validation_fraction,
+                   spec.label)
   if _write_changed(paths, records, spec.label):
     logging.info("Wrote %s to %s (%d train, %d validation documents).", spec.label,
                  folder, len(records["train"]), len(records["validation"]))
   return paths
+
+
+def _check_not_empty(records: dict[str, list[str]], split: str, field: str,
+                     fraction: float, label: str) -> None:
+  """DataError naming the fraction when it leaves `split` without documents (checked
+  before any file is written, so a refused split leaves no cache folder behind)."""
+  if records[split]:
+    return
+  total = sum(len(lines) for lines in records.values())
+  raise DataError(f"{field} = {fraction!r} leaves the {split} split of {label} ({total:,} "
+                  f"documents) empty; expected a {'larger' if split != 'train' else 'smaller'}"
+                  " share")
 
 
 def _write_changed(paths: dict[str, epath.Path], records: dict[str, list[str]],
@@ -219,6 +235,8 @@ def _write_test_split(two_way: epath.Path, validation_fraction: float,
   for line in base["train"].read_text().splitlines(keepends=True):
     text = json.loads(line)["text"]
     records[split_of(text, validation_fraction, test_fraction)].append(line)
+  _check_not_empty(records, "test", "test_fraction", test_fraction, label)
+  _check_not_empty(records, "train", "test_fraction", test_fraction, label)
   if not _write_changed(paths, records, label):
     return paths
   logging.info("Held out %d of %s's %d training documents as a test split in %s.",

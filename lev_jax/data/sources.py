@@ -43,7 +43,7 @@ import numpy as np
 
 from lev_jax.config import ConfigError
 from lev_jax.data.bundle import DataBundle
-from lev_jax.data.corpus import read_documents
+from lev_jax.data.corpus import expand_files, read_documents
 from lev_jax.data.embedded import DEFAULT_CORPUS, write_embedded_corpus
 from lev_jax.data.errors import DataError
 from lev_jax.data.files import npy_bytes, read_npy, write_bytes_atomic
@@ -112,6 +112,24 @@ def _check_not_empty(train_docs, validation_docs, d) -> None:
                f"{len(train_docs)} training documents selected none; set "
                "config.data.validation_files or raise data.validation_fraction")
     raise DataError(f"the validation split has no documents: {where}")
+
+
+def _check_disjoint(d: ml_collections.ConfigDict) -> None:
+  """DataError when a file that data.train_files resolves to (a folder, a glob) is also
+  a validation or test file: training would see the held-out documents. Patterns that
+  name no file are left to the readers, which report them with their field."""
+  def files(field):
+    try:
+      return {os.path.normpath(os.fspath(p))
+              for p in expand_files(list(d[field]), warn=False)} if d[field] else set()
+    except DataError:
+      return set()
+  train = files("train_files")
+  for field in ("validation_files", "test_files"):
+    shared = sorted(train & files(field))
+    if shared:
+      raise DataError(f"config.data.{field}: {shared[0]} is also matched by "
+                      "config.data.train_files; a file belongs to one split only")
 
 
 @contextlib.contextmanager
@@ -259,12 +277,15 @@ def load(config: ml_collections.ConfigDict) -> DataBundle:
   Raises:
     DataError: missing or bad files (named, with ``config.data.<field>``); an unknown,
       missing or damaged ``data.corpus`` (one line naming the field or file); an empty
-      training or validation split, an unfinished or mismatched prepared dataset, a
+      training or validation split, a file in both data.train_files and
+      validation_files (or test_files), an unfinished or mismatched prepared dataset, a
       vocab_size the tokenizer does not have, or a ``data.cache_dir`` that cannot be
       written (named, with the OS reason).
   """
   d = config.data
   report = {"source": d.source, "validation": None, "corpus_paths": None}
+  if d.source in ("jsonl", "jsonl_stream"):
+    _check_disjoint(d)
   if d.source in ("embedded", "jsonl"):
     return _in_memory(config, report)
   if d.source == "jsonl_stream":
