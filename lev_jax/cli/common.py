@@ -3,8 +3,9 @@ line, quiet logs.
 
 Errors a user can fix (a bad flag, config file, variant or value) end the program with
 `<prog>: error: <one line>` on stderr and exit status 2, never a traceback. Ctrl-C
-ends it with `<prog>: interrupted (Ctrl-C) ...` and exit status 130 (`run`). Every flag
-naming a file or folder is defined with `define_path`, which refuses an empty value.
+ends it with `<prog>: interrupted (Ctrl-C) ...` and exit status 130 (`run`; while it
+starts, and how it exits: lev_jax.cli.interrupt). Every flag naming a file or folder is
+defined with `define_path`, which refuses an empty value.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from lev_jax.cli import interrupt
+
 # The flags `define_path` defines belong to the command calling it (its --help lists
 # them), not to this module.
 flags.disclaim_key_flags()
 
-# 128 + SIGINT: the shell's status for a command ended by Ctrl-C.
-INTERRUPTED_EXIT = 130
+INTERRUPTED_EXIT = interrupt.INTERRUPTED_EXIT  # 130: 128 + SIGINT, as a shell reports Ctrl-C
 # 128 + SIGPIPE: the shell's status for a command whose reader went away (`| head`).
 CLOSED_PIPE_EXIT = 141
 
@@ -110,7 +112,10 @@ def run(prog: str, main, module: str,
   A KeyboardInterrupt that reaches here (Python's default SIGINT handler raises it)
   prints `<prog>: <interrupted>` on stderr and exits with INTERRUPTED_EXIT (130), never
   a traceback; `finally` blocks and `with` exits (locks, temporary files) ran on the
-  way out. Commands that save work on Ctrl-C (lev-train) handle SIGINT themselves.
+  way out, then the atexit functions; the process ends without the interpreter's
+  finalisation, which an XLA compile left running by the Ctrl-C would crash
+  (interrupt.exit_now). Commands that save work on Ctrl-C (lev-train) handle SIGINT
+  themselves.
   Output into a pipe whose reader has gone (`lev-eval --help | head`) ends the command
   quietly with CLOSED_PIPE_EXIT (141, as a shell reports a command killed by SIGPIPE),
   never a BrokenPipeError traceback (`ending_closed_pipe_quietly`).
@@ -121,12 +126,13 @@ def run(prog: str, main, module: str,
     module: the command's module (for --help), e.g. "lev_jax.cli.eval".
     interrupted: the rest of the line, e.g. what was kept.
   """
+  interrupt.started()
   try:
     with ending_closed_pipe_quietly():
       app.run(main, flags_parser=flags_parser(prog, module))
   except KeyboardInterrupt:
     print(f"{prog}: {interrupted}", file=sys.stderr)
-    sys.exit(INTERRUPTED_EXIT)
+    interrupt.exit_now(INTERRUPTED_EXIT)
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from lev_jax.cli import interrupt
 from lev_jax.eval.lm_eval_adapter import MODEL_NAME  # registers the "lev_jax" model
 
 try:  # the dataset builders that read local files (json, csv, parquet, ...)
@@ -201,10 +202,16 @@ def run(argv: Sequence[str] | None = None) -> None:
       subcommands pass through; no arguments, -h or --help print `usage()`
       (lm-eval's own: `run --help`).
   Output into a closed pipe (`lev-lm-eval --help | head -1`) ends quietly, exit 141.
+  Ctrl-C ends it with one line, exit 130 (lev_jax.cli.interrupt), never a traceback.
   """
   from lev_jax.cli.common import ending_closed_pipe_quietly  # pylint: disable=import-outside-toplevel
-  with ending_closed_pipe_quietly():
-    _run(list(sys.argv[1:] if argv is None else argv))
+  interrupt.started()
+  try:
+    with ending_closed_pipe_quietly():
+      _run(list(sys.argv[1:] if argv is None else argv))
+  except KeyboardInterrupt:
+    print("lev-lm-eval: interrupted (Ctrl-C); stopped", file=sys.stderr)
+    interrupt.exit_now(interrupt.INTERRUPTED_EXIT)
 
 
 def _run(argv: list[str]) -> None:
