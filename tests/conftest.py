@@ -38,7 +38,8 @@ from lev_jax.config import base_config
 # pytest-xdist hands them out at the start and the short tests fill in around them,
 # rather than one of them starting last and running alone at the end.
 SLOW_FILES_FIRST = ("test_portable.py", "test_multiprocess.py",
-                    "test_launch_slurm_cluster.py", "test_sharding.py", "test_aot.py")
+                    "test_launch_slurm_cluster.py", "test_sharding.py", "test_aot.py",
+                    "test_cli_train.py", "test_cli_compile.py", "test_trainer.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -64,16 +64,6 @@ def main(argv):
 common.run("lev-probe", main, "lev_jax.cli.params")
 """
 
-# lev-lm-eval has no absl main: its own `run` ends a Ctrl-C.
-IN_LM_EVAL = """import os, signal, time
-from lev_jax.cli import lm_eval
-def interrupted(argv):
-  os.kill(os.getpid(), signal.SIGINT)
-  time.sleep(3)
-lm_eval._run = interrupted
-lm_eval.run([])
-"""
-
 
 def probe(tmp_path, code, *args, timeout=60):
   script = tmp_path / "lev-probe"
@@ -108,14 +98,6 @@ def test_ctrl_c_during_a_compile_exits_130_without_a_crash(tmp_path):
       proc.stderr[-3000:])
   assert "Fatal Python error" not in proc.stderr
 
-
-
-def test_ctrl_c_in_lev_lm_eval_is_one_line_and_exit_130(tmp_path):
-  proc = probe(tmp_path, IN_LM_EVAL)
-  assert (proc.returncode, proc.stdout) == (130, ""), proc.stderr[-3000:]
-  assert proc.stderr.splitlines()[-1:] == ["lev-lm-eval: interrupted (Ctrl-C); stopped"], (
-      proc.stderr[-3000:])
-  assert "Traceback" not in proc.stderr
 
 
 def test_prog_is_the_console_script_or_the_command_module():

@@ -193,7 +193,7 @@ def test_task_errors_name_the_split_and_files(files, tmp_path):
 def test_embedded_task_reads_the_written_corpus(tmp_path, monkeypatch):
   docs = [{"text": f"embedded document {i}", "meta": {"pile_set_name": "pydoc_topics"}}
           for i in range(40)]
-  monkeypatch.setattr(embedded, "embedded_documents", lambda: docs)
+  monkeypatch.setattr(embedded, "embedded_documents", lambda corpus=None: docs)
   task = vocabularies.register_embedded_task(cache_dir=tmp_path, validation_fraction=0.25,
                                              tokenizer=tok_lib.ByteTokenizer())
   assert task.name == "lev_embedded"

@@ -156,7 +156,6 @@ def test_driver_trains_evaluates_and_reports_means_and_intervals(tmp_path):
 @pytest.mark.parametrize("study_arg,root_is_file,message", [
     ("missing.py", False, "--study=.*missing.py: no such file"),
     (None, True, "--root=.*: is a file; expected a folder"),
-    (None, False, "--report_dir=.*report.md: is a file; expected a folder"),
 ])
 def test_command_refuses_a_missing_study_or_a_file_root_before_any_run(
     tmp_path, study_arg, root_is_file, message):
@@ -166,13 +165,11 @@ def test_command_refuses_a_missing_study_or_a_file_root_before_any_run(
   if root_is_file:
     root.write_text("")
   study_file = tmp_path / (study_arg or "study.py")
-  (tmp_path / "report.md").write_text("")
   if study_arg is None:
     study_file.write_text("RUNGS = ('a',)\ndef get_config(run):\n  raise AssertionError\n")
   proc = subprocess.run(
       [sys.executable, "-m", "lev_jax.cli.study", f"--study={study_file}", f"--root={root}",
-       "--run", f"--report_dir={tmp_path / 'report.md'}"], capture_output=True, text=True,
-      timeout=120)
+       "--run"], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert re.search(message, proc.stderr), proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
