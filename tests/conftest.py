@@ -42,6 +42,16 @@ SLOW_FILES_FIRST = ("test_portable.py", "test_multiprocess.py",
                     "test_cli_train.py", "test_cli_compile.py", "test_trainer.py")
 
 
+def pytest_xdist_auto_num_workers(config):
+  """Workers for `-n auto` (the README's command): one per core, plus one on a machine
+  of up to 4 cores. About a seventh of two workers' core time was idle (tests that wait
+  for a subprocess, a signal or a lock), and a third worker fills it; each worker is
+  one process, so memory allows it (pytest-xdist's hook, xdist/newhooks.py)."""
+  del config
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return cores + 1 if (cores or 1) <= 4 else cores
+
+
 def pytest_collection_modifyitems(config, items):
   del config
   rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
