@@ -324,6 +324,10 @@ def test_a_missing_ladder_file_is_named_before_the_root(tmp_path):
                      "folder$"):
     ladder_cli.load_inputs(smoke, str(tmp_path / "no_root"), run=True,
                            report_dir=str(tmp_path / "afile"))
+  # a root the filesystem refuses although the permission bits allow it (/proc/x as
+  # root): every rung trained and failed, then the report's mkdir raised a traceback
+  with pytest.raises(ValueError, match=r"^--root=/proc/lev_root: cannot be created "):
+    ladder_cli.load_inputs(smoke, "/proc/lev_root", run=True, report_dir=None)
 
 
 def test_the_summary_says_n_a_for_an_infinite_effective_size():

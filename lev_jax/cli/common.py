@@ -100,6 +100,21 @@ def folder_output_error(flag: str, path: str) -> str | None:
   return None
 
 
+def created_folder_error(flag: str, path: str) -> str | None:
+  """Creates the local folder `path` (of flag `flag`, e.g. "--root") where a command is
+  about to write into it; the one line when it cannot be (a folder the permission bits
+  do not forbid but the filesystem refuses, such as one under /proc). None once it
+  exists, or for a remote URL (left to the write)."""
+  if "://" in path:
+    return None
+  try:
+    os.makedirs(os.path.expanduser(path), exist_ok=True)
+  except OSError as e:
+    return (f"{flag}={path}: cannot be created ({e.strerror or e}); expected a folder "
+            "you can write to")
+  return None
+
+
 # absl's prefix of a validator's message, "flag --NAME=VALUE: ", when the message itself
 # starts with --NAME (define_path's, whose VALUE is blank).
 _REPEATED_FLAG = re.compile(r"^flag (--[\w.]+)=\s*: (?=\1 )")

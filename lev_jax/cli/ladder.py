@@ -199,6 +199,8 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
     raise ValueError(f"--root={root}: no such folder (add --run to train the rungs there)")
   problem = common.folder_output_error(  # before the rungs train for hours
       "--report_dir", report_dir or str(Path(root) / REPORT))
+  if not problem and run:
+    problem = common.created_folder_error("--root", root)  # every rung writes under it
   if problem:
     raise ValueError(problem)
   return module

@@ -205,6 +205,8 @@ def main(argv):
   report_dir = f.report_dir or str(root / REPORT)
   problem = common.folder_output_error(  # before the runs train and evaluate
       "--report_dir", report_dir)
+  if not problem and f.run:
+    problem = common.created_folder_error("--root", str(root))  # every run writes there
   if problem:
     common.fail(PROG, problem)
   try:
