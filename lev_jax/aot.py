@@ -19,8 +19,8 @@ reads back the compiler's own figures:
            (`_estimate_time`: layers unrolled at depth 1 and 2 and extrapolated, LEV's
            loops unrolled, one micro-batch), labelled so. The cost model prices no Mosaic
            kernel: with splash attention, attention's model FLOPs at the peak bf16
-           rate are added (`_price_splash`, a lower bound), labelled so. Where the model returns no
-           positive value (XLA:GPU has none), the roofline ESTIMATE
+           rate are added (`_price_splash`, a lower bound), labelled so. Where the
+           model returns no positive value (XLA:GPU has none), the roofline ESTIMATE
            max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth) is used and
            labelled so.
   fit      XLA:TPU itself refuses a program whose buffers exceed the chip's HBM
@@ -217,8 +217,9 @@ def compile_steps(config: ml_collections.ConfigDict, topology: Topology,
   try:
     with target.compiling_for(topology.platform):
       reports = [_compile_step(step, config, part, state, dump, topology) for step in steps]
-      if estimate_time and _has_loops(config, loss_lib.resolve(config, mesh)[0]):
-        _estimate_time(config, topology, devices, reports)
+      loss_impl, _ = loss_lib.resolve(config, mesh)
+      if estimate_time and _has_loops(config, loss_impl):
+        _estimate_time(config, topology, devices, reports, loss_impl)
       if attention_lib.resolve(config, topology.platform)[0] == "splash":
         _price_splash(config, topology, reports)
       return reports
@@ -259,7 +260,7 @@ def _has_loops(config, loss_impl: str) -> bool:
           or loss_impl == "chunked" or config.train.grad_accum_steps > 1)
 
 
-def _estimate_time(config, topology: Topology, devices, reports) -> None:
+def _estimate_time(config, topology: Topology, devices, reports, loss_impl: str) -> None:
   """XLA's cost models count a loop's body once: a scanned layer stack, LEV's loops and
   gradient accumulation would be estimated at one iteration. The step's time and FLOPs
   are estimated instead from loop-free compiles of the same step: layers unrolled at
@@ -269,7 +270,6 @@ def _estimate_time(config, topology: Topology, devices, reports) -> None:
   n_micro x (t(1) + (L - 1) (t(2) - t(1))), labelled so. Memory stays the real
   program's."""
   n, n_micro = config.model.n_layers, config.train.grad_accum_steps
-  loss_impl, _ = loss_lib.resolve(config, sharding.make_mesh(config.mesh, devices=devices))
   shallow = {}
   for depth in sorted({1, min(n, 2)}):
     c = config.copy_and_resolve_references()
@@ -308,10 +308,10 @@ def _price_splash(config, topology: Topology, reports) -> None:
   peak = flops_lib.peak_flops_per_device(topology.chip.device_kind)
   if not peak:
     return
-  train_attention = (flops_lib.train_flops_per_step(config)["attention"]
-                     + flops_lib.remat_flops_per_step(config)["attention"])
-  eval_attention = (flops_lib.train_flops_per_step(config)["attention"] // 3
-                    * config.eval.batch_size // config.train.global_batch_size)
+  attention = flops_lib.train_flops_per_step(config)["attention"]
+  train_attention = attention + flops_lib.remat_flops_per_step(config)["attention"]
+  eval_attention = (attention // 3 * config.eval.batch_size
+                    // config.train.global_batch_size)
   for r in reports:
     if not (r.fits and r.step_s):
       continue

@@ -197,13 +197,13 @@ def _xla_low_precision(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL):
   b, length, h, k = q_BxLxHxK.shape
   g = k_BxLxGxK.shape[2]
   dtype = q_BxLxHxK.dtype
-  q_BxLxGxRxK = (q_BxLxHxK * jnp.asarray(k ** -0.5, dtype)).reshape(b, length, g, h // g, k)
+  scale = jnp.asarray(k ** -0.5, dtype)
+  q_BxLxGxRxK = (q_BxLxHxK * scale).reshape(b, length, g, h // g, k)
   s_BxGxRxLxS = jnp.einsum("blgrk,bsgk->bgrls", q_BxLxGxRxK, k_BxLxGxK)
-  keep_LxS = jnp.tril(jnp.ones((length, length), bool))
-  keep = keep_LxS[None, None, None]
-  if segment_ids_BxL is not None:
-    same_BxLxS = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
-    keep = keep & same_BxLxS[:, None, None]
+  keep = jnp.tril(jnp.ones((length, length), bool))[None, None, None]
+  same_Bx1xLxL = _segment_mask(segment_ids_BxL)
+  if same_Bx1xLxL is not None:
+    keep = keep & same_Bx1xLxL[:, :, None]  # [B, 1, 1, L, L] against [B, G, R, L, S]
   s_BxGxRxLxS = jnp.where(keep, s_BxGxRxLxS, jnp.finfo(dtype).min)
   e_BxGxRxLxS = jnp.exp(s_BxGxRxLxS - jax.lax.stop_gradient(
       jnp.max(s_BxGxRxLxS, axis=-1, keepdims=True)))
