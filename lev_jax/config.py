@@ -81,6 +81,12 @@ def base_config() -> ml_collections.ConfigDict:
   # bytes of the [tokens, V] logits and their gradient (MaxText's default,
   # logits_dot_in_fp32: False). Only the dense loss (train.loss_impl) stores them.
   m.logits_dtype = "float32"
+  # The input table's gradient from its row lookup (tied and untied; LEV has no table):
+  # float32, autodiff's scatter-add, or bfloat16, that float32 sum rounded once, the
+  # rows gathered from the table cast to the compute dtype (needs model.dtype =
+  # bfloat16). On a TPU this spares transposing copies of the float32 table and its Adam
+  # moments each step (lev_jax.sharding.gather_rounding_grad; MaxText's lookup).
+  m.embedding_grad_dtype = "float32"
   m.remat = "none"             # a key of REMAT_POLICIES: none, full, dots, dots_no_batch
   m.scan_layers = False        # lax.scan over stacked layers (compile time flat in depth)
   # Attention kernel, one of ATTENTION_IMPLS (lev_jax/attention.py): auto, xla (any
@@ -505,6 +511,11 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _one_of(c, "model", "dtype", DTYPES)
   _one_of(c, "model", "param_dtype", DTYPES)
   _one_of(c, "model", "logits_dtype", LOGITS_DTYPES)
+  _one_of(c, "model", "embedding_grad_dtype", LOGITS_DTYPES)
+  if m.embedding_grad_dtype == "bfloat16" and m.dtype != "bfloat16":
+    _fail("model.embedding_grad_dtype", m.embedding_grad_dtype,
+          "'float32' unless model.dtype = 'bfloat16' (the gradient is rounded to the "
+          "compute dtype)")
   _one_of(c, "model", "remat", REMAT_POLICIES)
   _positive(c, "model", ["vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
                          "n_kv_heads", "head_dim", "d_ff", "max_seq_len", "rope_theta"])

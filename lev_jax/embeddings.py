@@ -77,13 +77,14 @@ class TiedEmbedding(nnx.Module):
   """One V x D table: input rows and output projection are the same array."""
 
   def __init__(self, vocab_size, padded_vocab, d_model, *, std, dtype, rngs, param_dtype,
-               logits_dtype=jnp.float32):
+               logits_dtype=jnp.float32, grad_dtype=None):
     self.vocab_size, self.dtype, self.logits_dtype = vocab_size, dtype, logits_dtype
+    self.grad_dtype = grad_dtype
     w = std * jax.random.normal(rngs.params(), (padded_vocab, d_model), param_dtype)
     self.table = nnx.Param(w, logical_axes=("vocab", "embed"))
 
   def embed(self, ids_BxL: jax.Array) -> jax.Array:
-    return take_rows(self.table[...], ids_BxL, self.dtype)
+    return take_rows(self.table[...], ids_BxL, self.dtype, grad_dtype=self.grad_dtype)
 
   def unembed(self, x_BxLxD: jax.Array) -> jax.Array:
     return _logits(x_BxLxD, self.table[...].T, self.vocab_size, self.logits_dtype)
@@ -97,14 +98,15 @@ class UntiedEmbedding(_Head):
   """A V x D input table and a separate D x V head (ablation)."""
 
   def __init__(self, vocab_size, padded_vocab, d_model, *, std, dtype, rngs, param_dtype,
-               logits_dtype=jnp.float32):
+               logits_dtype=jnp.float32, grad_dtype=None):
     self.vocab_size, self.dtype, self.logits_dtype = vocab_size, dtype, logits_dtype
+    self.grad_dtype = grad_dtype
     w = std * jax.random.normal(rngs.params(), (padded_vocab, d_model), param_dtype)
     self.table = nnx.Param(w, logical_axes=("vocab", "embed"))
     self._init_head(d_model, padded_vocab, std, rngs, param_dtype)
 
   def embed(self, ids_BxL: jax.Array) -> jax.Array:
-    return take_rows(self.table[...], ids_BxL, self.dtype)
+    return take_rows(self.table[...], ids_BxL, self.dtype, grad_dtype=self.grad_dtype)
 
 
 class LEVEmbedding(_Head):
@@ -197,10 +199,12 @@ def make_embedding(model_cfg: ml_collections.ConfigDict, lev_cfg: ml_collections
   kw = dict(std=model_cfg.init_std, dtype=dtype, rngs=rngs, param_dtype=param_dtype,
             logits_dtype=jnp.dtype(model_cfg.logits_dtype))
   kind = model_cfg.embedding
+  # config.model.embedding_grad_dtype (absent from configs saved before it existed)
+  grad_dtype = jnp.dtype(model_cfg.get("embedding_grad_dtype", "float32"))
   if kind == "tied":
-    return TiedEmbedding(v, vp, model_cfg.d_model, **kw)
+    return TiedEmbedding(v, vp, model_cfg.d_model, grad_dtype=grad_dtype, **kw)
   if kind == "untied":
-    return UntiedEmbedding(v, vp, model_cfg.d_model, **kw)
+    return UntiedEmbedding(v, vp, model_cfg.d_model, grad_dtype=grad_dtype, **kw)
   if kind == "lev":
     return LEVEmbedding(v, vp, model_cfg.d_model, lev_cfg, **kw)
   raise ConfigError(f"config.model.embedding = {kind!r}: expected one of "

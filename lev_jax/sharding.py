@@ -19,6 +19,7 @@ rules split (an explicit shard_map gather + psum).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Sequence
 
@@ -277,7 +278,7 @@ def _axes(entry) -> tuple[str, ...]:
 
 
 def take_rows(table_VxD: jax.Array, ids: jax.Array, dtype=None,
-              names: tuple[str, str] = ("vocab", "embed")) -> jax.Array:
+              names: tuple[str, str] = ("vocab", "embed"), grad_dtype=None) -> jax.Array:
   """`jnp.take(table_VxD, ids, axis=0).astype(dtype)` for a table whose rows may be split
   over the mesh.
 
@@ -306,6 +307,11 @@ def take_rows(table_VxD: jax.Array, ids: jax.Array, dtype=None,
     dtype: dtype of the result, cast before the psum (bfloat16 halves the traffic);
       None keeps the table's.
     names: logical axes of the table's two dimensions.
+    grad_dtype: None (default): the table's gradient is the float32 scatter-add of the
+      rows' cotangents (autodiff of the gather). A narrower dtype (config.model.
+      embedding_grad_dtype = bfloat16): the rows are gathered from the table cast to
+      `dtype` (the same values) and the float32 scatter-add is rounded once to
+      `grad_dtype` (`gather_rounding_grad`).
   Returns:
     [*ids.shape, D] in `dtype`: bitwise the plain gather's values (each output element is
     one table element plus zeros).
@@ -319,8 +325,11 @@ def take_rows(table_VxD: jax.Array, ids: jax.Array, dtype=None,
     sizes = mesh_sizes(mesh)
     vocab_axes, embed_axes = map(_axes, spec_for(names, table_VxD.shape, sizes, rules, "table",
                                                  strict=False))
+  rounding = grad_dtype is not None and jnp.dtype(grad_dtype) != table_VxD.dtype
+  gather = ((lambda t, i: gather_rounding_grad(t, i, jnp.dtype(dtype), jnp.dtype(grad_dtype)))
+            if rounding else (lambda t, i: jnp.take(t, i, axis=0).astype(dtype)))
   if not _ACTIVE or not vocab_axes:
-    return jnp.take(table_VxD, ids, axis=0).astype(dtype)
+    return gather(table_VxD, ids)
   batch = _axes(spec_for(("batch",) + (None,) * (ids.ndim - 1), ids.shape, sizes, rules, "ids",
                          strict=False)[0])
   batch = tuple(a for a in batch if a not in vocab_axes + embed_axes) or None
@@ -329,7 +338,7 @@ def take_rows(table_VxD: jax.Array, ids: jax.Array, dtype=None,
   def local(table_vxd, ids_local):
     local_ids = ids_local - jax.lax.axis_index(vocab_axes) * rows_V
     mine = (local_ids >= 0) & (local_ids < rows_V)
-    rows = jnp.take(table_vxd, jnp.where(mine, local_ids, 0), axis=0).astype(dtype)
+    rows = gather(table_vxd, jnp.where(mine, local_ids, 0))
     return jax.lax.psum(jnp.where(mine[..., None], rows, jnp.zeros((), dtype)), vocab_axes)
 
   ids_spec = (batch,) + (None,) * (ids.ndim - 1)
@@ -421,3 +430,48 @@ def full_to_global(full_batch: dict, sharding: NamedSharding) -> dict:
   return {k: jax.make_array_from_callback(np.shape(v), sharding,
                                           lambda idx, v=v: np.asarray(v)[idx])
           for k, v in full_batch.items()}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def gather_rounding_grad(table_VxD: jax.Array, ids: jax.Array, dtype, grad_dtype) -> jax.Array:
+  """`jnp.take(table_VxD, ids, axis=0).astype(dtype)`, its gradient rounded once.
+
+  Forward: the rows of the table cast to `dtype` (bitwise the rows cast after the
+  gather). Backward: the float32 scatter-add of the cotangents into a zero [V, D] table
+  (autodiff's gradient of the gather, exactly), rounded once to `grad_dtype`, returned in
+  the table's dtype. Each cotangent row is already a `dtype` value (the activations'
+  dtype), so the rounding adds at most one such error per table element.
+
+  Why: XLA:TPU stores a float32 [V, D / fsdp] table shard column-major when D / fsdp is
+  not a multiple of 128 (less padding), while its gather and scatter-add want rows: the
+  plain gather then transposes the float32 table, its gradient and both Adam moments every
+  step. Gathered from the compute-dtype cast and rounded to it, the only transposes left
+  are of two compute-dtype copies (what MaxText's embedding lookup compiles to).
+  `python benchmarks/maxtext_compare.py` (docs/results.md) measures the effect.
+
+  Args:
+    table_VxD: [V, D] float (the parameter).
+    ids: int [...] row indices; out-of-range ids follow jnp.take's default mode.
+    dtype: the result's dtype (the compute dtype).
+    grad_dtype: the dtype the table's gradient is rounded to.
+  Returns:
+    [*ids.shape, D] in `dtype`.
+  Source: JAX docs "Custom derivative rules" (jax.custom_vjp).
+  """
+  return jnp.take(table_VxD.astype(dtype), ids, axis=0)
+
+
+def _gather_fwd(table_VxD, ids, dtype, grad_dtype):
+  rows = gather_rounding_grad(table_VxD, ids, dtype, grad_dtype)
+  return rows, (ids, jax.ShapeDtypeStruct(table_VxD.shape, table_VxD.dtype))
+
+
+def _gather_bwd(dtype, grad_dtype, residuals, g_rows):
+  ids, table = residuals
+  zeros_VxD = jnp.zeros(table.shape, jnp.float32)
+  _, transpose = jax.vjp(lambda t: jnp.take(t, ids, axis=0), zeros_VxD)
+  g_VxD = transpose(g_rows.astype(jnp.float32))[0]
+  return g_VxD.astype(grad_dtype).astype(table.dtype), np.zeros(ids.shape, jax.dtypes.float0)
+
+
+gather_rounding_grad.defvjp(_gather_fwd, _gather_bwd)

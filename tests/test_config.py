@@ -18,6 +18,8 @@ def test_base_config_is_valid():
     ("model.embedding", "hashed", r"config.model.embedding = 'hashed': expected one of 'tied'"),
     ("model.n_kv_heads", 3, r"config.model.n_kv_heads = 3: expected a divisor of model.n_heads"),
     ("model.dtype", "int8", r"config.model.dtype = 'int8'"),
+    ("model.embedding_grad_dtype", "bfloat16", r"^config.model.embedding_grad_dtype = "
+     r"'bfloat16': expected 'float32' unless model.dtype = 'bfloat16'"),
     ("lev.sigmoid", "tanh", r"config.lev.sigmoid = 'tanh': expected one of 'half', 'full'"),
     ("lev.basis", "cubic", r"config.lev.basis = 'cubic'"),
     ("lev.n_knots", 2, r"config.lev.n_knots = 2: expected an integer >= 3, the spline "

@@ -257,6 +257,39 @@ def _lookup_worker(group: str):
   print(json.dumps(results))
 
 
+def test_rounded_lookup_gradient_is_the_float32_scatter_add_rounded_once():
+  """model.embedding_grad_dtype = bfloat16 (sharding.gather_rounding_grad): the rows are
+  bitwise the plain lookup's; the table's gradient is autodiff's float32 scatter-add
+  rounded once to bfloat16 (not summed in bfloat16, as a gather from the cast table
+  would: ids repeat here), through the tied embedding built from a config."""
+  import jax.numpy as jnp
+  from flax import nnx
+  from lev_jax.embeddings import make_embedding
+  c = tiny_config("tied")
+  c.model.dtype = "bfloat16"
+  c.model.embedding_grad_dtype = "bfloat16"
+  ids_BxL = jnp.asarray(np.random.default_rng(0).integers(0, 7, (4, 64)), jnp.int32)
+  w_BxLxD = jnp.asarray(np.random.default_rng(1).normal(size=(4, 64, c.model.d_model)),
+                        jnp.bfloat16)
+  emb = make_embedding(c.model, c.lev, rngs=nnx.Rngs(0), dtype=jnp.bfloat16,
+                       param_dtype=jnp.float32)
+  graphdef, params = nnx.split(emb, nnx.Param)
+  table = params["table"][...]
+  weighted = lambda rows: jnp.sum((rows * w_BxLxD).astype(jnp.float32))
+  plain = lambda t: jnp.take(t, ids_BxL, axis=0).astype(jnp.bfloat16)
+  rows = nnx.merge(graphdef, params).embed(ids_BxL)
+  np.testing.assert_array_equal(np.asarray(rows, np.float32), np.asarray(plain(table), np.float32))
+  got = jax.grad(lambda p: weighted(nnx.merge(graphdef, p).embed(ids_BxL)))(params)
+  got = got["table"][...]
+  exact = jax.grad(lambda t: weighted(plain(t)))(table)
+  summed_in_bf16 = jax.grad(
+      lambda t: weighted(jnp.take(t.astype(jnp.bfloat16), ids_BxL, axis=0)))(table)
+  assert got.dtype == jnp.float32
+  np.testing.assert_array_equal(got, exact.astype(jnp.bfloat16).astype(jnp.float32))
+  assert not np.array_equal(exact, exact.astype(jnp.bfloat16).astype(jnp.float32))
+  assert not np.array_equal(got, summed_in_bf16)
+
+
 @pytest.mark.parametrize("group", list(LOOKUP_CASES))
 def test_vocab_split_lookups_equal_one_device_without_rematerialization(group):
   """Input lookups with a vocab-split table on a (2, 2, 2) mesh (LOOKUP_CASES: vocab over
