@@ -120,6 +120,7 @@ def _drive() -> dict:
         "help_into_closed_pipe": _attempt(entry, prog, ["--help"], parse_only=False,
                                           closed_stdout=True),
         "override_parse": _attempt(entry, prog, [*context, OVERRIDE], parse_only=True),
+        "unknown_flag": _attempt(entry, prog, ["--bogusflag"], parse_only=True),
         "empty": {name: _attempt(entry, prog, ["--config="] if name == "config" else
                                  [*context, f"--{name}="], parse_only=name != "config")
                   for name in PATH_FLAGS.get(prog, [])}}
@@ -169,6 +170,15 @@ def test_help_into_a_closed_pipe_ends_quietly(prog, helps):
   nothing on stderr, the shell's status for SIGPIPE (141)."""
   code, err = helps[prog]["help_into_closed_pipe"]
   assert (code, err) == (141, ""), err[-2000:]
+
+
+@pytest.mark.parametrize("prog", sorted(SCRIPTS))
+def test_an_unknown_flag_is_one_line(prog, helps):
+  """`lev-lm-eval --bogusflag` printed lm-eval's usage and error twice."""
+  code, out = helps[prog]["unknown_flag"]
+  lines = out.strip().splitlines()
+  assert code == 2 and len(lines) == 1, out[-2000:]
+  assert lines[0].startswith(f"{prog}: error: ") and "bogusflag" in lines[0], lines
 
 
 def test_folder_output_error_names_a_file_or_an_unwritable_ancestor(tmp_path, monkeypatch):

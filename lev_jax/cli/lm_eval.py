@@ -15,6 +15,7 @@ missing. Library: lm_eval/__main__.py (``cli_evaluate``), lm_eval/tasks/_index.p
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -142,15 +143,29 @@ def data_problem(tasks: Sequence[str], include_path: str | None) -> str | None:
 
 
 def _requested(argv: Sequence[str]):
-  """(tasks, include_path) of an lm-eval `run` command line, or None when it does not
-  parse (lm-eval then says why)."""
+  """(tasks, include_path) of an lm-eval `run` command line, or None when it is another
+  command or asks for help (lm-eval then prints that; this parse prints nothing).
+
+  A command line lm-eval refuses (`--bogusflag`) ends here with the one line
+  `lev-lm-eval: error: <argparse's reason>`, exit 2 (lm-eval's own parse would print
+  its usage and the reason again).
+  """
+  import contextlib  # pylint: disable=import-outside-toplevel
+  import io  # pylint: disable=import-outside-toplevel
   from lm_eval._cli.harness import HarnessCLI  # pylint: disable=import-outside-toplevel
-  saved = sys.argv
+  saved, said = sys.argv, io.StringIO()
   sys.argv = ["lm-eval", *argv]
   try:
-    args = HarnessCLI().parse_args()
-  except SystemExit:
-    return None
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
+      args = HarnessCLI().parse_args()
+  except SystemExit as e:
+    if e.code in (0, None):  # --help: lm-eval prints it
+      return None
+    lines = [l for l in said.getvalue().splitlines() if l.strip()] or ["bad arguments"]
+    reason = re.sub(r"^[\w .-]*: error: ", "", lines[-1])
+    print(f"lev-lm-eval: error: {reason} (lev-lm-eval --help lists the flags)",
+          file=sys.stderr)
+    sys.exit(2)
   finally:
     sys.argv = saved
   if getattr(args, "command", None) != "run" or not getattr(args, "tasks", None):
