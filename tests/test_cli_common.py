@@ -195,6 +195,34 @@ def test_folder_output_error_names_a_file_or_an_unwritable_ancestor(tmp_path, mo
   assert "cannot write in" in common.folder_output_error("--x", str(tmp_path / "new"))
 
 
+def test_checkpoint_tree_error_names_a_path_in_a_saved_checkpoint(tmp_path, monkeypatch):
+  """A run's checkpoints/ (its step folders too) and an export's params/ are only
+  written by lev-train and lev-export: every other output flag refuses them."""
+  from lev_jax.cli import common
+  steps = tmp_path / "run" / "checkpoints" / "300"
+  steps.mkdir(parents=True)
+  (tmp_path / "exp" / "params").mkdir(parents=True)
+  (tmp_path / "exp" / "export.json").write_text("{}")
+  (tmp_path / "link").symlink_to(steps)
+  monkeypatch.chdir(tmp_path)
+  assert common.checkpoint_tree_error("--output", "run/checkpoints/300/x.json") == (
+      "--output=run/checkpoints/300/x.json: is inside run/checkpoints, a run's saved "
+      "checkpoints (only that run's lev-train writes there); expected a path outside it")
+  assert common.checkpoint_tree_error("--workdir", "run/checkpoints").startswith(
+      "--workdir=run/checkpoints: is run/checkpoints, a run's saved checkpoints")
+  assert common.checkpoint_tree_error("--o", str(tmp_path / "link" / "x")).startswith(
+      f"--o={tmp_path / 'link' / 'x'}: is inside {tmp_path / 'run' / 'checkpoints'}, ")
+  assert "an export's parameters (only lev-export writes there)" in (
+      common.checkpoint_tree_error("--output_path", "exp/params/r.json"))
+  assert common.folder_output_error("--report_dir", "run/checkpoints/r").startswith(
+      "--report_dir=run/checkpoints/r: is inside run/checkpoints")
+  assert common.created_folder_error("--root", "run/checkpoints/r").startswith(
+      "--root=run/checkpoints/r: is inside")
+  assert not (tmp_path / "run" / "checkpoints" / "r").exists()
+  for fine in ("run/lev_eval.json", "exp/r.json", "new/checkpoints/x", "gs://b/checkpoints/1"):
+    assert common.checkpoint_tree_error("--output", fine) is None, fine
+
+
 def test_define_path_refuses_an_empty_or_blank_value(capsys):
   from absl import flags
   from lev_jax.cli import common

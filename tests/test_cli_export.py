@@ -108,6 +108,10 @@ def test_bad_inputs_are_one_line_exit_2(source, tmp_path, capsys):
   fails(f"--checkpoint={path}", f"--output={tmp_path / 't'}", "--materialize_lev",
         "--step=4", match="holds step 5, not step 4")
   assert snapshot(path) == before and not (tmp_path / "t").exists()
+  (tmp_path / "run" / "checkpoints" / "2").mkdir(parents=True)  # another run's step
+  fails(f"--checkpoint={path}", f"--output={tmp_path / 'run' / 'checkpoints' / '2' / 'e'}",
+        match="a run's saved checkpoints (only that run's lev-train writes there)")
+  assert os.listdir(tmp_path / "run" / "checkpoints" / "2") == []
   lev_export(f"--checkpoint={path}", f"--output={tmp_path / 'full'}", "--overwrite",
              "--dtype=bfloat16")
   assert inference.load(tmp_path / "full").dtype == "bfloat16"

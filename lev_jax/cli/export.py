@@ -66,11 +66,15 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
   """Refuses an OUTPUT that would touch the source or lose files without --overwrite.
 
   Raises:
-    ValueError: OUTPUT is the checkpoint, inside it or holds it; OUTPUT is a file; OUTPUT
-      is a non-empty folder and not `overwrite`.
+    ValueError: OUTPUT is the checkpoint, inside it or holds it; OUTPUT is inside another
+      run's checkpoints or export's parameters (common.checkpoint_tree_error); OUTPUT is
+      a file; OUTPUT is a non-empty folder and not `overwrite`.
   """
   from lev_jax.inference import check_not_source
   check_not_source(checkpoint, output)
+  inside = common.checkpoint_tree_error("--output", output)
+  if inside:
+    raise ValueError(inside)
   if "://" in output:
     from etils import epath
     path = epath.Path(output)

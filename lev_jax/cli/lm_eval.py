@@ -143,8 +143,9 @@ def data_problem(tasks: Sequence[str], include_path: str | None) -> str | None:
 
 
 def _requested(argv: Sequence[str]):
-  """(tasks, include_path) of an lm-eval `run` command line, or None when it is another
-  command or asks for help (lm-eval then prints that; this parse prints nothing).
+  """(tasks, include_path, output_path) of an lm-eval `run` command line, or None when
+  it is another command or asks for help (lm-eval then prints that; this parse prints
+  nothing).
 
   A command line lm-eval refuses (`--bogusflag`) ends here with the one line
   `lev-lm-eval: error: <argparse's reason>`, exit 2 (lm-eval's own parse would print
@@ -170,7 +171,7 @@ def _requested(argv: Sequence[str]):
     sys.argv = saved
   if getattr(args, "command", None) != "run" or not getattr(args, "tasks", None):
     return None
-  return list(args.tasks), args.include_path
+  return list(args.tasks), args.include_path, getattr(args, "output_path", None)
 
 
 HELP_USAGE = """\
@@ -231,6 +232,7 @@ def run(argv: Sequence[str] | None = None) -> None:
 
 def _run(argv: list[str]) -> None:
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
+  from lev_jax.cli.common import checkpoint_tree_error  # pylint: disable=import-outside-toplevel
 
   if not argv or argv[0] in ("-h", "--help"):
     print(usage())
@@ -239,7 +241,9 @@ def _run(argv: list[str]) -> None:
   if argv[0] not in ("ls", "validate") and not has_model:
     argv += ["--model", MODEL_NAME]
   requested = _requested(argv)
-  problem = requested and data_problem(*requested)
+  problem = requested and requested[2] and checkpoint_tree_error("--output_path",
+                                                                 requested[2])
+  problem = problem or (requested and data_problem(*requested[:2]))
   if problem:  # before lm-eval indexes its tasks and loads the model
     print(f"lev-lm-eval: error: {problem}", file=sys.stderr)
     sys.exit(2)

@@ -132,6 +132,9 @@ def main(argv):
   except ConfigError as e:
     common.fail("lev-train", str(e))
   workdir = flags.FLAGS.workdir or default_workdir(config.name)
+  inside = common.checkpoint_tree_error("--workdir", workdir)  # another run's checkpoints
+  if inside:
+    common.fail("lev-train", inside)
   logging.info("config %s -> workdir %s", config.name, workdir)
   try:
     # A finished run is only read: before the lock, so nothing at all is written.
