@@ -206,6 +206,20 @@ def test_ctrl_c_in_a_command_is_one_line_and_exit_130(module, prog, args):
   assert len(lines) == 1 and lines[0].startswith(f"{prog}: interrupted (Ctrl-C)"), lines
 
 
+def test_ctrl_c_before_the_first_step_says_whether_a_checkpoint_exists(tmp_path):
+  """A fresh run interrupted in its first compile said "the workdir's checkpoints are
+  unchanged" though it had none."""
+  from lev_jax.cli.train import interrupted_line
+  head = "interrupted (Ctrl-C) before the first step; "
+  assert interrupted_line(None) == head + "nothing was written: re-run to start"
+  (tmp_path / "checkpoints").mkdir()  # made by the run, no step saved yet
+  assert interrupted_line(str(tmp_path)) == (
+      head + "no checkpoint was written yet: re-run to start")
+  (tmp_path / "checkpoints" / "2").mkdir()
+  assert interrupted_line(str(tmp_path)) == (
+      head + "the workdir's checkpoints are unchanged: re-run to continue")
+
+
 SECTIONS = "data, eval, lev, mesh, model, optim, train"
 
 

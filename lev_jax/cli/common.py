@@ -18,6 +18,7 @@ import re
 import shlex
 import sys
 import textwrap
+from collections.abc import Callable
 
 import ml_collections
 from absl import app, flags, logging
@@ -164,7 +165,7 @@ _REPEATED_FLAG = re.compile(r"^flag (--[\w.]+)=\s*: (?=\1 )")
 
 
 def run(prog: str, main, module: str,
-        interrupted: str = "interrupted (Ctrl-C); stopped") -> None:
+        interrupted: str | Callable[[], str] = "interrupted (Ctrl-C); stopped") -> None:
   """`app.run(main)` with `flags_parser(prog, module)`, ending a Ctrl-C in one line.
 
   A KeyboardInterrupt that reaches here (Python's default SIGINT handler raises it)
@@ -182,14 +183,16 @@ def run(prog: str, main, module: str,
     prog: the command's name, e.g. "lev-eval".
     main: absl's main(argv).
     module: the command's module (for --help), e.g. "lev_jax.cli.eval".
-    interrupted: the rest of the line, e.g. what was kept.
+    interrupted: the rest of the line, e.g. what was kept; or a function returning
+      it, called after the Ctrl-C (when what was kept depends on how far it got).
   """
   interrupt.started()
   try:
     with ending_closed_pipe_quietly():
       app.run(main, flags_parser=flags_parser(prog, module))
   except KeyboardInterrupt:
-    print(f"{prog}: {interrupted}", file=sys.stderr)
+    print(f"{prog}: {interrupted() if callable(interrupted) else interrupted}",
+          file=sys.stderr)
     interrupt.exit_now(INTERRUPTED_EXIT)
 
 
