@@ -96,6 +96,8 @@ def test_kill_9_mid_run_then_rerun_continues_from_last_complete_checkpoint(tmp_p
   assert max(resumed_steps) == end
   assert f"step {end}" in rerun.stdout
   assert "resumed from step" in rerun.stderr and "unverified" not in rerun.stderr
+  # stderr is a pipe, not a terminal: no progress bar redrawn around every log line.
+  assert "%|" not in rerun.stderr, rerun.stderr[-3000:]
 
 
 def test_rerun_of_a_finished_run_prints_one_line_and_writes_nothing(finished_tied_run,
