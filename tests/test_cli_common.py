@@ -201,6 +201,8 @@ def test_checkpoint_tree_error_names_a_path_in_a_saved_checkpoint(tmp_path, monk
   from lev_jax.cli import common
   steps = tmp_path / "run" / "checkpoints" / "300"
   steps.mkdir(parents=True)
+  (tmp_path / "run" / "metrics.jsonl").write_text("")  # a run's (lev-train writes it)
+  (tmp_path / "mine" / "checkpoints" / "run1").mkdir(parents=True)  # the user's own
   (tmp_path / "exp" / "params").mkdir(parents=True)
   (tmp_path / "exp" / "export.json").write_text("{}")
   (tmp_path / "link").symlink_to(steps)
@@ -219,7 +221,8 @@ def test_checkpoint_tree_error_names_a_path_in_a_saved_checkpoint(tmp_path, monk
   assert common.created_folder_error("--root", "run/checkpoints/r").startswith(
       "--root=run/checkpoints/r: is inside")
   assert not (tmp_path / "run" / "checkpoints" / "r").exists()
-  for fine in ("run/lev_eval.json", "exp/r.json", "new/checkpoints/x", "gs://b/checkpoints/1"):
+  for fine in ("run/lev_eval.json", "exp/r.json", "new/checkpoints/x", "gs://b/checkpoints/1",
+               "mine/checkpoints/run1/lev_eval.json"):
     assert common.checkpoint_tree_error("--output", fine) is None, fine
 
 

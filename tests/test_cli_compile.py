@@ -49,6 +49,7 @@ def test_bad_input_is_one_line_before_anything_is_compiled(args, needle, tmp_pat
 def test_an_output_inside_a_saved_checkpoint_is_one_line(tmp_path, capsys):
   from lev_jax.cli import compile as compile_cli
   (tmp_path / "run" / "checkpoints" / "4").mkdir(parents=True)
+  (tmp_path / "run" / "token_counts.npy").write_bytes(b"")  # a run's workdir
   for flag in ("json", "dump_hlo"):
     path = str(tmp_path / "run" / "checkpoints" / "4" / "c")
     with pytest.raises(SystemExit) as e:

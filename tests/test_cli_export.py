@@ -110,6 +110,7 @@ def test_bad_inputs_are_one_line_exit_2(source, tmp_path, capsys):
         "--step=4", match="holds step 5, not step 4")
   assert snapshot(path) == before and not (tmp_path / "t").exists()
   (tmp_path / "run" / "checkpoints" / "2").mkdir(parents=True)  # another run's step
+  (tmp_path / "run" / ".lock").write_text("")
   fails(f"--checkpoint={path}", f"--output={tmp_path / 'run' / 'checkpoints' / '2' / 'e'}",
         match="a run's saved checkpoints (only that run's lev-train writes there)")
   assert os.listdir(tmp_path / "run" / "checkpoints" / "2") == []

@@ -129,6 +129,7 @@ def test_an_output_that_cannot_be_a_file_is_one_line(tmp_path, capsys, output, e
 def test_an_output_inside_a_saved_checkpoint_is_refused(tmp_path, capsys):
   """`--output=RUN/checkpoints/300/x.json` wrote into a finished step."""
   (tmp_path / "run" / "checkpoints" / "300").mkdir(parents=True)
+  (tmp_path / "run" / "data_report.json").write_text("{}")  # a run's workdir
   output = str(tmp_path / "run" / "checkpoints" / "300" / "x.json")
   with pytest.raises(SystemExit) as e:
     eval_cli._check_output_writable(output, str(tmp_path / "run"))

@@ -107,6 +107,7 @@ def test_an_output_path_in_a_saved_checkpoint_is_one_line(tmp_path, monkeypatch,
   import lm_eval.__main__ as cli
   monkeypatch.setattr(cli, "cli_evaluate", lambda: pytest.fail("lm-eval ran"))
   (tmp_path / "run" / "checkpoints" / "3").mkdir(parents=True)
+  (tmp_path / "run" / "metrics.jsonl").write_text("")  # a run's workdir
   out = tmp_path / "run" / "checkpoints" / "3" / "r.json"
   with pytest.raises(SystemExit) as e:
     lm_eval_cli.run(["--model_args", "checkpoint=runs/a", "--tasks", "piqa",

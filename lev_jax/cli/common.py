@@ -25,7 +25,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from lev_jax.cli import interrupt
-from lev_jax.workdir import CHECKPOINTS, EXPORT_JSON, EXPORT_PARAMS
+from lev_jax.workdir import CHECKPOINTS, EXPORT_JSON, EXPORT_PARAMS, LOCK, RUN_OUTPUTS
 
 # The flags `define_path` defines belong to the command calling it (its --help lists
 # them), not to this module.
@@ -83,13 +83,20 @@ def output_path_error(name: str, output: str, error: OSError) -> str | None:
           "expected a folder you can write to")
 
 
+# What lev-train writes in a workdir beside its checkpoints/ (its lock, its other
+# outputs): a folder named checkpoints with none of these beside it is not a run's.
+RUN_MARKERS = (LOCK, *(name for name in RUN_OUTPUTS if name != CHECKPOINTS))
+
+
 def checkpoint_tree_error(flag: str, path: str) -> str | None:
   """The one line when the local path `path` (of flag `flag`, e.g. "--output"), a file
   or folder a command is about to write, is a saved checkpoint or inside one: a run's
-  checkpoints/ folder (lev_jax.workdir.CHECKPOINTS, its step folders included) or an
-  export's params/ (EXPORT_PARAMS beside EXPORT_JSON). Only lev-train writes there; a
-  file added to a finished step is not in its checksums.json. None elsewhere, or for
-  a remote URL. Symbolic links are followed (os.path.realpath).
+  checkpoints/ folder (lev_jax.workdir.CHECKPOINTS beside the run's lock or another of
+  its outputs, RUN_MARKERS; its step folders included) or an export's params/
+  (EXPORT_PARAMS beside EXPORT_JSON). Only lev-train writes there; a file added to a finished step is
+  not in its checksums.json. None elsewhere (a user's own folder named checkpoints,
+  e.g. ~/checkpoints/run1, is not a run's), or for a remote URL. Symbolic links are
+  followed (os.path.realpath).
 
   Returns:
     e.g. "--output=runs/x/checkpoints/300/e.json: is inside runs/x/checkpoints, a run's
@@ -102,7 +109,8 @@ def checkpoint_tree_error(flag: str, path: str) -> str | None:
   folder = os.path.realpath(given)
   while True:
     parent, name = os.path.split(folder)
-    if os.path.isdir(folder) and name == CHECKPOINTS:
+    if (os.path.isdir(folder) and name == CHECKPOINTS
+        and any(os.path.exists(os.path.join(parent, n)) for n in RUN_MARKERS)):
       what = "a run's saved checkpoints (only that run's lev-train writes there)"
       break
     if (os.path.isdir(folder) and name == EXPORT_PARAMS
