@@ -93,8 +93,8 @@ def checkpoint_tree_error(flag: str, path: str) -> str | None:
   or folder a command is about to write, is a saved checkpoint or inside one: a run's
   checkpoints/ folder (lev_jax.workdir.CHECKPOINTS beside the run's lock or another of
   its outputs, RUN_MARKERS; its step folders included) or an export's params/
-  (EXPORT_PARAMS beside EXPORT_JSON). Only lev-train writes there; a file added to a finished step is
-  not in its checksums.json. None elsewhere (a user's own folder named checkpoints,
+  (EXPORT_PARAMS beside EXPORT_JSON). Only lev-train writes there; a file added to a
+  finished step is not in its checksums.json. None elsewhere (a user's own folder named checkpoints,
   e.g. ~/checkpoints/run1, is not a run's), or for a remote URL. Symbolic links are
   followed (os.path.realpath).
 
