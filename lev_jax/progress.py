@@ -6,7 +6,9 @@ handler meanwhile starts where the bar ends (`smoke:  40%|####  | 120/300 [...]I
 `logging.use_absl_handler()`) through `tqdm.external_write_mode`, which clears the bars,
 lets the line be written, and redraws them below it: what tqdm's own
 `tqdm.contrib.logging.logging_redirect_tqdm` does for plain StreamHandlers, which absl's
-handler is not. Each handler keeps its level, filters and format.
+handler is not. Each handler keeps its level, filters and format. The bars themselves
+are drawn only on a terminal (`tqdm(..., disable=None)`, as lev_jax.trainer's and
+lev_jax.eval.downstream's are): into a file, every redraw would be kept.
 
   restore = logs_above_bars()
   try:

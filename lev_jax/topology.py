@@ -160,7 +160,33 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
     if len(shape) != chip.dims or min(shape) < 1:
       raise AotError(f"topology {name!r}: a {gen} slice shape has {chip.dims} positive "
                      f"axes, e.g. {'x'.join(['2'] * chip.dims)}")
+  _check_whole_hosts(name, chip, shape)
   return Topology(name, chip, shape, num_slices)
+
+
+# libtpu lays out a compile-only slice in hosts of 2x2(x1) chips (its default
+# chips_per_host_bounds): the first two axes of the shape must be multiples of these.
+HOST_BOUNDS = (2, 2)
+
+
+def _check_whole_hosts(name: str, chip: Chip, shape: tuple[int, ...]) -> None:
+  """Refuses a slice shape libtpu cannot make of whole hosts (`v5e:3x3`, `v5e-2`),
+  before libtpu is loaded (its own words, "not divisible by chips_per_host_bounds",
+  read like a broken install).
+
+  Raises:
+    AotError: naming the shape and the shapes allowed.
+  """
+  if all(s % b == 0 for s, b in zip(shape, HOST_BOUNDS)):
+    return
+  host = "x".join(map(str, HOST_BOUNDS + (1,) * (chip.dims - 2)))
+  form = "AxB" if chip.dims == 2 else "AxBxC"
+  examples = (f"{chip.generation}:{host}, {chip.generation}:"
+              + ("4x8" if chip.dims == 2 else "4x4x4") + f", {chip.generation}-"
+              + str(math.prod(HOST_BOUNDS) * chip.cores_in_name))
+  raise AotError(f"topology {name!r}: shape {'x'.join(map(str, shape))} is not made of "
+                 f"whole {host} hosts; a compile-only {chip.generation} slice is "
+                 f"{form} with A and B multiples of 2 (e.g. {examples})")
 
 
 def _required_libtpu() -> str | None:
@@ -248,8 +274,9 @@ def topology_devices(topology: Topology) -> list:
     with _quiet_libtpu_env(topology):
       devices = list(topologies.get_topology_desc(topology.jax_name, "tpu", **kwargs).devices)
   except Exception as e:  # libtpu's errors are JaxRuntimeError / RuntimeError text
-    raise AotError(f"libtpu {version} could not make topology {topology.jax_name} "
-                   f"(x{topology.num_slices} slices): {first_line(e)}") from e
+    raise AotError(f"topology {topology.name} (shape {topology.jax_name}, "
+                   f"x{topology.num_slices} slices): not a slice libtpu {version} can lay "
+                   f"out: {first_line(e)}") from e
   if len(devices) != topology.chips:
     raise AotError(f"topology {topology.name}: libtpu {version} made {len(devices)} devices, "
                    f"expected {topology.chips} chips")

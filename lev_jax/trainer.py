@@ -699,8 +699,10 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
   flops_per_step = train_flops_per_step(config)["total"]
   n_devices, device_kind = jax.device_count(), jax.devices()[0].device_kind
   stop.install()  # before: Ctrl-C is KeyboardInterrupt (nothing to save yet)
+  # Drawn by process 0 on a terminal only: into a file or pipe (disable=None: tqdm's
+  # test of isatty) a redrawn bar would be copied around every log line.
   bar = tqdm(total=t.steps, initial=step, desc=config.name, unit="step",
-             disable=jax.process_index() != 0)
+             disable=None if jax.process_index() == 0 else True)
   # The step-time window: from window_start, when step window_step was complete (or the
   # loop began), to the flush of step s, which waits for step s: s - window_step steps.
   window_start, window_step, compiled = time.perf_counter(), step, False

@@ -120,6 +120,7 @@ def _drive() -> dict:
         "help_into_closed_pipe": _attempt(entry, prog, ["--help"], parse_only=False,
                                           closed_stdout=True),
         "override_parse": _attempt(entry, prog, [*context, OVERRIDE], parse_only=True),
+        "unknown_flag": _attempt(entry, prog, ["--bogusflag"], parse_only=True),
         "empty": {name: _attempt(entry, prog, ["--config="] if name == "config" else
                                  [*context, f"--{name}="], parse_only=name != "config")
                   for name in PATH_FLAGS.get(prog, [])}}
@@ -171,6 +172,15 @@ def test_help_into_a_closed_pipe_ends_quietly(prog, helps):
   assert (code, err) == (141, ""), err[-2000:]
 
 
+@pytest.mark.parametrize("prog", sorted(SCRIPTS))
+def test_an_unknown_flag_is_one_line(prog, helps):
+  """`lev-lm-eval --bogusflag` printed lm-eval's usage and error twice."""
+  code, out = helps[prog]["unknown_flag"]
+  lines = out.strip().splitlines()
+  assert code == 2 and len(lines) == 1, out[-2000:]
+  assert lines[0].startswith(f"{prog}: error: ") and "bogusflag" in lines[0], lines
+
+
 def test_folder_output_error_names_a_file_or_an_unwritable_ancestor(tmp_path, monkeypatch):
   from lev_jax.cli import common
   (tmp_path / "f").write_text("")
@@ -183,6 +193,37 @@ def test_folder_output_error_names_a_file_or_an_unwritable_ancestor(tmp_path, mo
   assert common.folder_output_error("--report_dir", "gs://b/r") is None
   monkeypatch.setattr(common.os, "access", lambda path, mode: False)  # read-only (CI: root)
   assert "cannot write in" in common.folder_output_error("--x", str(tmp_path / "new"))
+
+
+def test_checkpoint_tree_error_names_a_path_in_a_saved_checkpoint(tmp_path, monkeypatch):
+  """A run's checkpoints/ (its step folders too) and an export's params/ are only
+  written by lev-train and lev-export: every other output flag refuses them."""
+  from lev_jax.cli import common
+  steps = tmp_path / "run" / "checkpoints" / "300"
+  steps.mkdir(parents=True)
+  (tmp_path / "run" / "metrics.jsonl").write_text("")  # a run's (lev-train writes it)
+  (tmp_path / "mine" / "checkpoints" / "run1").mkdir(parents=True)  # the user's own
+  (tmp_path / "exp" / "params").mkdir(parents=True)
+  (tmp_path / "exp" / "export.json").write_text("{}")
+  (tmp_path / "link").symlink_to(steps)
+  monkeypatch.chdir(tmp_path)
+  assert common.checkpoint_tree_error("--output", "run/checkpoints/300/x.json") == (
+      "--output=run/checkpoints/300/x.json: is inside run/checkpoints, a run's saved "
+      "checkpoints (only that run's lev-train writes there); expected a path outside it")
+  assert common.checkpoint_tree_error("--workdir", "run/checkpoints").startswith(
+      "--workdir=run/checkpoints: is run/checkpoints, a run's saved checkpoints")
+  assert common.checkpoint_tree_error("--o", str(tmp_path / "link" / "x")).startswith(
+      f"--o={tmp_path / 'link' / 'x'}: is inside {tmp_path / 'run' / 'checkpoints'}, ")
+  assert "an export's parameters (only lev-export writes there)" in (
+      common.checkpoint_tree_error("--output_path", "exp/params/r.json"))
+  assert common.folder_output_error("--report_dir", "run/checkpoints/r").startswith(
+      "--report_dir=run/checkpoints/r: is inside run/checkpoints")
+  assert common.created_folder_error("--root", "run/checkpoints/r").startswith(
+      "--root=run/checkpoints/r: is inside")
+  assert not (tmp_path / "run" / "checkpoints" / "r").exists()
+  for fine in ("run/lev_eval.json", "exp/r.json", "new/checkpoints/x", "gs://b/checkpoints/1",
+               "mine/checkpoints/run1/lev_eval.json"):
+    assert common.checkpoint_tree_error("--output", fine) is None, fine
 
 
 def test_define_path_refuses_an_empty_or_blank_value(capsys):

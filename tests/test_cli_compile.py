@@ -46,6 +46,30 @@ def test_bad_input_is_one_line_before_anything_is_compiled(args, needle, tmp_pat
   assert not list(tmp_path.iterdir())
 
 
+def test_an_output_inside_a_saved_checkpoint_is_one_line(tmp_path, capsys):
+  from lev_jax.cli import compile as compile_cli
+  (tmp_path / "run" / "checkpoints" / "4").mkdir(parents=True)
+  (tmp_path / "run" / "token_counts.npy").write_bytes(b"")  # a run's workdir
+  for flag in ("json", "dump_hlo"):
+    path = str(tmp_path / "run" / "checkpoints" / "4" / "c")
+    with pytest.raises(SystemExit) as e:
+      compile_cli._check_outputs(**{"json_path" if flag == "json" else flag: path,
+                                    "dump_hlo" if flag == "json" else "json_path": None})
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        f"lev-compile: error: --{flag}={path}: is inside {tmp_path / 'run' / 'checkpoints'}")
+
+
+def test_a_topology_error_names_the_flag():
+  """`--topology=v5e:3x3` is named as typed (lev_jax.topology says `topology 'NAME'`)."""
+  from lev_jax.cli.compile import flag_named
+  assert flag_named("topology 'v5e:3x3': shape 3x3 is not ...", "v5e:3x3") == (
+      "--topology=v5e:3x3: shape 3x3 is not ...")
+  assert flag_named("topology v5e:2x2 (shape v5e:2x2, x1 slices): ...", "v5e:2x2") == (
+      "--topology=v5e:2x2 (shape v5e:2x2, x1 slices): ...")
+  assert flag_named("mesh ... topology 'x'", "x") == "mesh ... topology 'x'"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("jax_plugins") is not None
                     and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None,
                     reason="the CUDA plugin is installed here")

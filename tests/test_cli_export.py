@@ -49,12 +49,13 @@ def source(tmp_path_factory):
   return path, im
 
 
-def test_export_then_load_gives_identical_logits(source, tmp_path, capsys):
+def test_export_then_load_gives_identical_logits(source, tmp_path, capsys, monkeypatch):
   path, im = source
   before = snapshot(path)
-  lev_export(f"--checkpoint={path}", f"--output={tmp_path / 'out'}")
-  printed = capsys.readouterr().out
-  assert f"step 5 of {path} (lev) -> {tmp_path / 'out'}" in printed
+  monkeypatch.chdir(tmp_path)
+  lev_export(f"--checkpoint={os.path.relpath(path)}", "--output=out")
+  printed = capsys.readouterr().out  # paths as given (docs/evaluation.md)
+  assert f"step 5 of {os.path.relpath(path)} (lev) -> out\n" in printed
   assert "float32" in printed and " MB" in printed and "token_counts.npy" in printed
   again = inference.load(tmp_path / "out")
   assert again.step == 5 and again.config.model.embedding == "lev"
@@ -108,6 +109,11 @@ def test_bad_inputs_are_one_line_exit_2(source, tmp_path, capsys):
   fails(f"--checkpoint={path}", f"--output={tmp_path / 't'}", "--materialize_lev",
         "--step=4", match="holds step 5, not step 4")
   assert snapshot(path) == before and not (tmp_path / "t").exists()
+  (tmp_path / "run" / "checkpoints" / "2").mkdir(parents=True)  # another run's step
+  (tmp_path / "run" / ".lock").write_text("")
+  fails(f"--checkpoint={path}", f"--output={tmp_path / 'run' / 'checkpoints' / '2' / 'e'}",
+        match="a run's saved checkpoints (only that run's lev-train writes there)")
+  assert os.listdir(tmp_path / "run" / "checkpoints" / "2") == []
   lev_export(f"--checkpoint={path}", f"--output={tmp_path / 'full'}", "--overwrite",
              "--dtype=bfloat16")
   assert inference.load(tmp_path / "full").dtype == "bfloat16"

@@ -61,7 +61,9 @@ def main(argv):
   lowered.compile()
   print("compiled before the Ctrl-C")
 
-common.run("lev-probe", main, "lev_jax.cli.params")
+# What was kept is said after the Ctrl-C (lev-train: whether a checkpoint exists yet).
+common.run("lev-probe", main, "lev_jax.cli.params",
+           interrupted=lambda: "interrupted (Ctrl-C); stopped")
 """
 
 

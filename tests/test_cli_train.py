@@ -96,6 +96,8 @@ def test_kill_9_mid_run_then_rerun_continues_from_last_complete_checkpoint(tmp_p
   assert max(resumed_steps) == end
   assert f"step {end}" in rerun.stdout
   assert "resumed from step" in rerun.stderr and "unverified" not in rerun.stderr
+  # stderr is a pipe, not a terminal: no progress bar redrawn around every log line.
+  assert "%|" not in rerun.stderr, rerun.stderr[-3000:]
 
 
 def test_rerun_of_a_finished_run_prints_one_line_and_writes_nothing(finished_tied_run,
@@ -204,6 +206,20 @@ def test_ctrl_c_in_a_command_is_one_line_and_exit_130(module, prog, args):
   assert proc.returncode == 130, proc.stderr[-3000:]
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith(f"{prog}: interrupted (Ctrl-C)"), lines
+
+
+def test_ctrl_c_before_the_first_step_says_whether_a_checkpoint_exists(tmp_path):
+  """A fresh run interrupted in its first compile said "the workdir's checkpoints are
+  unchanged" though it had none."""
+  from lev_jax.cli.train import interrupted_line
+  head = "interrupted (Ctrl-C) before the first step; "
+  assert interrupted_line(None) == head + "nothing was written: re-run to start"
+  (tmp_path / "checkpoints").mkdir()  # made by the run, no step saved yet
+  assert interrupted_line(str(tmp_path)) == (
+      head + "no checkpoint was written yet: re-run to start")
+  (tmp_path / "checkpoints" / "2").mkdir()
+  assert interrupted_line(str(tmp_path)) == (
+      head + "the workdir's checkpoints are unchanged: re-run to continue")
 
 
 SECTIONS = "data, eval, lev, mesh, model, optim, train"

@@ -260,9 +260,13 @@ def test_open_and_prepare_errors(tmp_path, pile):
   with pytest.raises(DataError, match="no such folder"):
     prepared.open_prepared(tmp_path / "nowhere")
   (tmp_path / "empty").mkdir()
-  with pytest.raises(DataError, match=r"empty: preparation did not finish \(no "
-                     r"dataset_info.json\); run lev-prepare-data --config=\.\.\. again"):
+  with pytest.raises(DataError, match=r"empty: holds no prepared data: no "
+                     r"dataset_info.json, which lev-prepare-data writes; raw Pile-format "
+                     r"JSONL needs data.source=jsonl with data.train_files"):
     prepared.open_prepared(tmp_path / "empty")
+  with pytest.raises(DataError, match=r"train: holds no prepared data \(it holds raw "
+                     r"JSONL, e.g. a.jsonl\): no dataset_info.json"):
+    prepared.open_prepared(pile["root"] / "train")
   with pytest.raises(DataError, match=r"config.model.vocab_size = 300 but the bytes "
                      "tokenizer has 259 ids"):
     c = _config(tmp_path, pile)

@@ -126,6 +126,20 @@ def test_an_output_that_cannot_be_a_file_is_one_line(tmp_path, capsys, output, e
       tmp=tmp_path)
 
 
+def test_an_output_inside_a_saved_checkpoint_is_refused(tmp_path, capsys):
+  """`--output=RUN/checkpoints/300/x.json` wrote into a finished step."""
+  (tmp_path / "run" / "checkpoints" / "300").mkdir(parents=True)
+  (tmp_path / "run" / "data_report.json").write_text("{}")  # a run's workdir
+  output = str(tmp_path / "run" / "checkpoints" / "300" / "x.json")
+  with pytest.raises(SystemExit) as e:
+    eval_cli._check_output_writable(output, str(tmp_path / "run"))
+  assert e.value.code == 2
+  assert capsys.readouterr().err.strip() == (
+      f"lev-eval: error: --output={output}: is inside {tmp_path / 'run' / 'checkpoints'}, "
+      "a run's saved checkpoints (only that run's lev-train writes there); expected a "
+      "path outside it")
+
+
 def test_a_checkpoint_that_is_a_file_is_named_as_such(tmp_path, capsys):
   (tmp_path / "afile").write_text("x")
   with pytest.raises(SystemExit) as e:

@@ -3,6 +3,7 @@ scored by a bigram model whose preferences make every answer known by constructi
 
 import json
 import math
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -242,14 +243,18 @@ def test_a_missing_piqa_labels_file_names_the_real_flag(tmp_path):
       "--config.eval.downstream.piqa_labels=PATH")
 
 
-def test_scoring_shows_a_progress_bar_per_task_on_stderr(scorer, tmp_path, capsys):
+def test_scoring_shows_a_progress_bar_per_task_on_stderr(scorer, tmp_path, capsys,
+                                                        monkeypatch):
   """Issue 13.9e: lev-eval scores for minutes; a tqdm bar per task (items, items/s,
-  ETA) on stderr, nothing on stdout; the results are those without the bar."""
+  ETA) on stderr when it is a terminal, nothing on stdout; the results are those
+  without the bar. Into a file (not a terminal) no bar is drawn."""
   f = write_jsonl(tmp_path / "dev.jsonl", [{"sentence": f"a{i} _ z", "option1": "q",
                                             "option2": "b", "answer": "1"}
                                            for i in range(5)])
   quiet = evaluate_tasks(scorer, {"winogrande": f})
-  capsys.readouterr()
+  assert evaluate_tasks(scorer, {"winogrande": f}, progress=True) == quiet
+  assert capsys.readouterr().err == ""  # capsys's stderr is not a terminal
+  monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
   shown = evaluate_tasks(scorer, {"winogrande": f}, progress=True)
   assert shown == quiet
   out, err = capsys.readouterr()

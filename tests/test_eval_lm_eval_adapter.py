@@ -102,6 +102,23 @@ def test_run_adds_the_model_and_calls_lm_evals_cli(monkeypatch):
                    "--model", "lev_jax"], ["lm-eval", "ls", "tasks"]]
 
 
+def test_an_output_path_in_a_saved_checkpoint_is_one_line(tmp_path, monkeypatch, capsys):
+  """lev_jax.cli.common.checkpoint_tree_error, before lm-eval starts."""
+  import lm_eval.__main__ as cli
+  monkeypatch.setattr(cli, "cli_evaluate", lambda: pytest.fail("lm-eval ran"))
+  (tmp_path / "run" / "checkpoints" / "3").mkdir(parents=True)
+  (tmp_path / "run" / "metrics.jsonl").write_text("")  # a run's workdir
+  out = tmp_path / "run" / "checkpoints" / "3" / "r.json"
+  with pytest.raises(SystemExit) as e:
+    lm_eval_cli.run(["--model_args", "checkpoint=runs/a", "--tasks", "piqa",
+                     "--output_path", str(out)])
+  assert e.value.code == 2
+  assert capsys.readouterr().err == (
+      f"lev-lm-eval: error: --output_path={out}: is inside {tmp_path / 'run' / 'checkpoints'}"
+      ", a run's saved checkpoints (only that run's lev-train writes there); expected a "
+      "path outside it\n")
+
+
 def test_simple_evaluate_on_a_local_task_offline(export, tmp_path, monkeypatch):
   """Registry name + model_args string + a task read from a local JSON file: no network
   (datasets / hub offline; the datasets cache in tmp_path; only this task is indexed)."""

@@ -46,6 +46,10 @@ def test_several_slices_multiply_the_chips():
     ("v5p-7", "expected a multiple of 2"),
     ("v5e-12", "12 chips: expected a power of two"),
     ("v5p:4x4", "a v5p slice shape has 3 positive axes"),
+    # libtpu's compile-only slices are whole 2x2 hosts: refused before libtpu is loaded
+    ("v5e:3x3", r"shape 3x3 is not made of whole 2x2 hosts; a compile-only v5e slice is "
+     r"AxB with A and B multiples of 2 \(e.g. v5e:2x2, v5e:4x8, v5e-4\)"),
+    ("v5p-4", "shape 2x1x1 is not made of whole 2x2x1 hosts"),
     ("tpu", "expected GENERATION-COUNT"),
     ("", "expected GENERATION-COUNT"),
 ])

@@ -18,12 +18,14 @@ import re
 import shlex
 import sys
 import textwrap
+from collections.abc import Callable
 
 import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from lev_jax.cli import interrupt
+from lev_jax.workdir import CHECKPOINTS, EXPORT_JSON, EXPORT_PARAMS, LOCK, RUN_OUTPUTS
 
 # The flags `define_path` defines belong to the command calling it (its --help lists
 # them), not to this module.
@@ -81,13 +83,59 @@ def output_path_error(name: str, output: str, error: OSError) -> str | None:
           "expected a folder you can write to")
 
 
-def folder_output_error(flag: str, path: str) -> str | None:
-  """The one line when the local folder `path` (of flag `flag`, e.g. "--report_dir") can
-  be neither used nor created: a file is there, or its nearest existing ancestor is not
-  a folder this process can write. None when it can be written, or for a remote URL
-  (left to the write). Checked before the long work whose result goes there."""
+# What lev-train writes in a workdir beside its checkpoints/ (its lock, its other
+# outputs): a folder named checkpoints with none of these beside it is not a run's.
+RUN_MARKERS = (LOCK, *(name for name in RUN_OUTPUTS if name != CHECKPOINTS))
+
+
+def checkpoint_tree_error(flag: str, path: str) -> str | None:
+  """The one line when the local path `path` (of flag `flag`, e.g. "--output"), a file
+  or folder a command is about to write, is a saved checkpoint or inside one: a run's
+  checkpoints/ folder (lev_jax.workdir.CHECKPOINTS beside the run's lock or another of
+  its outputs, RUN_MARKERS; its step folders included) or an export's params/
+  (EXPORT_PARAMS beside EXPORT_JSON). Only lev-train writes there; a file added to a
+  finished step is not in its checksums.json. None elsewhere (a user's own folder named checkpoints,
+  e.g. ~/checkpoints/run1, is not a run's), or for a remote URL. Symbolic links are
+  followed (os.path.realpath).
+
+  Returns:
+    e.g. "--output=runs/x/checkpoints/300/e.json: is inside runs/x/checkpoints, a run's
+    saved checkpoints (only that run's lev-train writes there); expected a path
+    outside it".
+  """
   if "://" in path:
     return None
+  given = os.path.expanduser(path)
+  folder = os.path.realpath(given)
+  while True:
+    parent, name = os.path.split(folder)
+    if (os.path.isdir(folder) and name == CHECKPOINTS
+        and any(os.path.exists(os.path.join(parent, n)) for n in RUN_MARKERS)):
+      what = "a run's saved checkpoints (only that run's lev-train writes there)"
+      break
+    if (os.path.isdir(folder) and name == EXPORT_PARAMS
+        and os.path.isfile(os.path.join(parent, EXPORT_JSON))):
+      what = "an export's parameters (only lev-export writes there)"
+      break
+    if parent == folder:
+      return None
+    folder = parent
+  shown = folder if os.path.isabs(given) else os.path.relpath(folder)
+  where = "is" if folder == os.path.realpath(given) else "is inside"
+  return f"{flag}={path}: {where} {shown}, {what}; expected a path outside it"
+
+
+def folder_output_error(flag: str, path: str) -> str | None:
+  """The one line when the local folder `path` (of flag `flag`, e.g. "--report_dir") can
+  be neither used nor created: a file is there, it is in a saved checkpoint
+  (`checkpoint_tree_error`), or its nearest existing ancestor is not a folder this
+  process can write. None when it can be written, or for a remote URL (left to the
+  write). Checked before the long work whose result goes there."""
+  if "://" in path:
+    return None
+  inside = checkpoint_tree_error(flag, path)
+  if inside:
+    return inside
   folder = os.path.abspath(os.path.expanduser(path))
   if os.path.exists(folder) and not os.path.isdir(folder):
     return f"{flag}={path}: is a file; expected a folder"
@@ -103,10 +151,14 @@ def folder_output_error(flag: str, path: str) -> str | None:
 def created_folder_error(flag: str, path: str) -> str | None:
   """Creates the local folder `path` (of flag `flag`, e.g. "--root") where a command is
   about to write into it; the one line when it cannot be (a folder the permission bits
-  do not forbid but the filesystem refuses, such as one under /proc). None once it
-  exists, or for a remote URL (left to the write)."""
+  do not forbid but the filesystem refuses, such as one under /proc) or is in a saved
+  checkpoint (`checkpoint_tree_error`, nothing created then). None once it exists, or
+  for a remote URL (left to the write)."""
   if "://" in path:
     return None
+  inside = checkpoint_tree_error(flag, path)
+  if inside:
+    return inside
   try:
     os.makedirs(os.path.expanduser(path), exist_ok=True)
   except OSError as e:
@@ -121,7 +173,7 @@ _REPEATED_FLAG = re.compile(r"^flag (--[\w.]+)=\s*: (?=\1 )")
 
 
 def run(prog: str, main, module: str,
-        interrupted: str = "interrupted (Ctrl-C); stopped") -> None:
+        interrupted: str | Callable[[], str] = "interrupted (Ctrl-C); stopped") -> None:
   """`app.run(main)` with `flags_parser(prog, module)`, ending a Ctrl-C in one line.
 
   A KeyboardInterrupt that reaches here (Python's default SIGINT handler raises it)
@@ -139,14 +191,16 @@ def run(prog: str, main, module: str,
     prog: the command's name, e.g. "lev-eval".
     main: absl's main(argv).
     module: the command's module (for --help), e.g. "lev_jax.cli.eval".
-    interrupted: the rest of the line, e.g. what was kept.
+    interrupted: the rest of the line, e.g. what was kept; or a function returning
+      it, called after the Ctrl-C (when what was kept depends on how far it got).
   """
   interrupt.started()
   try:
     with ending_closed_pipe_quietly():
       app.run(main, flags_parser=flags_parser(prog, module))
   except KeyboardInterrupt:
-    print(f"{prog}: {interrupted}", file=sys.stderr)
+    print(f"{prog}: {interrupted() if callable(interrupted) else interrupted}",
+          file=sys.stderr)
     interrupt.exit_now(INTERRUPTED_EXIT)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from absl import flags, logging
 from ml_collections import config_flags
@@ -65,6 +66,9 @@ def _check_outputs(json_path: str | None, dump_hlo: str | None) -> None:
   for flag, path in (("--json", json_path), ("--dump_hlo", dump_hlo)):
     if path is not None and not path.strip():
       common.fail(PROG, f"{flag} is empty: expected a path")
+    inside = path and common.checkpoint_tree_error(flag, path)
+    if inside:
+      common.fail(PROG, inside)
   if json_path:
     parent = os.path.dirname(os.path.abspath(json_path))
     if os.path.isdir(json_path):
@@ -74,6 +78,13 @@ def _check_outputs(json_path: str | None, dump_hlo: str | None) -> None:
                   "writable")
   if dump_hlo and os.path.exists(dump_hlo) and not os.path.isdir(dump_hlo):
     common.fail(PROG, f"--dump_hlo={dump_hlo} is a file: expected a folder")
+
+
+def flag_named(line: str, topology: str) -> str:
+  """`line` with its leading `topology 'NAME'` (lev_jax.topology's errors about the
+  value) as the flag the user typed: `--topology=NAME`."""
+  return re.sub(r"^topology '?" + re.escape(topology) + r"'?(?=[:( ])",
+                lambda _: f"--topology={topology}", line)
 
 
 def program_line(config, topology) -> str:
@@ -138,7 +149,7 @@ def main(argv):
     reports = aot.compile_steps(config, topology, steps, dump_hlo=f.dump_hlo,
                                 estimate_time=f.estimate_time)
   except (ConfigError, ShardingError, topo_lib.AotError, GpuTargetError) as e:
-    common.fail(PROG, common.first_line(e))
+    common.fail(PROG, flag_named(common.first_line(e), f.topology))
   chip = topology.chip
   hbm = f"{chip.hbm_bytes / topo_lib.GiB:.1f} GiB"
   ici, dcn = sharding.mesh_shapes(config.mesh, topology.chips)

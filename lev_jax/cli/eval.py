@@ -113,7 +113,8 @@ def _pm(value: float, stderr: float | None) -> str:
 def _check_output_writable(output: str | None, checkpoint: str) -> None:
   """One line, before any evaluation, when the result file cannot be written: a folder
   given as --output, a missing --output folder (e.g. a typo), or a folder that cannot
-  be written (e.g. a read-only checkpoint folder: --output elsewhere)."""
+  be written (e.g. a read-only checkpoint folder: --output elsewhere), or a path inside
+  a saved checkpoint (common.checkpoint_tree_error)."""
   if "://" not in checkpoint and os.path.exists(checkpoint) and not os.path.isdir(checkpoint):
     common.fail(PROG, f"--checkpoint={checkpoint}: is a file, not a folder (expected a "
              "lev-train workdir or a lev-export folder)")
@@ -122,6 +123,9 @@ def _check_output_writable(output: str | None, checkpoint: str) -> None:
   flag = f"--output={output}" if output else f"--output (default {path})"
   if "://" in str(folder):
     return
+  inside = output and common.checkpoint_tree_error("--output", output)
+  if inside:
+    common.fail(PROG, inside)
   if path.is_dir():
     common.fail(PROG, f"{flag}: is a folder; expected the result file's path, e.g. "
                 f"{path / LEV_EVAL_JSON}")

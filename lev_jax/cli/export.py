@@ -66,11 +66,15 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
   """Refuses an OUTPUT that would touch the source or lose files without --overwrite.
 
   Raises:
-    ValueError: OUTPUT is the checkpoint, inside it or holds it; OUTPUT is a file; OUTPUT
-      is a non-empty folder and not `overwrite`.
+    ValueError: OUTPUT is the checkpoint, inside it or holds it; OUTPUT is inside another
+      run's checkpoints or export's parameters (common.checkpoint_tree_error); OUTPUT is
+      a file; OUTPUT is a non-empty folder and not `overwrite`.
   """
   from lev_jax.inference import check_not_source
   check_not_source(checkpoint, output)
+  inside = common.checkpoint_tree_error("--output", output)
+  if inside:
+    raise ValueError(inside)
   if "://" in output:
     from etils import epath
     path = epath.Path(output)
@@ -113,8 +117,9 @@ def export(checkpoint: str, output: str, *, step: int | None = None,
     hf: also write OUTPUT/hf with `hf_export.save_hf` (in `dtype`, else the export's).
     overwrite: replace a non-empty `output`.
   Returns:
-    {"export": the export.json record (lev_jax.inference.save) plus "dir" and
-     "folder_bytes", "hf": the save_hf record or None}.
+    {"export": the export.json record (lev_jax.inference.save; its "source" is the
+     checkpoint's absolute path) plus "dir" (`output`), "checkpoint" (`checkpoint`,
+     both as given) and "folder_bytes", "hf": the save_hf record or None}.
   Raises:
     ValueError (InferenceError, HFExportError, ConfigError, DataError among them):
       `check_output`, an unreadable checkpoint or step, a bad dtype, materialising a
@@ -137,16 +142,18 @@ def export(checkpoint: str, output: str, *, step: int | None = None,
   hf_info = info.pop("also", None)
   if hf_info is not None:
     hf_info["dir"] = os.path.join(os.fspath(output), HF)
-  info = dict(info, dir=os.fspath(output))
+  info = dict(info, dir=os.fspath(output), checkpoint=os.fspath(checkpoint))
   info["folder_bytes"] = _folder_bytes(output)
   return {"export": info, "hf": hf_info}
 
 
 def report(result: dict) -> str:
-  """The lines `lev-export` prints: paths, parameter counts, dtypes, sizes in MB."""
+  """The lines `lev-export` prints: paths (as the user gave them, as other commands
+  print theirs), parameter counts, dtypes, sizes in MB."""
   e, h = result["export"], result["hf"]
   kind = e["embedding"] + (" -> materialised table" if e["materialized_lev"] else "")
-  lines = [f"{PROG}: step {e['step']} of {e['source']} ({kind}) -> {e['dir']}",
+  lines = [f"{PROG}: step {e['step']} of {e.get('checkpoint', e['source'])} ({kind}) -> "
+           f"{e['dir']}",
            f"  params  {e['params']:,} {e['dtype']} ({e['bytes'] / MB:.2f} MB); "
            f"folder {e['folder_bytes'] / MB:.2f} MB: {EXPORT_PARAMS}/, {EXPORT_CONFIG}, "
            f"{TOKENIZER}/, {EXPORT_JSON}"

@@ -15,6 +15,7 @@ missing. Library: lm_eval/__main__.py (``cli_evaluate``), lm_eval/tasks/_index.p
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -142,20 +143,35 @@ def data_problem(tasks: Sequence[str], include_path: str | None) -> str | None:
 
 
 def _requested(argv: Sequence[str]):
-  """(tasks, include_path) of an lm-eval `run` command line, or None when it does not
-  parse (lm-eval then says why)."""
+  """(tasks, include_path, output_path) of an lm-eval `run` command line, or None when
+  it is another command or asks for help (lm-eval then prints that; this parse prints
+  nothing).
+
+  A command line lm-eval refuses (`--bogusflag`) ends here with the one line
+  `lev-lm-eval: error: <argparse's reason>`, exit 2 (lm-eval's own parse would print
+  its usage and the reason again).
+  """
+  import contextlib  # pylint: disable=import-outside-toplevel
+  import io  # pylint: disable=import-outside-toplevel
   from lm_eval._cli.harness import HarnessCLI  # pylint: disable=import-outside-toplevel
-  saved = sys.argv
+  saved, said = sys.argv, io.StringIO()
   sys.argv = ["lm-eval", *argv]
   try:
-    args = HarnessCLI().parse_args()
-  except SystemExit:
-    return None
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
+      args = HarnessCLI().parse_args()
+  except SystemExit as e:
+    if e.code in (0, None):  # --help: lm-eval prints it
+      return None
+    lines = [l for l in said.getvalue().splitlines() if l.strip()] or ["bad arguments"]
+    reason = re.sub(r"^[\w .-]*: error: ", "", lines[-1])
+    print(f"lev-lm-eval: error: {reason} (lev-lm-eval --help lists the flags)",
+          file=sys.stderr)
+    sys.exit(2)
   finally:
     sys.argv = saved
   if getattr(args, "command", None) != "run" or not getattr(args, "tasks", None):
     return None
-  return list(args.tasks), args.include_path
+  return list(args.tasks), args.include_path, getattr(args, "output_path", None)
 
 
 HELP_USAGE = """\
@@ -216,6 +232,7 @@ def run(argv: Sequence[str] | None = None) -> None:
 
 def _run(argv: list[str]) -> None:
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
+  from lev_jax.cli.common import checkpoint_tree_error  # pylint: disable=import-outside-toplevel
 
   if not argv or argv[0] in ("-h", "--help"):
     print(usage())
@@ -224,7 +241,9 @@ def _run(argv: list[str]) -> None:
   if argv[0] not in ("ls", "validate") and not has_model:
     argv += ["--model", MODEL_NAME]
   requested = _requested(argv)
-  problem = requested and data_problem(*requested)
+  problem = requested and requested[2] and checkpoint_tree_error("--output_path",
+                                                                 requested[2])
+  problem = problem or (requested and data_problem(*requested[:2]))
   if problem:  # before lm-eval indexes its tasks and loads the model
     print(f"lev-lm-eval: error: {problem}", file=sys.stderr)
     sys.exit(2)

@@ -36,6 +36,7 @@ import re
 import sys
 
 from absl import flags, logging
+from etils import epath
 from ml_collections import config_flags
 
 from lev_jax import distributed
@@ -47,7 +48,7 @@ from lev_jax.data import DataError
 from lev_jax.eval.evaluate import coverage
 from lev_jax.experiments import experiments_dir
 from lev_jax.sharding import ShardingError
-from lev_jax.workdir import EVAL_JSON, LOCK, OutputWriteError, default_workdir
+from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LOCK, OutputWriteError, default_workdir
 
 # 128 + SIGTERM: the shell's status for a process ended by SIGTERM; schedulers read it
 # as "did not finish" and can requeue the job, which then resumes. Ctrl-C (SIGINT) after
@@ -55,6 +56,8 @@ from lev_jax.workdir import EVAL_JSON, LOCK, OutputWriteError, default_workdir
 PREEMPTED_EXIT = 143
 STOPPED_EXIT = {"SIGTERM": PREEMPTED_EXIT, "SIGINT": common.INTERRUPTED_EXIT}
 DEFAULT_CONFIG = str(experiments_dir() / "smoke.py") + ":leviathan"
+# The run's workdir once main has chosen it (interrupted_line reads it).
+_WORKDIR: list[str] = []
 
 
 def _define_flags():
@@ -132,6 +135,10 @@ def main(argv):
   except ConfigError as e:
     common.fail("lev-train", str(e))
   workdir = flags.FLAGS.workdir or default_workdir(config.name)
+  inside = common.checkpoint_tree_error("--workdir", workdir)  # another run's checkpoints
+  if inside:
+    common.fail("lev-train", inside)
+  _WORKDIR[:] = [workdir]  # for the line a Ctrl-C before the first step prints
   logging.info("config %s -> workdir %s", config.name, workdir)
   try:
     # A finished run is only read: before the lock, so nothing at all is written.
@@ -170,12 +177,29 @@ def main(argv):
       print(f"  {coverage(result['data'])}")
 
 
+def interrupted_line(workdir: str | None) -> str:
+  """What Ctrl-C before the first step (data, restore, the first compile) says: that
+  the checkpoints of `workdir` are unchanged when it has some, else that none was
+  written yet (a fresh run; `workdir` None: not yet chosen)."""
+  head = "interrupted (Ctrl-C) before the first step; "
+  if workdir is None:
+    return head + "nothing was written: re-run to start"
+  try:
+    checkpoints = epath.Path(workdir) / CHECKPOINTS
+    saved = checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+  except OSError:  # cannot tell: say only what is sure
+    return head + "no checkpoint was written: re-run to continue"
+  if saved:
+    return head + "the workdir's checkpoints are unchanged: re-run to continue"
+  return head + "no checkpoint was written yet: re-run to start"
+
+
 def run():
   common.define_or_exit("lev-train", _define_flags)
   # Ctrl-C before the first step (data, restore) ends here; from the first step on, the
   # trainer turns it into a checkpoint (a second Ctrl-C aborts at once).
-  common.run("lev-train", main, __name__, interrupted="interrupted (Ctrl-C) before the first "
-          "step; the workdir's checkpoints are unchanged: re-run to continue")
+  common.run("lev-train", main, __name__,
+             interrupted=lambda: interrupted_line(_WORKDIR[0] if _WORKDIR else None))
 
 
 if __name__ == "__main__":

@@ -353,6 +353,18 @@ def _not_finished(path: epath.Path, why: str) -> DataError:
   return DataError(f"{path}: preparation did not finish ({why}); {_RERUN}")
 
 
+def _not_prepared(path: epath.Path) -> DataError:
+  """For a folder with neither INFO_FILE nor a WORK_DIR/ (lev-prepare-data never ran
+  there): it holds no prepared data, and raw JSONL found in it is named."""
+  raw = sorted(p.name for p in path.iterdir()
+               if p.name.endswith((".jsonl", ".jsonl.zst", ".json.zst")))
+  found = f" (it holds raw JSONL, e.g. {raw[0]})" if raw else ""
+  return DataError(f"{path}: holds no prepared data{found}: no {INFO_FILE}, which "
+                   "lev-prepare-data writes; raw Pile-format JSONL needs "
+                   "data.source=jsonl with data.train_files (and data.validation_files), "
+                   "or lev-prepare-data --config=... first to prepare it here")
+
+
 def read_json(path: epath.Path):
   """The JSON content of `path`; DataError naming the file when it cannot be read."""
   try:
@@ -426,8 +438,10 @@ def open_prepared(path) -> PreparedDataset:
     ``token_counts.npy`` / ``report.json`` opens with those set to None.
 
   Raises:
-    DataError: the folder is missing; preparation did not finish (no
-      ``dataset_info.json``, an unreadable one, or work files of an unfinished run):
+    DataError: the folder is missing; it holds no prepared data (neither
+      ``dataset_info.json`` nor ``prepare/``: e.g. a folder of raw JSONL, named);
+      preparation did not finish (``prepare/`` without ``dataset_info.json``, an
+      unreadable one, or work files of an unfinished run):
       "...: preparation did not finish; run lev-prepare-data --config=... again to
       complete it"; a shard of another preparation run (named); not a lev_text
       dataset (unexpected features or a newer format version); token counts of the
@@ -438,6 +452,8 @@ def open_prepared(path) -> PreparedDataset:
     raise DataError(f"{path}: no such folder; expected a dataset written by "
                     "lev-prepare-data (config.data.prepared_dir)")
   if not (path / INFO_FILE).exists():
+    if not (path / WORK_DIR).exists():
+      raise _not_prepared(path)
     raise _not_finished(path, f"no {INFO_FILE}")
   try:
     builder = tfds.builder_from_directory(path)

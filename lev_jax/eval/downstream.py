@@ -393,7 +393,8 @@ def score_items(scorer, name: str, items: Sequence[Item], path="",
 
   progress: a tqdm bar on stderr, one per task ("<name>: k/n item", items/s, ETA),
   advanced as each item's last choice is scored (needs a scorer whose loglikelihood
-  takes ``on_done``, as `lev_jax.eval.scoring.Scorer`'s does).
+  takes ``on_done``, as `lev_jax.eval.scoring.Scorer`'s does); drawn only when stderr
+  is a terminal (into a file, a redrawn bar would be copied around every log line).
   """
   requests = [req for item in items for req in item.requests]
   if not progress:
@@ -403,7 +404,8 @@ def score_items(scorer, name: str, items: Sequence[Item], path="",
     left = [len(item.requests) for item in items]
     logs_restored = progress_logs.logs_above_bars()  # log lines above the bar, not on it
     try:
-      with tqdm(total=len(items), desc=name, unit="item", file=sys.stderr) as bar:
+      with tqdm(total=len(items), desc=name, unit="item", file=sys.stderr,
+                disable=None) as bar:  # None: on a terminal only (not a file or pipe)
         def on_done(i: int) -> None:
           left[item_of[i]] -= 1
           if not left[item_of[i]]:
