@@ -135,7 +135,8 @@ def main(argv):
   except ConfigError as e:
     common.fail("lev-train", str(e))
   workdir = flags.FLAGS.workdir or default_workdir(config.name)
-  inside = common.checkpoint_tree_error("--workdir", workdir)  # another run's checkpoints
+  inside = (common.checkpoint_tree_error("--workdir", workdir)  # another run's files
+            or common.export_folder_error("--workdir", workdir))
   if inside:
     common.fail("lev-train", inside)
   _WORKDIR[:] = [workdir]  # for the line a Ctrl-C before the first step prints
