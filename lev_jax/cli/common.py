@@ -98,18 +98,20 @@ def _holds_run_outputs(folder: str, besides: str) -> bool:
 
 def _owner(path: str) -> str | None:
   """What owns the absolute path `path` (existing or not), as a phrase, e.g. "a run's
-  saved checkpoints (...)"; None when it is not a run's output (a RUN_OUTPUTS name in a
-  run folder) or an export's (an EXPORT_OUTPUTS name beside EXPORT_JSON)."""
+  saved checkpoints (...)"; None when it is not an export's (an EXPORT_OUTPUTS name
+  beside EXPORT_JSON; an export also holds tokenizer/ and token_counts.npy) or a run's
+  (a RUN_OUTPUTS name in a run's folder)."""
   parent, name = os.path.split(path)
+  if name in EXPORT_OUTPUTS and os.path.isfile(os.path.join(parent, EXPORT_JSON)):
+    if name == EXPORT_PARAMS:
+      return "an export's parameters (only lev-export writes there)"
+    kind = "folder" if name in (TOKENIZER, HF) else "file"
+    return f"an export's own {kind} (only lev-export writes it)"
   if name in RUN_OUTPUTS and _holds_run_outputs(parent, besides=name):
     if name == CHECKPOINTS:
       return "a run's saved checkpoints (only that run's lev-train writes there)"
     kind = "folder" if RUN_OUTPUTS[name] else "file"
     return f"a run's own {kind} (only that run's lev-train writes it)"
-  if name in EXPORT_OUTPUTS and os.path.isfile(os.path.join(parent, EXPORT_JSON)):
-    if name == EXPORT_PARAMS:
-      return "an export's parameters (only lev-export writes there)"
-    return "an export's own file (only lev-export writes it)"
   return None
 
 
