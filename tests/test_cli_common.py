@@ -226,6 +226,52 @@ def test_checkpoint_tree_error_names_a_path_in_a_saved_checkpoint(tmp_path, monk
     assert common.checkpoint_tree_error("--output", fine) is None, fine
 
 
+def test_checkpoint_tree_error_names_every_file_a_run_or_export_owns(tmp_path, monkeypatch):
+  """`lev-eval --output=runs/cb3/metrics.jsonl` replaced the run's training metrics."""
+  from lev_jax.cli import common
+  (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "run" / "metrics.jsonl").write_text("")
+  (tmp_path / "exp").mkdir()
+  (tmp_path / "exp" / "export.json").write_text("{}")
+  monkeypatch.chdir(tmp_path)
+  assert common.checkpoint_tree_error("--output", "run/metrics.jsonl") == (
+      "--output=run/metrics.jsonl: is run/metrics.jsonl, a run's own file (only that "
+      "run's lev-train writes it); expected another path")
+  for owned in ("run/eval.json", "run/token_counts.npy", "run/tokenizer/x.json",
+                "run/tensorboard", "exp/config.json"):
+    assert common.checkpoint_tree_error("--output", owned), owned
+  (tmp_path / "exp" / "token_counts.npy").write_text("")  # an export's, not a run's
+  assert "is inside exp/tokenizer, an export's own folder (only lev-export" in (
+      common.checkpoint_tree_error("--output", "exp/tokenizer/x"))
+  assert common.checkpoint_tree_error("--output", "run/lev_eval.json") is None
+  assert common.checkpoint_tree_error("--output", "exp/lev_eval.json") is None
+
+
+def test_workdir_root_and_report_folder_errors(tmp_path, monkeypatch):
+  """lev-train into an export, lev-ladder/lev-study with a run as --root, and a study
+  report written over a ladder's, were all silent."""
+  from lev_jax.cli import common
+  (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "run" / "eval.json").write_text("{}")
+  (tmp_path / "exp").mkdir()
+  (tmp_path / "exp" / "export.json").write_text("{}")
+  (tmp_path / "root" / "report").mkdir(parents=True)
+  (tmp_path / "root" / "report" / "ladder.csv").write_text("")
+  monkeypatch.chdir(tmp_path)
+  assert common.export_folder_error("--workdir", "exp") == (
+      "--workdir=exp: is exp, an export (only lev-export writes there); expected another "
+      "path")
+  assert common.export_folder_error("--workdir", "exp/w").startswith("--workdir=exp/w: is inside exp")
+  assert common.export_folder_error("--workdir", "run") is None
+  assert common.run_folder_error("--root", "run/r").startswith(
+      "--root=run/r: is inside run, a training run's folder")
+  assert common.run_folder_error("--root", "root") is None
+  assert common.report_owner_error("--report_dir", "root/report", "study.csv") == (
+      "--report_dir=root/report: holds a lev-ladder report (ladder.csv); expected an empty "
+      "folder or this command's own report folder (give another --report_dir)")
+  assert common.report_owner_error("--report_dir", "root/report", "ladder.csv") is None
+
+
 def test_define_path_refuses_an_empty_or_blank_value(capsys):
   from absl import flags
   from lev_jax.cli import common

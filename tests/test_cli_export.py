@@ -98,9 +98,14 @@ def test_bad_inputs_are_one_line_exit_2(source, tmp_path, capsys):
   fails(f"--checkpoint={path}", match="--output is required")
   (tmp_path / "full").mkdir()
   (tmp_path / "full" / "keep.txt").write_text("mine")
-  fails(f"--checkpoint={path}", f"--output={tmp_path / 'full'}",
-        match="is not empty; pass --overwrite")
+  for overwrite in ((), ("--overwrite",)):  # a folder of the user's: never replaced
+    fails(f"--checkpoint={path}", f"--output={tmp_path / 'full'}", *overwrite,
+          match="is not empty, not an earlier export (no export.json); expected a new or "
+          "empty folder (--overwrite only replaces an earlier export)")
   assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+  (tmp_path / "cb" / "checkpoints").mkdir(parents=True)  # issue 26: a run was replaced
+  fails(f"--checkpoint={path}", f"--output={tmp_path / 'cb'}", "--overwrite",
+        match="is a training run's folder, not an earlier export")
   before = snapshot(path)
   fails(f"--checkpoint={path}", f"--output={path / 'inside'}", "--overwrite",
         match="the source is never modified")
@@ -114,6 +119,7 @@ def test_bad_inputs_are_one_line_exit_2(source, tmp_path, capsys):
   fails(f"--checkpoint={path}", f"--output={tmp_path / 'run' / 'checkpoints' / '2' / 'e'}",
         match="a run's saved checkpoints (only that run's lev-train writes there)")
   assert os.listdir(tmp_path / "run" / "checkpoints" / "2") == []
+  (tmp_path / "full" / "export.json").write_text("{}")  # an earlier export: replaced
   lev_export(f"--checkpoint={path}", f"--output={tmp_path / 'full'}", "--overwrite",
              "--dtype=bfloat16")
   assert inference.load(tmp_path / "full").dtype == "bfloat16"

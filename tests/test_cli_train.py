@@ -120,6 +120,22 @@ def test_rerun_of_a_finished_run_prints_one_line_and_writes_nothing(finished_tie
   assert files_of(workdir) == before
 
 
+def test_a_workdir_in_another_runs_files_or_an_export_is_refused(tmp_path, monkeypatch):
+  """Issue 26: `--workdir=runs/base/tokenizer` trained inside a finished run's tokenizer/;
+  `--workdir=exports/x` put checkpoints/ inside an export."""
+  from lev_jax.cli import train as train_cli
+  (tmp_path / "base" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "base" / "tokenizer").mkdir()
+  (tmp_path / "exp").mkdir()
+  (tmp_path / "exp" / "export.json").write_text("{}")
+  monkeypatch.chdir(tmp_path)
+  assert train_cli.workdir_error("base/tokenizer") == (
+      "--workdir=base/tokenizer: is base/tokenizer, a run's own folder (only that run's "
+      "lev-train writes it); expected another path")
+  assert train_cli.workdir_error("exp").startswith("--workdir=exp: is exp, an export")
+  assert train_cli.workdir_error("base") is None  # its own run: resumed
+
+
 def test_lev_params_prints_parts_and_the_lev_difference():
   proc = lev("params", f"--config={REPO / 'experiments' / 'ladder.py'}:leviathan_1.2b")
   assert proc.returncode == 0, proc.stderr[-3000:]

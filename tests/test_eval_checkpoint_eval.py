@@ -138,6 +138,14 @@ def test_an_output_inside_a_saved_checkpoint_is_refused(tmp_path, capsys):
       f"lev-eval: error: --output={output}: is inside {tmp_path / 'run' / 'checkpoints'}, "
       "a run's saved checkpoints (only that run's lev-train writes there); expected a "
       "path outside it")
+  for owned in ("metrics.jsonl", "eval.json", "token_counts.npy"):  # issue 26: replaced
+    output = str(tmp_path / "run" / owned)
+    with pytest.raises(SystemExit) as e:
+      eval_cli._check_output_writable(output, str(tmp_path / "run"))
+    assert capsys.readouterr().err.strip() == (
+        f"lev-eval: error: --output={output}: is {output}, a run's own file (only that "
+        "run's lev-train writes it); expected another path")
+  eval_cli._check_output_writable(None, str(tmp_path / "run"))  # lev_eval.json: its own
 
 
 def test_a_checkpoint_that_is_a_file_is_named_as_such(tmp_path, capsys):

@@ -102,6 +102,26 @@ def test_run_adds_the_model_and_calls_lm_evals_cli(monkeypatch):
                    "--model", "lev_jax"], ["lm-eval", "ls", "tasks"]]
 
 
+def test_the_results_go_exactly_to_a_json_output_path(tmp_path, monkeypatch):
+  """Issue 26: `--output_path=/x/lmout.json` wrote lmout_<time>.json (lm-eval's naming),
+  not the file `--help` promises."""
+  import lm_eval.__main__ as cli
+  from lm_eval.loggers import EvaluationTracker
+  out = tmp_path / "lmout.json"
+  (tmp_path / "lmout_2020-01-01T00-00-00.000001.json").write_text("{}")  # an older run's
+
+  def evaluate():  # lm-eval's own writer, as its `run` calls it
+    EvaluationTracker(output_path=str(out)).save_results_aggregated({"results": {"t": 1}})
+
+  monkeypatch.setattr(cli, "cli_evaluate", evaluate)
+  monkeypatch.setattr(lm_eval_cli, "data_problem", lambda tasks, include_path: None)
+  monkeypatch.setattr(os.sys, "argv", ["x"])
+  lm_eval_cli.run(["--model_args", "checkpoint=runs/a", "--tasks", "piqa",
+                   "--output_path", str(out)])
+  assert json.loads(out.read_text())["results"] == {"t": 1}
+  assert sorted(os.listdir(tmp_path)) == ["lmout.json", "lmout_2020-01-01T00-00-00.000001.json"]
+
+
 def test_an_output_path_in_a_saved_checkpoint_is_one_line(tmp_path, monkeypatch, capsys):
   """lev_jax.cli.common.checkpoint_tree_error, before lm-eval starts."""
   import lm_eval.__main__ as cli

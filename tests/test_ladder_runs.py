@@ -330,6 +330,21 @@ def test_a_missing_ladder_file_is_named_before_the_root(tmp_path):
     ladder_cli.load_inputs(smoke, "/proc/lev_root", run=True, report_dir=None)
 
 
+def test_a_root_that_is_a_run_or_a_study_report_is_refused(tmp_path):
+  """Issue 26: `lev-ladder --root=runs/cb` (a training run) wrote report/ into the run;
+  a study's report folder was then overwritten by a ladder's, two reports mixed."""
+  smoke = str(REPO / "experiments" / "smoke_ladder.py")
+  (tmp_path / "cb" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "cb" / "metrics.jsonl").write_text("")
+  with pytest.raises(ValueError, match=r"^--root=.*cb: is .*cb, a training run's folder"):
+    ladder_cli.load_inputs(smoke, str(tmp_path / "cb"), run=False, report_dir=None)
+  (tmp_path / "study" / "report").mkdir(parents=True)
+  (tmp_path / "study" / "report" / "study.csv").write_text("")
+  with pytest.raises(ValueError, match=r"report: holds a lev-study report \(study.csv\)"):
+    ladder_cli.load_inputs(smoke, str(tmp_path / "study"), run=False, report_dir=None)
+  assert not (tmp_path / "cb" / "report").exists()
+
+
 def test_the_summary_says_n_a_for_an_infinite_effective_size():
   """Issue 26: a Leviathan loss below the fitted floor printed `inf (inf - inf)` where
   the report says n/a."""

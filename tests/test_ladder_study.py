@@ -176,6 +176,21 @@ def test_command_refuses_a_missing_study_or_a_file_root_before_any_run(
   assert root_is_file == root.exists() and (not root_is_file or root.is_file())
 
 
+def test_a_root_that_is_a_run_or_holds_a_ladder_report_is_refused(tmp_path):
+  """Issue 26: `lev-study --root=runs/cb` (a training run, holding a ladder's report/)
+  overwrote that ladder's report.md and analysis.json, two reports mixed."""
+  (tmp_path / "cb" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "cb" / "eval.json").write_text("{}")
+  assert study_cli.folders_error(str(tmp_path / "cb"), run=True, report_dir=None) == (
+      f"--root={tmp_path / 'cb'}: is {tmp_path / 'cb'}, a training run's folder (only its "
+      "lev-train writes there); expected another path")
+  (tmp_path / "lad" / "report").mkdir(parents=True)
+  (tmp_path / "lad" / "report" / "ladder.csv").write_text("")
+  assert "report: holds a lev-ladder report (ladder.csv)" in study_cli.folders_error(
+      str(tmp_path / "lad"), run=False, report_dir=None)
+  assert study_cli.folders_error(str(tmp_path / "new"), run=True, report_dir=None) is None
+
+
 def test_lev_only_options_do_not_relabel_a_model_without_lev():
   """A tied baseline stays "default" whatever LEV's learning-rate multiplier is set to,
   so it remains the baseline of every Leviathan cell; for LEV models the label names

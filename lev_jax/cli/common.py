@@ -25,7 +25,9 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from lev_jax.cli import interrupt
-from lev_jax.workdir import CHECKPOINTS, EXPORT_JSON, EXPORT_PARAMS, LOCK, RUN_OUTPUTS
+from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF,
+                             LADDER_CSV, LOCK, RUN_OUTPUTS, STUDY_CSV, TOKEN_COUNTS,
+                             TOKENIZER)
 
 # The flags `define_path` defines belong to the command calling it (its --help lists
 # them), not to this module.
@@ -83,20 +85,72 @@ def output_path_error(name: str, output: str, error: OSError) -> str | None:
           "expected a folder you can write to")
 
 
-# What lev-train writes in a workdir beside its checkpoints/ (its lock, its other
-# outputs): a folder named checkpoints with none of these beside it is not a run's.
-RUN_MARKERS = (LOCK, *(name for name in RUN_OUTPUTS if name != CHECKPOINTS))
+# What lev-export writes in its folder (EXPORT_JSON marks one): only lev-export writes these.
+EXPORT_OUTPUTS = (EXPORT_PARAMS, EXPORT_CONFIG, EXPORT_JSON, TOKENIZER, TOKEN_COUNTS, HF)
+
+
+def _holds_run_outputs(folder: str, besides: str) -> bool:
+  """Whether `folder` holds a run's lock or one of its outputs (RUN_OUTPUTS) other than
+  `besides`: a folder named checkpoints with nothing of a run beside it is not a run's."""
+  return any(os.path.exists(os.path.join(folder, n))
+             for n in (LOCK, *RUN_OUTPUTS) if n != besides)
+
+
+def _owner(path: str) -> str | None:
+  """What owns the absolute path `path` (existing or not), as a phrase, e.g. "a run's
+  saved checkpoints (...)"; None when it is not an export's (an EXPORT_OUTPUTS name
+  beside EXPORT_JSON; an export also holds tokenizer/ and token_counts.npy) or a run's
+  (a RUN_OUTPUTS name in a run's folder)."""
+  parent, name = os.path.split(path)
+  if name in EXPORT_OUTPUTS and os.path.isfile(os.path.join(parent, EXPORT_JSON)):
+    if name == EXPORT_PARAMS:
+      return "an export's parameters (only lev-export writes there)"
+    kind = "folder" if name in (TOKENIZER, HF) else "file"
+    return f"an export's own {kind} (only lev-export writes it)"
+  if name in RUN_OUTPUTS and _holds_run_outputs(parent, besides=name):
+    if name == CHECKPOINTS:
+      return "a run's saved checkpoints (only that run's lev-train writes there)"
+    kind = "folder" if RUN_OUTPUTS[name] else "file"
+    return f"a run's own {kind} (only that run's lev-train writes it)"
+  return None
+
+
+def _enclosing(path: str, test: Callable[[str], str | None]) -> tuple[str, str] | None:
+  """(the folder, test's phrase) for the nearest of `path` (local, real path taken) and
+  its ancestors on which `test` returns a phrase; None when none does."""
+  folder = os.path.realpath(os.path.expanduser(path))
+  while True:
+    what = test(folder)
+    if what:
+      return folder, what
+    parent = os.path.dirname(folder)
+    if parent == folder:
+      return None
+    folder = parent
+
+
+def _is_inside_line(flag: str, path: str, found: tuple[str, str]) -> str:
+  """`FLAG=PATH: is [inside] FOLDER, WHAT; expected ...` (FOLDER relative when PATH is)."""
+  folder, what = found
+  given = os.path.expanduser(path)
+  shown = folder if os.path.isabs(given) else os.path.relpath(folder)
+  if folder == os.path.realpath(given):
+    return f"{flag}={path}: is {shown}, {what}; expected another path"
+  return f"{flag}={path}: is inside {shown}, {what}; expected a path outside it"
 
 
 def checkpoint_tree_error(flag: str, path: str) -> str | None:
   """The one line when the local path `path` (of flag `flag`, e.g. "--output"), a file
-  or folder a command is about to write, is a saved checkpoint or inside one: a run's
-  checkpoints/ folder (lev_jax.workdir.CHECKPOINTS beside the run's lock or another of
-  its outputs, RUN_MARKERS; its step folders included) or an export's params/
-  (EXPORT_PARAMS beside EXPORT_JSON). Only lev-train writes there; a file added to a
-  finished step is not in its checksums.json. None elsewhere (a user's own folder named checkpoints,
-  e.g. ~/checkpoints/run1, is not a run's), or for a remote URL. Symbolic links are
-  followed (os.path.realpath).
+  or folder a command is about to write, is a file or folder a run or an export owns, or
+  inside one: a RUN_OUTPUTS name in a run's folder (its checkpoints/ with its step
+  folders, metrics.jsonl, eval.json, token_counts.npy, tokenizer/, tensorboard/, ...;
+  a run's folder holds its lock or another of its outputs) or an EXPORT_OUTPUTS name
+  beside an export's EXPORT_JSON (its params/, config.json, ...). Only lev-train and
+  lev-export write there; a file added to a finished step is not in its checksums.json,
+  a replaced metrics.jsonl or token_counts.npy breaks the run's evaluation. Other files
+  in a run's folder (lev-eval's default lev_eval.json) are not refused, nor is a user's
+  own folder named checkpoints (e.g. ~/checkpoints/run1), nor a remote URL. Symbolic
+  links are followed (os.path.realpath).
 
   Returns:
     e.g. "--output=runs/x/checkpoints/300/e.json: is inside runs/x/checkpoints, a run's
@@ -105,24 +159,62 @@ def checkpoint_tree_error(flag: str, path: str) -> str | None:
   """
   if "://" in path:
     return None
-  given = os.path.expanduser(path)
-  folder = os.path.realpath(given)
-  while True:
-    parent, name = os.path.split(folder)
-    if (os.path.isdir(folder) and name == CHECKPOINTS
-        and any(os.path.exists(os.path.join(parent, n)) for n in RUN_MARKERS)):
-      what = "a run's saved checkpoints (only that run's lev-train writes there)"
-      break
-    if (os.path.isdir(folder) and name == EXPORT_PARAMS
-        and os.path.isfile(os.path.join(parent, EXPORT_JSON))):
-      what = "an export's parameters (only lev-export writes there)"
-      break
-    if parent == folder:
-      return None
-    folder = parent
-  shown = folder if os.path.isabs(given) else os.path.relpath(folder)
-  where = "is" if folder == os.path.realpath(given) else "is inside"
-  return f"{flag}={path}: {where} {shown}, {what}; expected a path outside it"
+  found = _enclosing(path, _owner)
+  return found and _is_inside_line(flag, path, found)
+
+
+def _export_folder(folder: str) -> str | None:
+  if os.path.isfile(os.path.join(folder, EXPORT_JSON)):
+    return "an export (only lev-export writes there)"
+  return None
+
+
+def export_folder_error(flag: str, path: str) -> str | None:
+  """The one line when the local folder `path` (of flag `flag`, e.g. "--workdir") is an
+  export (a folder holding EXPORT_JSON) or inside one: a run's checkpoints written there
+  would mix with the export's files. None elsewhere, or for a remote URL."""
+  if "://" in path:
+    return None
+  found = _enclosing(path, _export_folder)
+  return found and _is_inside_line(flag, path, found)
+
+
+def _run_folder(folder: str) -> str | None:
+  """The phrase for a training run's folder: two or more of its lock and RUN_OUTPUTS (a
+  lone .lock is not enough: pytest's numbered folders hold one too)."""
+  if sum(os.path.exists(os.path.join(folder, n)) for n in (LOCK, *RUN_OUTPUTS)) >= 2:
+    return "a training run's folder (only its lev-train writes there)"
+  return None
+
+
+def run_folder_error(flag: str, path: str) -> str | None:
+  """The one line when the local folder `path` (of flag `flag`, e.g. "--root") is a
+  training run's folder or inside one (a folder holding two or more of the run's lock and
+  its outputs, RUN_OUTPUTS): a root holds one run folder per rung and a report/,
+  never a run's own files. None elsewhere, or for a remote URL."""
+  if "://" in path:
+    return None
+  found = _enclosing(path, _run_folder)
+  return found and _is_inside_line(flag, path, found)
+
+
+# The table a report folder's writer leaves in it: the file names the command.
+REPORT_TABLES = {LADDER_CSV: "lev-ladder", STUDY_CSV: "lev-study"}
+
+
+def report_owner_error(flag: str, path: str, table: str) -> str | None:
+  """The one line when the local report folder `path` (of flag `flag`, e.g.
+  "--report_dir") holds another command's report: a command writing `table` (LADDER_CSV
+  or STUDY_CSV, REPORT_TABLES) would replace that report's report.md and analysis.json
+  and leave its other files, two reports mixed. None when it holds none or its own."""
+  if "://" in path:
+    return None
+  folder = os.path.expanduser(path)
+  for other, prog in REPORT_TABLES.items():
+    if other != table and os.path.exists(os.path.join(folder, other)):
+      return (f"{flag}={path}: holds a {prog} report ({other}); expected an empty folder "
+              f"or this command's own report folder (give another --report_dir)")
+  return None
 
 
 def folder_output_error(flag: str, path: str) -> str | None:

@@ -17,8 +17,9 @@ renamed into place once complete (lev_jax.inference.save): an export killed midw
 leaves no partial OUTPUT, and the next export to OUTPUT removes that temporary (or puts
 back the earlier export a kill left aside while replacing it).
 
-The source checkpoint is only read. A non-empty OUTPUT is refused unless --overwrite
-(the old folder is replaced only once the new export is complete); OUTPUT may not be
+The source checkpoint is only read. A non-empty OUTPUT is refused unless it is an
+earlier export (holding export.json) and --overwrite is given (the old folder is
+replaced only once the new export is complete); OUTPUT may not be
 the checkpoint, inside it, or hold it. One export per OUTPUT: it holds PARENT/.NAME.lock
 beside OUTPUT (lev_jax.lock; OUTPUT itself is replaced by a rename), and a second
 export to the same OUTPUT stops at once naming the holder; --force_unlock removes a
@@ -35,8 +36,8 @@ from absl import flags
 from lev_jax.cli import common
 from lev_jax.config import DTYPES
 from lev_jax.lock import LOCK_FLAG_HELP
-from lev_jax.workdir import (EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF, TOKEN_COUNTS,
-                             TOKENIZER)
+from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF,
+                             TOKEN_COUNTS, TOKENIZER)
 
 PROG = "lev-export"
 MB = 1 << 20
@@ -56,7 +57,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                     "Leviathan model only).", flag_values=fv)
   flags.DEFINE_bool("hf", False, f"Also write OUTPUT/{HF}, a Hugging Face LlamaForCausalLM "
                     "folder (LEV materialised there).", flag_values=fv)
-  flags.DEFINE_bool("overwrite", False, "Replace a non-empty OUTPUT.", flag_values=fv)
+  flags.DEFINE_bool("overwrite", False, "Replace OUTPUT when it is an earlier export "
+                    f"(holding {EXPORT_JSON}); any other non-empty folder is refused.",
+                    flag_values=fv)
   flags.DEFINE_bool("force_unlock", False, "Remove OUTPUT's lock when it was left by a run "
                     "on another host that is gone (see lev_jax/lock.py).", flag_values=fv)
   flags.DEFINE_bool("lock", True, LOCK_FLAG_HELP, flag_values=fv)
@@ -68,7 +71,9 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
   Raises:
     ValueError: OUTPUT is the checkpoint, inside it or holds it; OUTPUT is inside another
       run's checkpoints or export's parameters (common.checkpoint_tree_error); OUTPUT is
-      a file; OUTPUT is a non-empty folder and not `overwrite`.
+      a file; OUTPUT is a non-empty folder that is not an earlier export (no
+      EXPORT_JSON in it: a training run, the user's files), `overwrite` or not; OUTPUT
+      is an earlier export and not `overwrite`.
   """
   from lev_jax.inference import check_not_source
   check_not_source(checkpoint, output)
@@ -79,11 +84,18 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
     from etils import epath
     path = epath.Path(output)
     nonempty = path.exists() and any(path.iterdir())
+    held = {p.name for p in path.iterdir()} if nonempty else set()
   else:
     path = os.path.expanduser(output)
     if os.path.exists(path) and not os.path.isdir(path):
       raise ValueError(f"--output={output} is a file; expected a folder")
     nonempty = os.path.isdir(path) and bool(os.listdir(path))
+    held = set(os.listdir(path)) if nonempty else set()
+  if nonempty and EXPORT_JSON not in held:
+    what = "a training run's folder" if CHECKPOINTS in held else "not empty"
+    raise ValueError(f"--output={output} is {what}, not an earlier export (no "
+                     f"{EXPORT_JSON}); expected a new or empty folder (--overwrite only "
+                     "replaces an earlier export)")
   if nonempty and not overwrite:
     raise ValueError(f"--output={output} is not empty; pass --overwrite to replace it")
 

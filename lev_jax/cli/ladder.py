@@ -42,7 +42,7 @@ from absl import flags
 from lev_jax.cli import common
 from lev_jax.experiments import experiments_dir
 from lev_jax.ladder.reporting import ratio_text
-from lev_jax.workdir import REPORT
+from lev_jax.workdir import LADDER_CSV, REPORT
 
 PROG = "lev-ladder"
 LAUNCHERS = ("local", "print", "tpu", "slurm")
@@ -188,8 +188,10 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
   Raises:
     LadderError: the ladder file is missing or not a ladder (runs.load_ladder).
     ValueError: a remote --root without a local --report_dir; without --run, a --root
-      that is not a folder; a --report_dir that is a file or cannot be created
-      (`common.folder_output_error`).
+      that is not a folder; a --root that is a training run's folder or inside one
+      (`common.run_folder_error`); a --report_dir that is a file or cannot be created
+      (`common.folder_output_error`) or holds a lev-study report
+      (`common.report_owner_error`).
   """
   from lev_jax.ladder import runs as ladder_lib  # pylint: disable=import-outside-toplevel
   module = ladder_lib.load_ladder(ladder)
@@ -197,8 +199,10 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
     raise ValueError(f"--root={root} is remote: give a local --report_dir for the report")
   if not run and "://" not in root and not Path(root).is_dir():
     raise ValueError(f"--root={root}: no such folder (add --run to train the rungs there)")
-  problem = common.folder_output_error(  # before the rungs train for hours
-      "--report_dir", report_dir or str(Path(root) / REPORT))
+  report = report_dir or str(Path(root) / REPORT)
+  problem = (common.run_folder_error("--root", root)  # a run's own folder: not a root
+             or common.folder_output_error("--report_dir", report)  # before hours of work
+             or common.report_owner_error("--report_dir", report, LADDER_CSV))
   if not problem and run:
     problem = common.created_folder_error("--root", root)  # every rung writes under it
   if problem:

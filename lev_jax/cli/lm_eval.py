@@ -8,7 +8,8 @@
 The model is lev_jax/eval/lm_eval_adapter.py (`--model lev_jax`, added unless --model is
 given). Before lm-eval starts, `data_problem` stops in one line a run whose task needs an
 uncached Hub dataset while the Hub is offline or unreachable, or whose local files are
-missing. Library: lm_eval/__main__.py (``cli_evaluate``), lm_eval/tasks/_index.py, lm-eval
+missing. A local `--output_path=NAME.json` gets the results exactly there (lm-eval names
+its file NAME_<time>.json: `place_results` renames it). Library: lm_eval/__main__.py (``cli_evaluate``), lm_eval/tasks/_index.py, lm-eval
 0.4.13.
 """
 
@@ -195,9 +196,37 @@ HELP_FLAGS = (
     ("--batch_size=16", "Rows per forward pass (default 8; 'auto' = 8)."),
     ("--num_fewshot=0", "Examples in the few-shot context."),
     ("--limit=100", "At most this many documents per task (for a quick look)."),
-    ("--output_path=results/lm_eval.json", "Write the results (and samples) there."),
+    ("--output_path=results/lm_eval.json", "Write the results there (a .json path: that "
+     "file; samples beside it as samples_<task>_<time>.jsonl); a folder: lm-eval's "
+     "FOLDER/<model>/results_<time>.json."),
     ("--log_samples", "Also save each document's requests and answers."),
 )
+
+
+# lm-eval writes `--output_path=DIR/NAME.json`'s results to DIR/NAME_<time>.json
+# (EvaluationTracker.save_results_aggregated; <time>: isoformat with ":" -> "-").
+_STAMP = r"_\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d(\.\d+)?\.json"
+
+
+def stamped_results(output_path: str) -> set[str]:
+  """The names of the files `NAME_<time>.json` beside the local `output_path`
+  (DIR/NAME.json) that lm-eval writes for it; an empty set when DIR is missing."""
+  folder, name = os.path.split(os.path.abspath(os.path.expanduser(output_path)))
+  stamped = re.compile(re.escape(name[:-len(".json")]) + _STAMP + "$")
+  if not os.path.isdir(folder):
+    return set()
+  return {n for n in os.listdir(folder) if stamped.match(n)}
+
+
+def place_results(output_path: str, before: set[str]) -> None:
+  """Renames the results file lm-eval just wrote for `--output_path=DIR/NAME.json` (the
+  one `NAME_<time>.json` not in `before`, `stamped_results` before the run) to
+  DIR/NAME.json itself, as `--help` says (replacing an earlier one). Nothing when lm-eval
+  wrote none (e.g. nothing evaluated)."""
+  path = os.path.abspath(os.path.expanduser(output_path))
+  new = sorted(stamped_results(output_path) - before)
+  if new:
+    os.replace(os.path.join(os.path.dirname(path), new[-1]), path)
 
 
 def usage() -> str:
@@ -247,9 +276,14 @@ def _run(argv: list[str]) -> None:
   if problem:  # before lm-eval indexes its tasks and loads the model
     print(f"lev-lm-eval: error: {problem}", file=sys.stderr)
     sys.exit(2)
+  output = requested and requested[2]
+  exact = bool(output) and "://" not in output and output.endswith(".json")
+  before = stamped_results(output) if exact else set()
   sys.argv = ["lm-eval", *argv]
   try:
     cli_evaluate()
+    if exact:
+      place_results(output, before)
   except ValueError as e:  # InferenceError and our other input errors: one line
     lines = str(e).strip().strip("'\"").splitlines() or [type(e).__name__]
     print(f"lev-lm-eval: error: {lines[0]}", file=sys.stderr)

@@ -36,7 +36,7 @@ from pathlib import Path
 from absl import flags
 
 from lev_jax.cli import common
-from lev_jax.workdir import JAX_CACHE, REPORT
+from lev_jax.workdir import JAX_CACHE, REPORT, STUDY_CSV
 
 PROG = "lev-study"
 
@@ -182,6 +182,26 @@ def summary(analysis: dict, paths: dict) -> str:
   return "\n".join(lines)
 
 
+def folders_error(root: str, *, run: bool, report_dir: str | None) -> str | None:
+  """The one line, before any run trains, when the local --root or --report_dir cannot
+  be used: a file, a missing root without --run, a training run's folder or inside one
+  (`common.run_folder_error`), a report folder that cannot be written or holds a
+  lev-ladder report (`common.report_owner_error`); with --run, a root that cannot be
+  created (it is created then). None when both can be used."""
+  path = Path(root)
+  if path.exists() and not path.is_dir():
+    return f"--root={root}: is a file; expected a folder (one workdir per run)"
+  if not run and not path.is_dir():
+    return f"--root={root}: no such folder (add --run to train the runs there)"
+  report = report_dir or str(path / REPORT)
+  problem = (common.run_folder_error("--root", root)  # a run's own folder: not a root
+             or common.folder_output_error("--report_dir", report)  # before the runs
+             or common.report_owner_error("--report_dir", report, STUDY_CSV))
+  if not problem and run:
+    problem = common.created_folder_error("--root", root)  # every run writes there
+  return problem
+
+
 def main(argv):
   if len(argv) > 1:
     common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
@@ -197,16 +217,7 @@ def main(argv):
   if not Path(f.study).is_file():
     common.fail(PROG, f"--study={f.study}: no such file; expected a study file with RUNGS and "
                    "get_config(run), e.g. experiments/fidelity_study.py")
-  root = Path(f.root)
-  if root.exists() and not root.is_dir():
-    common.fail(PROG, f"--root={f.root}: is a file; expected a folder (one workdir per run)")
-  if not f.run and not root.is_dir():
-    common.fail(PROG, f"--root={f.root}: no such folder (add --run to train the runs there)")
-  report_dir = f.report_dir or str(root / REPORT)
-  problem = common.folder_output_error(  # before the runs train and evaluate
-      "--report_dir", report_dir)
-  if not problem and f.run:
-    problem = common.created_folder_error("--root", str(root))  # every run writes there
+  problem = folders_error(f.root, run=f.run, report_dir=f.report_dir)
   if problem:
     common.fail(PROG, problem)
   try:

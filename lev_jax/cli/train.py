@@ -117,6 +117,15 @@ def finished_line(name: str, workdir, finished) -> str:
           f"{workdir}/{EVAL_JSON}); nothing to do, nothing written")
 
 
+def workdir_error(workdir: str) -> str | None:
+  """The one line when `workdir` is not a folder a run may be trained in: a file or
+  folder another run owns, or inside one (its checkpoints/, tokenizer/, ...:
+  common.checkpoint_tree_error), or an export or inside one (common.export_folder_error).
+  None elsewhere (a new folder, or this run's own to resume)."""
+  return (common.checkpoint_tree_error("--workdir", workdir)
+          or common.export_folder_error("--workdir", workdir))
+
+
 def main(argv):
   if len(argv) > 1:
     common.fail("lev-train", f"unexpected arguments: {' '.join(argv[1:])}")
@@ -135,7 +144,7 @@ def main(argv):
   except ConfigError as e:
     common.fail("lev-train", str(e))
   workdir = flags.FLAGS.workdir or default_workdir(config.name)
-  inside = common.checkpoint_tree_error("--workdir", workdir)  # another run's checkpoints
+  inside = workdir_error(workdir)
   if inside:
     common.fail("lev-train", inside)
   _WORKDIR[:] = [workdir]  # for the line a Ctrl-C before the first step prints
