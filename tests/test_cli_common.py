@@ -280,6 +280,9 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
      "field, pass --config.train.steps=3"),
     (["--noremat"], "unknown flag --noremat; to set the config field, pass "
      "--config.lev.remat=false"),
+    (["--config.train.class=3"], "--config.train.class: not a valid field path"),
+    (["--config.=3"], "--config.: not a valid field path"),
+    (["--config.train..steps=3"], "--config.train..steps: not a valid field path"),
 ])
 def test_config_flag_mistakes_are_one_line_naming_the_field(monkeypatch, capsys, tmp_path,
                                                             argv, error):

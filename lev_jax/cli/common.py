@@ -633,11 +633,28 @@ def _no_get_config(error: BaseException, argv) -> str | None:
           "experiments/smoke.py:leviathan)")
 
 
+# ml_collections' words for an override whose path is not Python (config_path.split).
+_UNPARSED_PATH = re.compile(r"^Could not parse '(.*)': ", re.S)
+
+
+def malformed_override(error: BaseException, argv) -> str | None:
+  """`--config.train.class: not a valid field path (...)` when ml_collections could not
+  parse an override's dotted path (a Python keyword, an empty name: `--config.=3`,
+  `--config.train..steps=3`); None for another error."""
+  m = _UNPARSED_PATH.match(str(error)) if isinstance(error, ValueError) else None
+  if not m:
+    return None
+  given = next((g for g, field in _overrides(argv) if field == m.group(1)),
+               f"--config.{m.group(1)}")
+  return (f"{given}: not a valid field path (expected --config.<section>.<field>=VALUE, "
+          "each name a field of the config, e.g. --config.train.steps=50)")
+
+
 def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
-  """Ends with one line for an unknown `--config.<field>` or a config file that does not
-  load; re-raises anything else (a bug deserves its traceback)."""
+  """Ends with one line for an unknown or malformed `--config.<field>` or a config file
+  that does not load; re-raises anything else (a bug deserves its traceback)."""
   message = (config_file_error(error, argv) or _no_get_config(error, argv)
-             or _not_a_config_file(_config_file(argv)))
+             or malformed_override(error, argv) or _not_a_config_file(_config_file(argv)))
   if message is None and isinstance(error, (AttributeError, LookupError)) and _overrides(argv):
     config = _config_being_overridden(error)
     message = unknown_override(config, argv) if config is not None else None
