@@ -665,19 +665,25 @@ def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
   fail(prog, message)
 
 
-def config_or_exit(prog: str):
-  """flags.FLAGS.config, or one line naming the missing or broken config file."""
+def config_or_exit(prog: str, fv: flags.FlagValues = flags.FLAGS):
+  """fv.config, or one line naming the missing or broken config file (one whose
+  get_config returned something else than an ml_collections.ConfigDict included)."""
   try:
-    config = flags.FLAGS.config
+    config = fv.config
     config.get("name")  # a file that failed to load raises on first use
-    return config
   except Exception as e:  # config_flags defers file errors until first access
-    given = flags.FLAGS["config"].serialize().split("=", 1)[-1]
+    given = fv["config"].serialize().split("=", 1)[-1]
     if not given.strip():  # --config= is a path flag too (define_path)
       fail(prog, empty_message("config", "a Python config file and variant, e.g. "
                                "experiments/smoke.py:leviathan"))
     fail(prog, _not_a_config_file(given.split(":", 1)[0]) or
          f"--config={given}: {_last_line(e)}")
+  if not isinstance(config, ml_collections.ConfigDict):
+    given = fv["config"].serialize().split("=", 1)[-1]
+    fail(prog, f"--config={given}: get_config returned a {type(config).__name__}; "
+         "expected an ml_collections.ConfigDict (e.g. config.base_config() with fields "
+         "changed, as experiments/smoke.py builds them)")
+  return config
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
