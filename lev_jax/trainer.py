@@ -4,7 +4,9 @@
 checkpoint exists, so re-running the same command continues the run. A finished run
 (its latest checkpoint at or past train.steps, evaluated in eval.json) is only read:
 re-run with the same config it returns `Finished` and writes nothing; with a config that
-differs in a field that decides results, it is refused naming them (`finished_run`).
+differs in a field that decides results, it is refused naming them (`finished_run`);
+a larger train.steps extends it, with a warning. A resume under settings that differ
+from the checkpoint's logs one warning naming them (Checkpointer.restore).
 Outputs:
   WORKDIR/metrics.jsonl     one JSON object per log / eval step
   WORKDIR/tensorboard/      TensorBoard event files
@@ -299,7 +301,10 @@ def finished_run(config: ml_collections.ConfigDict, workdir) -> Finished | None:
     return None
   with CheckpointReader(checkpoints) as reader:  # never writes, cleans or deletes
     steps = reader.all_steps()
-    if not steps or steps[-1] < config.train.steps:
+    if not steps:
+      return None
+    if steps[-1] < config.train.steps:
+      _warn_if_extending(reader, steps[-1], config, workdir)
       return None
     step = steps[-1]
     try:
@@ -315,6 +320,25 @@ def finished_run(config: ml_collections.ConfigDict, workdir) -> Finished | None:
         "evaluates it under other data or eval settings, into its own file)")
   finished = _finished_eval(workdir / EVAL_JSON, step)
   return None if finished is None else Finished(step, finished)
+
+
+def _warn_if_extending(reader, step: int, config, workdir: epath.Path) -> None:
+  """Logs one warning when the run's latest `step` is its finished end (its stored
+  train.steps, evaluated into eval.json) and config.train.steps is larger: training
+  goes on (as in MaxText and Levanter, train.steps is the total), eval.json will hold
+  the new end's evaluation; the earlier one stays in metrics.jsonl."""
+  if _finished_eval(workdir / EVAL_JSON, step) is None:
+    return
+  try:
+    stored_steps = reader.saved_config(step)["train"]["steps"]
+  except Exception:  # pylint: disable=broad-except  # unreadable: the restore says why
+    return
+  if stored_steps == step:
+    logging.warning(
+        "%s: extending the run finished at step %d to train.steps = %d (the learning-rate "
+        "schedule now spans %d steps); its step-%d evaluation stays in %s, %s will hold "
+        "step %d's", workdir, step, config.train.steps, config.train.steps, step, METRICS,
+        EVAL_JSON, config.train.steps)
 
 
 def _finished_eval(path: epath.Path, step: int) -> dict | None:
