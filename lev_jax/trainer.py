@@ -50,6 +50,7 @@ from lev_jax.eval.evaluate import coverage, evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
 from lev_jax import attention, loss as loss_lib, progress, sharding, target
+from lev_jax import lock as workdir_lock
 from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
@@ -78,8 +79,9 @@ class _StopSignals:
   ignored SIGINT stays ignored) and `uninstall` puts the previous ones back. The first
   signal only sets `requested`, and its exit status is the run's (143 for SIGTERM, 130
   for SIGINT: 128 + its number); the loop checks it after each step. A SIGINT after
-  the first signal writes one line and ends the process with os._exit and the first
-  signal's status, as kill -9 would end it: the checkpoints already complete are
+  the first signal writes one line, releases the workdir lock (lock.release_held: a new
+  workdir holding only its lock is removed) and ends the process with os._exit and the
+  first signal's status, as kill -9 would end it: the checkpoints already complete are
   untouched and a partial one stays an Orbax temporary, never restored and removed when
   the next run opens the folder (lev_jax.checkpoint). Other repeats (a second SIGTERM, a
   SIGTERM after Ctrl-C) change nothing. Python runs the handlers between bytecodes, so
@@ -144,6 +146,7 @@ class _StopSignals:
       os.write(2, f"\nCtrl-C {after}: aborted at once, no checkpoint of this step; the "
                "latest complete checkpoint is kept (a partial one is removed when the "
                "run is restarted)\n".encode())
+      workdir_lock.release_held()  # a new workdir holding only its lock is not kept
       os._exit(128 + first)  # the first signal's status: 130, or 143 after SIGTERM
     if signum == signal.SIGINT:
       os.write(2, b"\nCtrl-C: saving a checkpoint of the current step, then stopping "
