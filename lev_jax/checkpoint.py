@@ -57,8 +57,8 @@ from etils import epath
 
 from lev_jax.checkpoint_checks import (DATA_FIELDS, ITERATOR_FIELDS, MANIFEST, SHAPE_FIELDS,
                                        CheckpointCorruptError, CheckpointMismatchError,
-                                       config_differences, quarantine, resume_flags,
-                                       verify_manifest, write_manifest)
+                                       config_differences, quarantine, result_fields,
+                                       resume_flags, verify_manifest, write_manifest)
 from lev_jax.error_log import ErrorLog
 from lev_jax.workdir import ERRORS_LOG
 
@@ -416,6 +416,11 @@ class Checkpointer:
     if data_diffs:
       logging.warning("%s: resuming with different data settings; the restored data "
                       "position refers to the old stream:\n  %s", where, "\n  ".join(data_diffs))
+    changed = [d for d in config_differences(saved, config, result_fields(config),
+                                             stored_only=True) if d not in data_diffs]
+    if changed:  # legitimate (a new learning rate, more steps), but the user should see it
+      logging.warning("%s: resuming with settings that differ from the checkpoint's: %s",
+                      where, "; ".join(changed))
     logging.info("restored %s", where)
     return restored["state"]
 

@@ -7,6 +7,7 @@ the field, the value and what was expected.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 
@@ -498,13 +499,61 @@ def _check_data_paths(d) -> None:
       _fail(f"data.{field}", tuple(d[field]), "no empty path")
 
 
-def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+# Fields an experiment may add beyond base_config()'s (dotted path: what reads it).
+OPTIONAL_FIELDS = {
+    "config.label_params": "the rung's nominal size (experiments/ladder.py; lev-params)",
+}
+
+
+def unknown_field(node, schema, prefix: str = "config") -> str | None:
+  """The one line for the first key of `node` (a config) that `schema` (a config of
+  the same sections, e.g. base_config()) lacks and OPTIONAL_FIELDS does not name,
+  depth first, or None.
+
+  Returns:
+    e.g. "config.train.stepz: not a field of the config (did you mean 'steps'?); a
+    config sets only fields base_config() defines" (the closest names from difflib,
+    else the section's fields listed).
+  """
+  for key, value in node.items():
+    field = f"{prefix}.{key}"
+    if key not in schema and field not in OPTIONAL_FIELDS:
+      known = list(schema.keys())
+      close = difflib.get_close_matches(key, known, n=3)
+      hint = (f"did you mean {' or '.join(repr(k) for k in close)}?" if close
+              else f"{prefix}'s fields: {', '.join(known)}")
+      return (f"{field}: not a field of the config ({hint}); a config sets only fields "
+              "base_config() defines")
+    if isinstance(schema.get(key), ml_collections.ConfigDict) and isinstance(
+        value, (ml_collections.ConfigDict, dict)):
+      found = unknown_field(value, schema[key], field)
+      if found:
+        return found
+  return None
+
+
+def validate(c: ml_collections.ConfigDict, *,
+             allow_unknown: bool = False) -> ml_collections.ConfigDict:
   """Checks every field once; returns the config unchanged.
 
+  Args:
+    c: the config.
+    allow_unknown: keep fields base_config() does not define (a config stored by
+      another lev_jax, `from_dict`); else the first one is refused (a misspelling in
+      an experiment file would leave the field it meant at its default).
   Raises:
-    ConfigError: naming the first bad field, its value and the allowed values (a nan
-      or inf in any field of any section first).
+    ConfigError: `c` is not a ConfigDict (e.g. a get_config returning a dict); a field
+      base_config() does not define (named, the closest names suggested); else naming
+      the first bad field, its value and the allowed values (a nan or inf in any field
+      of any section first).
   """
+  if not isinstance(c, ml_collections.ConfigDict):
+    raise ConfigError(f"the config is a {type(c).__name__}; expected an "
+                      "ml_collections.ConfigDict (get_config returns one)")
+  if not allow_unknown:
+    unknown = unknown_field(c, base_config())
+    if unknown:
+      raise ConfigError(unknown)
   _check_finite(c)
   m, lv, t = c.model, c.lev, c.train
   _one_of(c, "model", "embedding", EMBEDDINGS)
@@ -696,6 +745,6 @@ def from_dict(stored: dict, source) -> ml_collections.ConfigDict:
   config = base_config()
   _merge(config, stored, source)
   try:
-    return validate(config)
+    return validate(config, allow_unknown=True)
   except ConfigError as e:
     raise ConfigError(f"{source}: the stored config is not valid: {e}") from e

@@ -286,19 +286,41 @@ def hold(folder, *, prog: str, inside: bool = True, force_unlock: bool = False,
   except BaseException:
     _remove_empty(created)
     raise
+  held = (fd, path, created)
+  _HELD.append(held)
   try:
     yield path
   finally:
-    if _same_file(fd, path):  # unlink while holding the flock, then release it
-      try:
-        os.unlink(path)
-      except FileNotFoundError:
-        pass
-      except OSError as e:  # e.g. remounted read-only: the error being raised matters
-        logging.warning("%s: the lock file cannot be removed (%s); the next run takes it "
-                        "over", path, e.strerror or e)
-    os.close(fd)
-    _remove_empty(created)
+    if held in _HELD:  # else released by release_held
+      _HELD.remove(held)
+      _release(*held)
+
+
+# The locks this process holds: (fd, lock file, folders `hold` created), for
+# `release_held`.
+_HELD: list[tuple[int, str, list[str]]] = []
+
+
+def _release(fd: int, path: str, created: list[str]) -> None:
+  if _same_file(fd, path):  # unlink while holding the flock, then release it
+    try:
+      os.unlink(path)
+    except FileNotFoundError:
+      pass
+    except OSError as e:  # e.g. remounted read-only: the error being raised matters
+      logging.warning("%s: the lock file cannot be removed (%s); the next run takes it "
+                      "over", path, e.strerror or e)
+  os.close(fd)
+  _remove_empty(created)
+
+
+def release_held() -> None:
+  """Releases every lock this process holds as leaving its `hold` would: the lock file
+  removed, then the folders `hold` created removed if they are empty. For a process
+  about to end with os._exit (lev-train's second Ctrl-C), which skips the `with`
+  exits: a new workdir that holds nothing but its lock is not left behind."""
+  while _HELD:
+    _release(*_HELD.pop())
 
 
 def _remove_empty(dirs: list[str]) -> None:

@@ -22,6 +22,7 @@ import math
 import time
 
 import jax
+from absl import logging
 from etils import epath
 
 from lev_jax.data.files import write_bytes_atomic
@@ -100,9 +101,16 @@ class MetricWriter:
           raise
 
 
+# Beside metrics.jsonl: the text of its lines that could not be read (truncate_metrics).
+DAMAGED_SUFFIX = ".damaged"
+
+
 def truncate_metrics(workdir, step: int) -> int:
   """Drops the rows of WORKDIR/metrics.jsonl past `step` (and unparsable lines, e.g. one
   cut by a kill mid-write), so that a resumed run's re-done steps appear once.
+
+  An unparsable line is not lost: its text is appended to WORKDIR/metrics.jsonl.damaged
+  (DAMAGED_SUFFIX) and a warning names the file and its line numbers.
 
   Returns:
     The number of rows dropped (0 when the file is absent).
@@ -110,16 +118,24 @@ def truncate_metrics(workdir, step: int) -> int:
   path = epath.Path(workdir) / METRICS
   if not path.exists():
     return 0
-  kept, dropped = [], 0
-  for line in path.read_text().splitlines():
+  kept, damaged, dropped = [], [], 0
+  for number, line in enumerate(path.read_text().splitlines(), 1):
     try:
       row_step = int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
       row_step = None
+      damaged.append((number, line))
     if row_step is None or row_step > step:
       dropped += 1
     else:
       kept.append(line + "\n")
+  if damaged:
+    copy = epath.Path(workdir) / (METRICS + DAMAGED_SUFFIX)
+    before = copy.read_text() if copy.exists() else ""
+    write_bytes_atomic(copy, (before + "".join(l + "\n" for _, l in damaged)).encode())
+    logging.warning("%s: dropped %d unreadable line(s) (line %s; e.g. one cut by a kill "
+                    "mid-write); their text is kept in %s", path, len(damaged),
+                    ", ".join(str(n) for n, _ in damaged), copy)
   if dropped:
     write_bytes_atomic(path, "".join(kept).encode())
   return dropped

@@ -4,7 +4,9 @@
 checkpoint exists, so re-running the same command continues the run. A finished run
 (its latest checkpoint at or past train.steps, evaluated in eval.json) is only read:
 re-run with the same config it returns `Finished` and writes nothing; with a config that
-differs in a field that decides results, it is refused naming them (`finished_run`).
+differs in a field that decides results, it is refused naming them (`finished_run`);
+a larger train.steps extends it, with a warning. A resume under settings that differ
+from the checkpoint's logs one warning naming them (Checkpointer.restore).
 Outputs:
   WORKDIR/metrics.jsonl     one JSON object per log / eval step
   WORKDIR/tensorboard/      TensorBoard event files
@@ -48,6 +50,7 @@ from lev_jax.eval.evaluate import coverage, evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
 from lev_jax import attention, loss as loss_lib, progress, sharding, target
+from lev_jax import lock as workdir_lock
 from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
@@ -76,8 +79,9 @@ class _StopSignals:
   ignored SIGINT stays ignored) and `uninstall` puts the previous ones back. The first
   signal only sets `requested`, and its exit status is the run's (143 for SIGTERM, 130
   for SIGINT: 128 + its number); the loop checks it after each step. A SIGINT after
-  the first signal writes one line and ends the process with os._exit and the first
-  signal's status, as kill -9 would end it: the checkpoints already complete are
+  the first signal writes one line, releases the workdir lock (lock.release_held: a new
+  workdir holding only its lock is removed) and ends the process with os._exit and the
+  first signal's status, as kill -9 would end it: the checkpoints already complete are
   untouched and a partial one stays an Orbax temporary, never restored and removed when
   the next run opens the folder (lev_jax.checkpoint). Other repeats (a second SIGTERM, a
   SIGTERM after Ctrl-C) change nothing. Python runs the handlers between bytecodes, so
@@ -142,6 +146,7 @@ class _StopSignals:
       os.write(2, f"\nCtrl-C {after}: aborted at once, no checkpoint of this step; the "
                "latest complete checkpoint is kept (a partial one is removed when the "
                "run is restarted)\n".encode())
+      workdir_lock.release_held()  # a new workdir holding only its lock is not kept
       os._exit(128 + first)  # the first signal's status: 130, or 143 after SIGTERM
     if signum == signal.SIGINT:
       os.write(2, b"\nCtrl-C: saving a checkpoint of the current step, then stopping "
@@ -299,7 +304,10 @@ def finished_run(config: ml_collections.ConfigDict, workdir) -> Finished | None:
     return None
   with CheckpointReader(checkpoints) as reader:  # never writes, cleans or deletes
     steps = reader.all_steps()
-    if not steps or steps[-1] < config.train.steps:
+    if not steps:
+      return None
+    if steps[-1] < config.train.steps:
+      _warn_if_extending(reader, steps[-1], config, workdir)
       return None
     step = steps[-1]
     try:
@@ -315,6 +323,25 @@ def finished_run(config: ml_collections.ConfigDict, workdir) -> Finished | None:
         "evaluates it under other data or eval settings, into its own file)")
   finished = _finished_eval(workdir / EVAL_JSON, step)
   return None if finished is None else Finished(step, finished)
+
+
+def _warn_if_extending(reader, step: int, config, workdir: epath.Path) -> None:
+  """Logs one warning when the run's latest `step` is its finished end (its stored
+  train.steps, evaluated into eval.json) and config.train.steps is larger: training
+  goes on (as in MaxText and Levanter, train.steps is the total), eval.json will hold
+  the new end's evaluation; the earlier one stays in metrics.jsonl."""
+  if _finished_eval(workdir / EVAL_JSON, step) is None:
+    return
+  try:
+    stored_steps = reader.saved_config(step)["train"]["steps"]
+  except Exception:  # pylint: disable=broad-except  # unreadable: the restore says why
+    return
+  if stored_steps == step:
+    logging.warning(
+        "%s: extending the run finished at step %d to train.steps = %d (the learning-rate "
+        "schedule now spans %d steps); its step-%d evaluation stays in %s, %s will hold "
+        "step %d's", workdir, step, config.train.steps, config.train.steps, step, METRICS,
+        EVAL_JSON, config.train.steps)
 
 
 def _finished_eval(path: epath.Path, step: int) -> dict | None:

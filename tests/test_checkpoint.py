@@ -326,6 +326,20 @@ def test_another_worker_count_is_named_with_the_flag_to_resume_with(tmp_path, ca
   ckpt.close()
 
 
+def test_a_resume_with_another_learning_rate_is_one_warning_naming_it(tmp_path, caplog):
+  """Issue 26: a resume with --config.optim.lr=0.5 (was 0.003) said nothing; it is not
+  refused (a new learning rate on resume is a researcher's choice)."""
+  import grain
+  ckpt, c, abstract = _saved_step(tmp_path)
+  lr = c.optim.lr
+  c.optim.lr, c.train.log_every = 0.5, 7  # log_every cannot change results: not named
+  ckpt.restore_latest(abstract, iter(grain.MapDataset.range(4).to_iter_dataset()), c)
+  lines = [r.getMessage() for r in caplog.records if "differ" in r.getMessage()]
+  assert lines == [f"checkpoint {tmp_path / 'checkpoints' / '3'}: resuming with settings that differ "
+                   f"from the checkpoint's: optim.lr: checkpoint {lr!r}, this run 0.5"]
+  ckpt.close()
+
+
 def test_tokens_seen_is_a_running_count_across_a_resume_with_another_batch(run):
   """Issue 26.17: 4 steps of 8 x 32 tokens, then 1 of 4 x 32: 1024, 1152 (not step *
   this run's batch * seq_len, which went back to 640); saved with step 5."""

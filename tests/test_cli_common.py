@@ -326,6 +326,9 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
      "field, pass --config.train.steps=3"),
     (["--noremat"], "unknown flag --noremat; to set the config field, pass "
      "--config.lev.remat=false"),
+    (["--config.train.class=3"], "--config.train.class: not a valid field path"),
+    (["--config.=3"], "--config.: not a valid field path"),
+    (["--config.train..steps=3"], "--config.train..steps: not a valid field path"),
 ])
 def test_config_flag_mistakes_are_one_line_naming_the_field(monkeypatch, capsys, tmp_path,
                                                             argv, error):
@@ -409,3 +412,21 @@ def test_eval_help_does_not_dump_the_config(helps):
 
 if __name__ == "__main__":
   print(json.dumps(_drive()))
+
+
+@pytest.mark.parametrize("overrides", [[], ["--config.train.steps=3"]])
+def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_path, overrides):
+  """Issue 26: get_config returning a plain dict reached validate (AttributeError)."""
+  path = tmp_path / "plain.py"
+  path.write_text("def get_config():\n  return {'train': {'steps': 5}}\n")
+  monkeypatch.delitem(sys.modules, "config_config", raising=False)
+  argv = ["lev-x", f"--config={path}", *overrides]
+  from lev_jax.cli import common
+  with pytest.raises(SystemExit) as e:
+    fv, parse = _config_command(monkeypatch, argv)
+    parse(argv)
+    common.config_or_exit("lev-x", fv)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count("\n") == 1, err
+  assert err.startswith(f"lev-x: error: --config={path}: get_config returned a dict; "
+                        "expected an ml_collections.ConfigDict"), err

@@ -10,7 +10,7 @@ from conftest import (copy_run, ctrl_c_not_ignored, files_of, metrics, run_confi
                       saved_state, tiny_config)
 from lev_jax.checkpoint import CheckpointMismatchError
 from lev_jax.config import ConfigError
-from lev_jax.trainer import Finished, Stopped, train_and_evaluate
+from lev_jax.trainer import Finished, Stopped, finished_run, train_and_evaluate
 
 
 @pytest.mark.parametrize("embedding", ["tied", "lev"])
@@ -74,7 +74,7 @@ def test_stop_and_resume_equals_straight_run_bitwise(embedding, data_cache, tmp_
 
 
 def test_a_finished_run_is_only_read_and_another_config_is_refused(finished_tied_run,
-                                                                   tmp_path):
+                                                                   tmp_path, caplog):
   """Issue 26.1: a re-run of a finished run (train.steps 4 < 20 there) re-evaluated it
   with the new eval settings, overwrote eval.json, appended a second metrics row for the
   step and rewrote data_report.json, tokenizer/, token_counts.npy and TensorBoard's
@@ -97,6 +97,15 @@ def test_a_finished_run_is_only_read_and_another_config_is_refused(finished_tied
     with pytest.raises(CheckpointMismatchError, match=f"^{tmp_path / 'run'} holds a run "
                        f"finished at step 4 with other settings: {named}. Nothing was changed"):
       train_and_evaluate(other, workdir)
+  assert files_of(workdir) == before
+  # A larger train.steps extends the run (MaxText's and Levanter's meaning), with a
+  # warning: eval.json will be replaced, the step-4 evaluation stays in metrics.jsonl.
+  other = c.copy_and_resolve_references()
+  other.train.steps = 6
+  assert finished_run(other, workdir) is None
+  assert [r.getMessage() for r in caplog.records if "extending" in r.getMessage()][0].startswith(
+      f"{workdir}: extending the run finished at step 4 to train.steps = 6")
+  assert any(r.get("step") == 4 and "eval/loss" in r for r in metrics(workdir))
   assert files_of(workdir) == before
 
 

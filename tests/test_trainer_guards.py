@@ -271,3 +271,23 @@ def test_a_failing_check_writes_nothing(check, workdir_kind, finished_tied_run, 
   with pytest.raises(error):
     train_and_evaluate(c, workdir)
   assert (_snapshot(workdir) if workdir.exists() else None) == before
+
+
+def test_a_second_ctrl_c_leaves_no_new_workdir_holding_only_its_lock(tmp_path, monkeypatch):
+  """Issue 26: lev-train's abort (a Ctrl-C after the first, os._exit) skipped the lock's
+  `with` exit: a new workdir was left holding only a stale .lock."""
+  import signal as signals
+  from lev_jax import lock, trainer
+  monkeypatch.setattr(os, "_exit", lambda status: (_ for _ in ()).throw(SystemExit(status)))
+  monkeypatch.setattr(os, "write", lambda fd, data: len(data))
+  kept = tmp_path / "kept"
+  kept.mkdir()
+  (kept / "metrics.jsonl").write_text("{}\n")
+  with lock.hold(tmp_path / "new" / "run", prog="lev-train"), lock.hold(kept, prog="x"):
+    stop = trainer._StopSignals()
+    stop.requested = "SIGINT"
+    with pytest.raises(SystemExit, match="130"):
+      stop._one(signals.SIGINT)
+    assert not (tmp_path / "new").exists()  # created for the run: nothing but its lock
+    assert os.listdir(kept) == ["metrics.jsonl"]  # the lock file alone goes
+  assert not lock._HELD

@@ -725,11 +725,28 @@ def _no_get_config(error: BaseException, argv) -> str | None:
           "experiments/smoke.py:leviathan)")
 
 
+# ml_collections' words for an override whose path is not Python (config_path.split).
+_UNPARSED_PATH = re.compile(r"^Could not parse '(.*)': ", re.S)
+
+
+def malformed_override(error: BaseException, argv) -> str | None:
+  """`--config.train.class: not a valid field path (...)` when ml_collections could not
+  parse an override's dotted path (a Python keyword, an empty name: `--config.=3`,
+  `--config.train..steps=3`); None for another error."""
+  m = _UNPARSED_PATH.match(str(error)) if isinstance(error, ValueError) else None
+  if not m:
+    return None
+  given = next((g for g, field in _overrides(argv) if field == m.group(1)),
+               f"--config.{m.group(1)}")
+  return (f"{given}: not a valid field path (expected --config.<section>.<field>=VALUE, "
+          "each name a field of the config, e.g. --config.train.steps=50)")
+
+
 def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
-  """Ends with one line for an unknown `--config.<field>` or a config file that does not
-  load; re-raises anything else (a bug deserves its traceback)."""
+  """Ends with one line for an unknown or malformed `--config.<field>` or a config file
+  that does not load; re-raises anything else (a bug deserves its traceback)."""
   message = (config_file_error(error, argv) or _no_get_config(error, argv)
-             or _not_a_config_file(_config_file(argv)))
+             or malformed_override(error, argv) or _not_a_config_file(_config_file(argv)))
   if message is None and isinstance(error, (AttributeError, LookupError)) and _overrides(argv):
     config = _config_being_overridden(error)
     message = unknown_override(config, argv) if config is not None else None
@@ -740,19 +757,25 @@ def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
   fail(prog, message)
 
 
-def config_or_exit(prog: str):
-  """flags.FLAGS.config, or one line naming the missing or broken config file."""
+def config_or_exit(prog: str, fv: flags.FlagValues = flags.FLAGS):
+  """fv.config, or one line naming the missing or broken config file (one whose
+  get_config returned something else than an ml_collections.ConfigDict included)."""
   try:
-    config = flags.FLAGS.config
+    config = fv.config
     config.get("name")  # a file that failed to load raises on first use
-    return config
   except Exception as e:  # config_flags defers file errors until first access
-    given = flags.FLAGS["config"].serialize().split("=", 1)[-1]
+    given = fv["config"].serialize().split("=", 1)[-1]
     if not given.strip():  # --config= is a path flag too (define_path)
       fail(prog, empty_message("config", "a Python config file and variant, e.g. "
                                "experiments/smoke.py:leviathan"))
     fail(prog, _not_a_config_file(given.split(":", 1)[0]) or
          f"--config={given}: {_last_line(e)}")
+  if not isinstance(config, ml_collections.ConfigDict):
+    given = fv["config"].serialize().split("=", 1)[-1]
+    fail(prog, f"--config={given}: get_config returned a {type(config).__name__}; "
+         "expected an ml_collections.ConfigDict (e.g. config.base_config() with fields "
+         "changed, as experiments/smoke.py builds them)")
+  return config
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

@@ -40,7 +40,7 @@ def apply_overrides(config, overrides: dict):
     for part in path:
       node = node[part]
     node[leaf] = value
-  return validate(config)
+  return validate(config, allow_unknown=True)  # a stored config: config.from_dict
 
 
 def _eval_batches(config, tokenizer, validation_override: bool, split: str):
