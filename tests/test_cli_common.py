@@ -363,3 +363,23 @@ def test_eval_help_does_not_dump_the_config(helps):
 
 if __name__ == "__main__":
   print(json.dumps(_drive()))
+
+
+def test_a_bad_boolean_or_a_missing_required_flag_is_one_plain_line(capsys):
+  """Issue 26: `--restore_fallback=maybe` printed absl's Python tuple ("('Non-boolean
+  argument to boolean flag', 'maybe')"), a required --root left out "flag --root=None:
+  Flag --root must have a value other than None."."""
+  from absl import flags
+  from lev_jax.cli import common
+  for argv, line in ((["--root=r", "--restore_fallback=maybe"],
+                      "--restore_fallback=maybe: expected true or false"),
+                     ([], "--root: required: the folder holding the runs")):
+    fv = flags.FlagValues()
+    flags.DEFINE_bool("restore_fallback", False, "Fall back.", flag_values=fv)
+    common.define_path("root", None, "Root.", what="the folder holding the runs", fv=fv)
+    flags.mark_flags_as_required(["root"], flag_values=fv)
+    parse = common.flags_parser("lev-x", None, fv)
+    with pytest.raises(SystemExit) as e:
+      parse(["lev-x", *argv])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"lev-x: error: {line}\n"

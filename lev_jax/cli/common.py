@@ -57,6 +57,7 @@ def define_path(name: str, default: str | None, help: str, *, what: str,
     fv: the FlagValues to define it on (tests pass a fresh one).
   """
   flags.DEFINE_string(name, default, help, flag_values=fv)
+  fv[name].lev_what = what  # for `--NAME: required: WHAT` (flags_parser)
   flags.register_validator(name, lambda value: value is None or bool(value.strip()),
                            message=empty_message(name, what), flag_values=fv)
 
@@ -374,7 +375,8 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
     except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
       line = re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e))
       fail(prog, _bad_override_value(e, fv) or _override_without_config(e, fv)
-           or _config_field_hint(e, fv) or _REPEATED_FLAG.sub("", line))
+           or _config_field_hint(e, fv) or _required_flag(e, fv)
+           or _REPEATED_FLAG.sub("", line))
     except Exception as e:  # raised by ml_collections while it loads --config=FILE
       _fail_on_config_error(prog, e, argv)
   return parse
@@ -404,8 +406,11 @@ def config_first(argv: list[str]) -> list[str]:
   return [*argv[:1], *files, *rest, *args[end:]]
 
 
-# absl's message for a value that an override's parser refused: "flag --config.x.y=V: ..."
-_BAD_OVERRIDE = re.compile(r"^flag --(config\.[\w.]+)=(.*?): ", re.S)
+# absl's message for a value that a flag's (or an override's) parser refused:
+# "flag --config.x.y=V: ..." / "flag --restore_fallback=maybe: ('Non-boolean ...', ...)"
+_BAD_OVERRIDE = re.compile(r"^flag --([\w.]+)=(.*?): ", re.S)
+# absl's message for a flag marked required (flags.mark_flags_as_required) left out.
+_REQUIRED = re.compile(r"Flag --([\w.]+) must have a value other than None")
 _EXPECTED = ((flags.BooleanParser, "true or false"), (flags.IntegerParser, "an integer"),
              (flags.FloatParser, "a number"))
 
@@ -413,7 +418,8 @@ _EXPECTED = ((flags.BooleanParser, "true or false"), (flags.IntegerParser, "an i
 def _bad_override_value(error: flags.Error, fv: flags.FlagValues) -> str | None:
   """`--config.train.steps=abc: expected an integer (config.train.steps is 300)` for a
   value the field's parser refused (ml_collections' own words name neither the type nor
-  the field's value); None for another error."""
+  the field's value), `--restore_fallback=maybe: expected true or false` for a command's
+  own flag (absl's words are a Python tuple); None for another error."""
   m = _BAD_OVERRIDE.match(str(error))
   if not m or m.group(1) not in fv:
     return None
@@ -421,7 +427,20 @@ def _bad_override_value(error: flags.Error, fv: flags.FlagValues) -> str | None:
   expected = next((text for kind, text in _EXPECTED if isinstance(flag.parser, kind)), None)
   if expected is None:
     return None
+  if not m.group(1).startswith("config."):
+    return f"--{m.group(1)}={m.group(2)}: expected {expected}"
   return f"--{m.group(1)}={m.group(2)}: expected {expected} ({m.group(1)} is {flag.value!r})"
+
+
+def _required_flag(error: flags.Error, fv: flags.FlagValues) -> str | None:
+  """`--root: required: the folder holding ...` for a required flag left out (absl:
+  "flag --root=None: Flag --root must have a value other than None."); the flag's
+  `define_path` WHAT, else its help; None for another error."""
+  m = _REQUIRED.search(str(error))
+  if not m or m.group(1) not in fv:
+    return None
+  flag = fv[m.group(1)]
+  return f"--{flag.name}: required: {getattr(flag, 'lev_what', None) or flag.help}"
 
 
 def _override_without_config(error: flags.Error, fv: flags.FlagValues) -> str | None:
