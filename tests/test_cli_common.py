@@ -271,6 +271,10 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
 
 @pytest.mark.parametrize("argv,error", [
     (["--config=NOGET"], "--config=NOGET: defines no get_config(variant) function"),
+    # issue 26: README.md as the config was "README.md:11: leading zeros ... (a Python
+    # syntax error in the config file)"
+    (["--config=README.md"], "--config=README.md: not a Python file (expected a .py "
+     "config file defining get_config(variant)"),
     (["--config.train.steps=abc"],
      "--config.train.steps=abc: expected an integer (config.train.steps is 300)"),
     (["--config.lev.remat=maybe"],

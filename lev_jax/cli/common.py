@@ -638,6 +638,16 @@ def _not_a_config_file(path: str | None) -> str | None:
           "e.g. experiments/smoke.py:leviathan)")
 
 
+def _not_a_python_file(path: str | None) -> str | None:
+  """`--config=README.md: not a Python file (...)` for a config file without the .py
+  suffix (its load failed: a markdown file's "Python syntax error" says nothing useful);
+  None for a .py file, or no path."""
+  if not path or path.endswith(".py") or not os.path.isfile(os.path.expanduser(path)):
+    return None
+  return (f"--config={path}: not a Python file (expected a .py config file defining "
+          "get_config(variant), e.g. experiments/smoke.py:leviathan)")
+
+
 def _no_get_config(error: BaseException, argv) -> str | None:
   """`--config=FILE: defines no get_config(...)` when `error` is ml_collections failing
   to find that function in the config file (an AttributeError on the file's module)."""
@@ -655,7 +665,8 @@ def _no_get_config(error: BaseException, argv) -> str | None:
 def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
   """Ends with one line for an unknown `--config.<field>` or a config file that does not
   load; re-raises anything else (a bug deserves its traceback)."""
-  message = (config_file_error(error, argv) or _no_get_config(error, argv)
+  message = (_not_a_python_file(_config_file(argv)) or config_file_error(error, argv)
+             or _no_get_config(error, argv)
              or _not_a_config_file(_config_file(argv)))
   if message is None and isinstance(error, (AttributeError, LookupError)) and _overrides(argv):
     config = _config_being_overridden(error)
@@ -678,7 +689,8 @@ def config_or_exit(prog: str):
     if not given.strip():  # --config= is a path flag too (define_path)
       fail(prog, empty_message("config", "a Python config file and variant, e.g. "
                                "experiments/smoke.py:leviathan"))
-    fail(prog, _not_a_config_file(given.split(":", 1)[0]) or
+    path = given.split(":", 1)[0]
+    fail(prog, _not_a_config_file(path) or _not_a_python_file(path) or
          f"--config={given}: {_last_line(e)}")
 
 
