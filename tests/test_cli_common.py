@@ -377,9 +377,13 @@ def test_a_bad_boolean_or_a_missing_required_flag_is_one_plain_line(capsys):
   from lev_jax.cli import common
   for argv, line in ((["--root=r", "--restore_fallback=maybe"],
                       "--restore_fallback=maybe: expected true or false"),
+                     (["--root=r", "--workers=x"], "--workers=x: expected an integer"),
+                     (["--root=r", "--workers=0"], "flag --workers=0: 0 is not a positive "
+                      "integer"),
                      ([], "--root: required: the folder holding the runs")):
     fv = flags.FlagValues()
     flags.DEFINE_bool("restore_fallback", False, "Fall back.", flag_values=fv)
+    flags.DEFINE_integer("workers", None, "Workers.", lower_bound=1, flag_values=fv)
     common.define_path("root", None, "Root.", what="the folder holding the runs", fv=fv)
     flags.mark_flags_as_required(["root"], flag_values=fv)
     parse = common.flags_parser("lev-x", None, fv)

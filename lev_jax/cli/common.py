@@ -427,6 +427,11 @@ def _bad_override_value(error: flags.Error, fv: flags.FlagValues) -> str | None:
   expected = next((text for kind, text in _EXPECTED if isinstance(flag.parser, kind)), None)
   if expected is None:
     return None
+  try:  # a value of the right type refused by a bound: absl's own words name the bound
+    getattr(flag.parser, "convert", flag.parser.parse)(m.group(2))
+    return None
+  except (ValueError, TypeError):
+    pass
   if not m.group(1).startswith("config."):
     return f"--{m.group(1)}={m.group(2)}: expected {expected}"
   return f"--{m.group(1)}={m.group(2)}: expected {expected} ({m.group(1)} is {flag.value!r})"
