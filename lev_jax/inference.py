@@ -53,8 +53,8 @@ from lev_jax.data.tokenizer_files import load_tokenizer, save_tokenizer
 from lev_jax.embeddings import input_table
 from lev_jax.lock import _pid_running
 from lev_jax.model import Decoder
-from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, TOKEN_COUNTS,
-                             TOKENIZER, write_json_atomic)
+from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, LOCK,
+                             RUN_OUTPUTS, TOKEN_COUNTS, TOKENIZER, write_json_atomic)
 
 EXPORT_FORMAT = "lev_jax.inference/1"
 
@@ -143,11 +143,27 @@ def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict)
   return bundle.tokenizer, bundle.token_counts_V
 
 
+def _not_a_workdir(root: epath.Path) -> str:
+  """Why `root` (an existing folder with no checkpoints/ and no export.json) cannot be
+  loaded: a step folder or the checkpoints/ folder itself (name the workdir and --step),
+  a training run that has saved no checkpoint yet, or neither a workdir nor an export."""
+  if root.name.isdigit() and root.parent.name == CHECKPOINTS:
+    return (f"{root}: a checkpoint step folder; give the run's folder and the step: "
+            f"--checkpoint={root.parent.parent} --step={root.name}")
+  if root.name == CHECKPOINTS:
+    return (f"{root}: the checkpoints folder; give the run's folder: "
+            f"--checkpoint={root.parent} (--step for a step other than the latest)")
+  if any((root / name).exists() for name in (LOCK, *RUN_OUTPUTS)):
+    return (f"{root}: a training run with no checkpoint yet (no {CHECKPOINTS}/; it is "
+            "still starting or compiling, or stopped before its first save)")
+  return (f"{root}: neither a training workdir (no {CHECKPOINTS}/) nor an inference "
+          f"export (no {EXPORT_JSON})")
+
+
 def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
   ckpt_dir = root / CHECKPOINTS
   if not ckpt_dir.exists():
-    raise InferenceError(f"{root}: neither a training workdir (no {CHECKPOINTS}/) nor "
-                         f"an inference export (no {EXPORT_JSON})")
+    raise InferenceError(_not_a_workdir(root))
   with checkpoint.CheckpointReader(ckpt_dir) as reader:  # never saves or deletes
     steps = reader.all_steps()
     if not steps:

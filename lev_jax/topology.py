@@ -126,20 +126,24 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
   (NVIDIA GPUs, lev_jax/gpu_targets.py; one when no count) -> a GPU Topology.
 
   Raises:
-    AotError: an unknown generation, a malformed name, a core count that is not a whole
-      number of chips, a shape with the wrong number of axes, num_slices < 1.
+    AotError: an unknown generation, a malformed name, a count below 1, a core count
+      that is not a whole number of chips, a shape with the wrong number of axes, num_slices < 1.
   """
   expected = ("expected GENERATION-COUNT (v5p-128, v5e-256, v5litepod-16, v6e-16, "
               "v4-32) or "
               "GENERATION:SHAPE (v5p:4x4x4, v6e:4x4), with GENERATION one of "
-              + ", ".join(sorted(CHIPS)))
+              + ", ".join(sorted(CHIPS)) + "; or GPU-COUNT (h100-8, h200-16), with GPU "
+              "one of " + ", ".join(sorted(gpu_targets.GPU_TARGETS)))
   g = _GPU_NAME.match(name.strip().lower())
   if g:
     if num_slices != 1:
       raise AotError(f"num_slices = {num_slices}: TPU slices only; for GPUs give the "
                      "count, e.g. h100-16 (two hosts of 8)")
-    return Topology(name, gpu_targets.get_target(g["kind"]), (int(g["count"] or 1),),
-                    platform="gpu")
+    count = int(g["count"] or 1)
+    if count < 1:
+      raise AotError(f"topology {name!r}: {count} GPUs; expected a positive number, "
+                     "e.g. h100-8")
+    return Topology(name, gpu_targets.get_target(g["kind"]), (count,), platform="gpu")
   m = _NAME.match(name.strip().lower())
   if not m:
     raise AotError(f"topology {name!r}: {expected}")
@@ -151,7 +155,10 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
     raise AotError(f"num_slices = {num_slices}: expected >= 1")
   if m["count"] is not None:
     count = int(m["count"])
-    if count < 1 or count % chip.cores_in_name:
+    if count < 1:
+      raise AotError(f"topology {name!r}: {count} TensorCores; expected a positive "
+                     f"number, e.g. {gen}-{8 * chip.cores_in_name}")
+    if count % chip.cores_in_name:
       raise AotError(f"topology {name!r}: {gen}-N counts TensorCores ({chip.cores_in_name} "
                      f"per chip); expected a multiple of {chip.cores_in_name}")
     shape = default_shape(count // chip.cores_in_name, chip.dims)

@@ -317,6 +317,10 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
 
 @pytest.mark.parametrize("argv,error", [
     (["--config=NOGET"], "--config=NOGET: defines no get_config(variant) function"),
+    # issue 26: README.md as the config was "README.md:11: leading zeros ... (a Python
+    # syntax error in the config file)"
+    (["--config=README.md"], "--config=README.md: not a Python file (expected a .py "
+     "config file defining get_config(variant)"),
     (["--config.train.steps=abc"],
      "--config.train.steps=abc: expected an integer (config.train.steps is 300)"),
     (["--config.lev.remat=maybe"],
@@ -410,8 +414,6 @@ def test_eval_help_does_not_dump_the_config(helps):
   assert "freq_bucket_edges:" not in text and "cache_dir:" not in text, text
 
 
-if __name__ == "__main__":
-  print(json.dumps(_drive()))
 
 
 @pytest.mark.parametrize("overrides", [[], ["--config.train.steps=3"]])
@@ -430,3 +432,31 @@ def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_pat
   assert e.value.code == 2 and err.count("\n") == 1, err
   assert err.startswith(f"lev-x: error: --config={path}: get_config returned a dict; "
                         "expected an ml_collections.ConfigDict"), err
+
+
+def test_a_bad_boolean_or_a_missing_required_flag_is_one_plain_line(capsys):
+  """Issue 26: `--restore_fallback=maybe` printed absl's Python tuple ("('Non-boolean
+  argument to boolean flag', 'maybe')"), a required --root left out "flag --root=None:
+  Flag --root must have a value other than None."."""
+  from absl import flags
+  from lev_jax.cli import common
+  for argv, line in ((["--root=r", "--restore_fallback=maybe"],
+                      "--restore_fallback=maybe: expected true or false"),
+                     (["--root=r", "--workers=x"], "--workers=x: expected an integer"),
+                     (["--root=r", "--workers=0"], "flag --workers=0: 0 is not a positive "
+                      "integer"),
+                     ([], "--root: required: the folder holding the runs")):
+    fv = flags.FlagValues()
+    flags.DEFINE_bool("restore_fallback", False, "Fall back.", flag_values=fv)
+    flags.DEFINE_integer("workers", None, "Workers.", lower_bound=1, flag_values=fv)
+    common.define_path("root", None, "Root.", what="the folder holding the runs", fv=fv)
+    flags.mark_flags_as_required(["root"], flag_values=fv)
+    parse = common.flags_parser("lev-x", None, fv)
+    with pytest.raises(SystemExit) as e:
+      parse(["lev-x", *argv])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"lev-x: error: {line}\n"
+
+
+if __name__ == "__main__":
+  print(json.dumps(_drive()))

@@ -1,8 +1,10 @@
 """lev_jax.data.files: atomic writes that leave nothing behind when they fail."""
 
+import numpy as np
 import pytest
 
-from lev_jax.data.files import write_bytes_atomic
+from lev_jax.data.errors import DataError
+from lev_jax.data.files import read_npy, write_bytes_atomic
 
 
 def test_a_failed_atomic_write_removes_its_temporary_and_keeps_the_target(tmp_path):
@@ -14,3 +16,18 @@ def test_a_failed_atomic_write_removes_its_temporary_and_keeps_the_target(tmp_pa
   write_bytes_atomic(tmp_path / "ok.json", b"{}")
   assert (tmp_path / "ok.json").read_bytes() == b"{}"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.json", "report.json"]
+
+
+def test_a_damaged_npy_file_is_named(tmp_path):
+  """Issue 26: a token_counts.npy replaced by another file failed lev-eval and lev-sample
+  with numpy's "This file contains pickled (object) data..." naming no file."""
+  path = tmp_path / "token_counts.npy"
+  np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+  with pytest.raises(DataError, match=f"^{path}: damaged: not a .npy array file \\(it "
+                     "holds pickled Python objects, which are never loaded\\)$"):
+    read_npy(path)
+  path.write_text("not numpy\n")
+  with pytest.raises(DataError, match=f"^{path}: damaged: not a .npy array file \\("):
+    read_npy(path)
+  np.save(path, np.arange(3))
+  assert read_npy(path).tolist() == [0, 1, 2]

@@ -438,3 +438,24 @@ def test_pool_workers_end_with_the_preparing_process(monkeypatch):
   assert prepare_lib._run_pool([], "tokenizer", {}, 2, progress=None) == []
   assert made == [2] and watched == [True]
   prepare_lib._WORKER.clear()
+
+
+def test_workers_0_and_output_dir_alone_mean_what_the_help_says(tmp_path, capsys, monkeypatch):
+  """Issue 26: `--workers=0` ("0 = one per CPU core") was refused as "not a positive
+  integer", and `--output_dir` without config.data.prepared_dir failed validation
+  ("config.data.prepared_dir = '': expected the folder ...")."""
+  seen = {}
+
+  def fake(config, *, output_dir=None, workers=None, overwrite=False):
+    seen.update(prepared_dir=config.data.prepared_dir, workers=workers)
+    raise DataError("stop here")
+  monkeypatch.setattr(prepare_lib, "prepare", fake)
+  out = str(tmp_path / "out")
+  status, _, err = _cli([f"--config={SMOKE}:tied", "--config.data.source=prepared",
+                         f"--config.data.train_files=('{tmp_path}/a.jsonl',)",
+                         f"--output_dir={out}", "--workers=0"], capsys, monkeypatch)
+  assert (status, err, seen) == (
+      2, "lev-prepare-data: error: stop here\n", {"prepared_dir": out, "workers": 0})
+  monkeypatch.setattr(os, "cpu_count", lambda: 6)
+  assert [prepare_lib.worker_count(w, c, 4) for w, c in
+          ((0, 2), (None, 0), (None, 2), (3, 0))] == [4, 4, 2, 3]

@@ -82,7 +82,9 @@ def test_cli_writes_results_and_compares_with_a_baseline(workdirs, tmp_path):
     (dict(checkpoint="/nonexistent/run"), "/nonexistent/run: no such checkpoint folder"),
     (dict(overrides={"model.n_layers": 4}), "cannot be overridden"),
     (dict(split="test"), "config.data.test_files is empty"),
-    (dict(baseline="/nonexistent.json"), "--baseline=/nonexistent.json"),
+    # issue 26: "cannot read a lev_eval.json ...; run lev-eval on the baseline first"
+    (dict(baseline="/nonexistent/run"), r"^--baseline=/nonexistent/run: no such file or "
+     r"folder \(expected another run's lev_eval.json, or the folder holding it\)$"),
 ])
 def test_bad_input_names_what_is_wrong(kwargs, message, workdirs):
   kwargs = dict(dict(checkpoint=workdirs / "lev"), **kwargs)

@@ -1,6 +1,7 @@
 """Loading for inference from a workdir or an export; params-only export; LEV materialised."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +97,17 @@ def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
   for kwargs, message in cases:
     with pytest.raises(inference.InferenceError, match=message):
       inference.load(**kwargs)
+  # issue 26: a step folder, the checkpoints folder, a run that has saved nothing yet
+  step_dir = next(p for p in (path / "checkpoints").iterdir() if p.name.isdigit())
+  for folder, message in ((step_dir, f"{step_dir}: a checkpoint step folder; give the "
+                           f"run's folder and the step: --checkpoint={path} "
+                           f"--step={step_dir.name}"),
+                          (path / "checkpoints", f"--checkpoint={path} "),
+                          (tmp_path / "young", "a training run with no checkpoint yet")):
+    (tmp_path / "young").mkdir(exist_ok=True)
+    (tmp_path / "young" / ".lock").touch()
+    with pytest.raises(inference.InferenceError, match=re.escape(message)):
+      inference.load(folder)
   (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
   with pytest.raises(inference.InferenceError, match="no complete checkpoint"):
     inference.load(tmp_path / "empty")

@@ -262,6 +262,28 @@ def test_rung_commands_per_launcher_are_what_lev_train_and_launch_accept(tmp_pat
     ladder_cli.rung_commands("local", smoke, ["tied_m"], "/r", train_flags=["--workdir=/x"])
 
 
+def test_launcher_flags_are_checked_once_before_any_rung_is_launched(capsys):
+  """Issue 26: `--launcher=slurm` without --nodes printed "launch/slurm.py: error:
+  --nodes is required" once per rung (8 launches): one dry run of the first rung's
+  command (no pre-flight) now refuses it, naming --launcher_flags."""
+  from launch import slurm as slurm_launch
+  smoke = str(REPO / "experiments" / "smoke_ladder.py")
+  calls = []
+
+  def runner(argv, **_):  # launch/slurm.py in this process: no interpreter start-up
+    calls.append(argv)
+    status = slurm_launch.main(argv[2:], out=StringIO())
+    return subprocess.CompletedProcess(argv, status, "", capsys.readouterr().err)
+  bad = ladder_cli.rung_commands("slurm", smoke, ["tied_m", "leviathan_m"], "/shared/runs")
+  with pytest.raises(ValueError, match=r"^--launcher_flags: --nodes is required: .*\(checked "
+                     r"with slurm.py --dry-run before any rung was launched\)$"):
+    ladder_cli.check_launcher(bad, runner=runner)
+  good = ladder_cli.rung_commands("slurm", smoke, ["tied_m"], "/shared/runs",
+                                  launcher_flags=["--nodes=2"])
+  ladder_cli.check_launcher(good, runner=runner)
+  assert len(calls) == 2 and all("--dry-run" in c and "--no-preflight" in c for c in calls)
+
+
 def test_a_failing_rung_is_reported_and_the_next_still_runs():
   ran = []
   runner = lambda argv: ran.append(argv[0]) or (3 if argv[0] == "bad" else 0)

@@ -44,6 +44,11 @@ def test_several_slices_multiply_the_chips():
 @pytest.mark.parametrize("name,needle", [
     ("v7x-8", "unknown TPU generation 'v7x'"),
     ("v5p-7", "expected a multiple of 2"),
+    # issue 26: "expected a multiple of 1" for 0; only TPU forms listed for a100-8
+    ("v5e-0", "v5e-0': 0 TensorCores; expected a positive number, e.g. v5e-8"),
+    ("h100-0", "0 GPUs; expected a positive number, e.g. h100-8"),
+    ("a100-8", r"unknown TPU generation 'a100'; .*; or GPU-COUNT \(h100-8, h200-16\), "
+     "with GPU one of h100, h100-sxm, h200"),
     ("v5e-12", "12 chips: expected a power of two"),
     ("v5p:4x4", "a v5p slice shape has 3 positive axes"),
     # libtpu's compile-only slices are whole 2x2 hosts: refused before libtpu is loaded

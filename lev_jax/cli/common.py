@@ -59,6 +59,7 @@ def define_path(name: str, default: str | None, help: str, *, what: str,
     fv: the FlagValues to define it on (tests pass a fresh one).
   """
   flags.DEFINE_string(name, default, help, flag_values=fv)
+  fv[name].lev_what = what  # for `--NAME: required: WHAT` (flags_parser)
   flags.register_validator(name, lambda value: value is None or bool(value.strip()),
                            message=empty_message(name, what), flag_values=fv)
 
@@ -466,7 +467,8 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
     except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
       line = re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e))
       fail(prog, _bad_override_value(e, fv) or _override_without_config(e, fv)
-           or _config_field_hint(e, fv) or _REPEATED_FLAG.sub("", line))
+           or _config_field_hint(e, fv) or _required_flag(e, fv)
+           or _REPEATED_FLAG.sub("", line))
     except Exception as e:  # raised by ml_collections while it loads --config=FILE
       _fail_on_config_error(prog, e, argv)
   return parse
@@ -496,8 +498,11 @@ def config_first(argv: list[str]) -> list[str]:
   return [*argv[:1], *files, *rest, *args[end:]]
 
 
-# absl's message for a value that an override's parser refused: "flag --config.x.y=V: ..."
-_BAD_OVERRIDE = re.compile(r"^flag --(config\.[\w.]+)=(.*?): ", re.S)
+# absl's message for a value that a flag's (or an override's) parser refused:
+# "flag --config.x.y=V: ..." / "flag --restore_fallback=maybe: ('Non-boolean ...', ...)"
+_BAD_OVERRIDE = re.compile(r"^flag --([\w.]+)=(.*?): ", re.S)
+# absl's message for a flag marked required (flags.mark_flags_as_required) left out.
+_REQUIRED = re.compile(r"Flag --([\w.]+) must have a value other than None")
 _EXPECTED = ((flags.BooleanParser, "true or false"), (flags.IntegerParser, "an integer"),
              (flags.FloatParser, "a number"))
 
@@ -505,7 +510,8 @@ _EXPECTED = ((flags.BooleanParser, "true or false"), (flags.IntegerParser, "an i
 def _bad_override_value(error: flags.Error, fv: flags.FlagValues) -> str | None:
   """`--config.train.steps=abc: expected an integer (config.train.steps is 300)` for a
   value the field's parser refused (ml_collections' own words name neither the type nor
-  the field's value); None for another error."""
+  the field's value), `--restore_fallback=maybe: expected true or false` for a command's
+  own flag (absl's words are a Python tuple); None for another error."""
   m = _BAD_OVERRIDE.match(str(error))
   if not m or m.group(1) not in fv:
     return None
@@ -513,7 +519,25 @@ def _bad_override_value(error: flags.Error, fv: flags.FlagValues) -> str | None:
   expected = next((text for kind, text in _EXPECTED if isinstance(flag.parser, kind)), None)
   if expected is None:
     return None
+  try:  # a value of the right type refused by a bound: absl's own words name the bound
+    getattr(flag.parser, "convert", flag.parser.parse)(m.group(2))
+    return None
+  except (ValueError, TypeError):
+    pass
+  if not m.group(1).startswith("config."):
+    return f"--{m.group(1)}={m.group(2)}: expected {expected}"
   return f"--{m.group(1)}={m.group(2)}: expected {expected} ({m.group(1)} is {flag.value!r})"
+
+
+def _required_flag(error: flags.Error, fv: flags.FlagValues) -> str | None:
+  """`--root: required: the folder holding ...` for a required flag left out (absl:
+  "flag --root=None: Flag --root must have a value other than None."); the flag's
+  `define_path` WHAT, else its help; None for another error."""
+  m = _REQUIRED.search(str(error))
+  if not m or m.group(1) not in fv:
+    return None
+  flag = fv[m.group(1)]
+  return f"--{flag.name}: required: {getattr(flag, 'lev_what', None) or flag.help}"
 
 
 def _override_without_config(error: flags.Error, fv: flags.FlagValues) -> str | None:
@@ -711,6 +735,16 @@ def _not_a_config_file(path: str | None) -> str | None:
           "e.g. experiments/smoke.py:leviathan)")
 
 
+def _not_a_python_file(path: str | None) -> str | None:
+  """`--config=README.md: not a Python file (...)` for a config file without the .py
+  suffix (its load failed: a markdown file's "Python syntax error" says nothing useful);
+  None for a .py file, or no path."""
+  if not path or path.endswith(".py") or not os.path.isfile(os.path.expanduser(path)):
+    return None
+  return (f"--config={path}: not a Python file (expected a .py config file defining "
+          "get_config(variant), e.g. experiments/smoke.py:leviathan)")
+
+
 def _no_get_config(error: BaseException, argv) -> str | None:
   """`--config=FILE: defines no get_config(...)` when `error` is ml_collections failing
   to find that function in the config file (an AttributeError on the file's module)."""
@@ -745,8 +779,9 @@ def malformed_override(error: BaseException, argv) -> str | None:
 def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
   """Ends with one line for an unknown or malformed `--config.<field>` or a config file
   that does not load; re-raises anything else (a bug deserves its traceback)."""
-  message = (config_file_error(error, argv) or _no_get_config(error, argv)
-             or malformed_override(error, argv) or _not_a_config_file(_config_file(argv)))
+  message = (_not_a_python_file(_config_file(argv)) or config_file_error(error, argv)
+             or _no_get_config(error, argv) or malformed_override(error, argv)
+             or _not_a_config_file(_config_file(argv)))
   if message is None and isinstance(error, (AttributeError, LookupError)) and _overrides(argv):
     config = _config_being_overridden(error)
     message = unknown_override(config, argv) if config is not None else None
@@ -768,7 +803,8 @@ def config_or_exit(prog: str, fv: flags.FlagValues = flags.FLAGS):
     if not given.strip():  # --config= is a path flag too (define_path)
       fail(prog, empty_message("config", "a Python config file and variant, e.g. "
                                "experiments/smoke.py:leviathan"))
-    fail(prog, _not_a_config_file(given.split(":", 1)[0]) or
+    path = given.split(":", 1)[0]
+    fail(prog, _not_a_config_file(path) or _not_a_python_file(path) or
          f"--config={given}: {_last_line(e)}")
   if not isinstance(config, ml_collections.ConfigDict):
     given = fv["config"].serialize().split("=", 1)[-1]

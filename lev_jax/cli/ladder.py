@@ -20,7 +20,10 @@ that is not finished is trained (resumed when it has a checkpoint), one after an
   slurm   `python launch/slurm.py [launcher_flags] --job_name=lev-VARIANT
           --workdir=ROOT/VARIANT -- --config=LADDER:VARIANT [train_flags]` per rung
           (writes and submits an sbatch script; re-run lev-ladder for the report later)
-Put --dry-run in --launcher_flags to have launch/ print its plan instead.
+Put --dry-run in --launcher_flags to have launch/ print its plan instead. Before any
+rung is launched, the first rung's tpu / slurm command runs once with --dry-run: a
+mistake in --launcher_flags is one line (exit 2), not one failed launch per rung; a
+rung whose launch fails makes lev-ladder exit 1.
 
 Then it reads every workdir (lev_jax/ladder/runs.py), analyses the ladder
 (lev_jax/ladder/analysis.py: perplexity, token efficiency, power-law fit, effective
@@ -32,6 +35,7 @@ Exit status: 0; 1 when a rung trained here failed; 2 for a bad flag or ladder fi
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -122,6 +126,30 @@ def rung_commands(launcher: str, ladder: str, variants, root: str, *, train_flag
       argv = [python, str(script), *own, f"--workdir={workdir}", "--", *train]
     out.append((v, argv))
   return out
+
+
+def check_launcher(commands, runner=subprocess.run) -> None:
+  """Runs the first launch/tpu.py or launch/slurm.py command with --dry-run (no
+  pre-flight, no --compile) before any rung is launched, so that a mistake in
+  --launcher_flags is one line, not one failed launch per rung.
+
+  Raises:
+    ValueError: `--launcher_flags: <the launcher's own error>` when that dry run fails.
+  """
+  if not commands:
+    return
+  argv = list(commands[0][1])
+  end = argv.index("--")
+  own = [a for a in argv[2:end] if a != "--compile"]
+  check = [*argv[:2], *own, "--dry-run", "--no-preflight", *argv[end:]]
+  proc = runner(check, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+  if proc.returncode == 0:
+    return
+  lines = [l.strip() for l in proc.stderr.splitlines() if l.strip()]
+  last = lines[-1] if lines else f"exit status {proc.returncode}"
+  last = re.sub(r"^\S+\.py: error: ", "", last)
+  raise ValueError(f"--launcher_flags: {last} (checked with {Path(argv[1]).name} "
+                   "--dry-run before any rung was launched)")
 
 
 def train_rungs(commands, launcher: str, runner=subprocess.call, out=sys.stdout,
@@ -232,6 +260,8 @@ def main(argv):
     todo = [r.variant for r in result.rungs if not r.finished]
     commands = rung_commands(f.launcher, f.ladder, todo, f.root, train_flags=train_flags,
                              launcher_flags=launcher_flags) if f.run else []
+    if f.launcher in ("tpu", "slurm"):
+      check_launcher(commands)
   except (ladder_lib.LadderError, ValueError) as e:
     common.fail(PROG, str(e))
   failed = {}

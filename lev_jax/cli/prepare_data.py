@@ -43,7 +43,7 @@ def _define_flags():
                      what="the dataset folder, or leave the flag out for "
                      "config.data.prepared_dir")
   flags.DEFINE_integer("workers", None, "Worker processes (default "
-                       "config.data.prepare_workers, 0 = one per CPU core).", lower_bound=1)
+                       "config.data.prepare_workers, 0 = one per CPU core).", lower_bound=0)
   flags.DEFINE_bool("overwrite", False, "Replace a folder holding another preparation "
                     "run's dataset (finished or not).")
   flags.DEFINE_bool("force_unlock", False, "Remove the folder's lock when it was left by a "
@@ -77,6 +77,8 @@ def main(argv):
     common.fail(PROG, "--config is required, e.g. --config=experiments/ladder.py:tied_1.2b")
   config = common.config_or_exit(PROG)
   from lev_jax.data.prepare import prepare  # after flags: keeps --help fast
+  if flags.FLAGS.output_dir:  # the dataset's folder, as config.data.prepared_dir would be
+    config.data.prepared_dir = flags.FLAGS.output_dir
   try:
     validate(config)  # before the folder or its lock is created
     output_dir = flags.FLAGS.output_dir or config.data.prepared_dir

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from etils import epath
 import numpy as np
 
+from lev_jax.data.errors import DataError
+
 
 def write_bytes_atomic(path, data: bytes) -> None:
   """Writes `data` to ``path`` (str or path-like) through a temporary name.
@@ -51,5 +53,18 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 def read_npy(path) -> np.ndarray:
-  """The array in a ``.npy`` file (local or `etils.epath` URL)."""
-  return np.load(io.BytesIO(epath.Path(path).read_bytes()))
+  """The array in a ``.npy`` file (local or `etils.epath` URL).
+
+  Raises:
+    DataError: ``PATH: damaged ...``: not a ``.npy`` array file (truncated, another
+      file in its place, or pickled objects, which are never loaded).
+    OSError: the file cannot be read.
+  """
+  data = epath.Path(path).read_bytes()
+  try:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+  except (ValueError, EOFError, OSError) as e:  # numpy's words name no file
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "pickle" in reason:  # numpy's advice (load it unsafely) is not for a user
+      reason = "it holds pickled Python objects, which are never loaded"
+    raise DataError(f"{path}: damaged: not a .npy array file ({reason})") from e

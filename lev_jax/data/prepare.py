@@ -316,6 +316,13 @@ def _run_pool(todo: list[Shard], tokenizer, settings: dict, n_workers: int,
 # ----------------------------------------------------------------------------- prepare
 
 
+def worker_count(workers: int | None, configured: int, shards: int) -> int:
+  """The preparation's processes: `workers` (--workers) if given, else `configured`
+  (data.prepare_workers); 0 means one per CPU core; never more than `shards`."""
+  n = configured if workers is None else workers
+  return min(n or os.cpu_count() or 1, shards)
+
+
 def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
             workers: int | None = None, overwrite: bool = False) -> dict:
   """Prepares the dataset ``config.data`` describes (``lev-prepare-data``).
@@ -425,7 +432,7 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
   tok_info = tokenizer_files.tokenizer_info(tokenizer, vocab_multiple)
 
   todo = sorted((s for s in shards if s.name not in done), key=lambda s: -s.source_bytes)
-  n_workers = min(workers or d.prepare_workers or os.cpu_count() or 1, len(todo))
+  n_workers = worker_count(workers, d.prepare_workers, len(todo))
   settings = {"fmt": fmt, "strict": bool(d.strict), "run_id": rid,
               "pile_set_names": tuple(d.pile_set_names)}
   logging.info("%s: run %s, %d shards to write (%d already finished), %d worker(s).",

@@ -29,6 +29,7 @@ import io
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 
@@ -227,11 +228,14 @@ def train_sentencepiece(docs: Sequence[str], vocab_size: int, cache_dir
         **TRAINER_SETTINGS)
   except RuntimeError as e:
     reason = str(e).strip().rstrip(".")
-    if "smaller than required_chars" in reason:
+    if "smaller than required_chars" in reason:  # "... required_chars. 3 vs 350. ..."
+      need = re.search(r"required_chars\.\s*\d+\s+vs\s+(\d+)", reason)
+      minimum = f"at least {need[1]}" if need else "more"
       raise DataError(
-          f"vocab_size = {vocab_size} is too small for the corpus ({len(docs)} documents, "
-          f"{chars} characters): it must hold 260 fixed pieces (pad, unk, eos, newline, "
-          f"256 bytes) plus the characters that cover 99.95% of the text: {reason}") from e
+          f"vocab_size = {vocab_size} is too small for the training text's characters "
+          f"({len(docs)} documents, {chars} characters): it needs {minimum} pieces, 260 "
+          "fixed ones (pad, unk, eos, newline, 256 bytes) plus the characters that cover "
+          "99.95% of the text; raise config.model.vocab_size") from e
     if "too high" in reason:
       raise DataError(
           f"vocab_size = {vocab_size} is too large for the corpus ({len(docs)} documents, "

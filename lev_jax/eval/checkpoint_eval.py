@@ -131,10 +131,14 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
   """(the baseline's lev_eval.json, its path), read before any evaluation.
 
   Raises:
-    ConfigError: missing, unreadable, or holding no validation result; or (unless
+    ConfigError: no such file or folder, no lev_eval.json in the folder, unreadable,
+      or holding no validation result; or (unless
       allow_different_data) not recording the data it was evaluated on.
   """
   path = epath.Path(baseline_path)
+  if not path.exists():
+    raise ConfigError(f"--baseline={baseline_path}: no such file or folder (expected "
+                      f"another run's {LEV_EVAL_JSON}, or the folder holding it)")
   if path.is_dir():
     path = path / LEV_EVAL_JSON
   try:
