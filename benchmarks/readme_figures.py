@@ -137,7 +137,7 @@ DOCS = {
     "ladder": "docs/results.md#measured-the-smoke-ladder-tied-vs-leviathan",
     "step_time": "docs/results.md#measured-train-step-time-tied-vs-leviathan",
     "studies": "docs/results.md#measured-leviathan-vs-tied-at-cpu-scale-seeded-study",
-    "scale": "docs/results.md#measured-the-scale-trend-leviathan-vs-tied-and-untied-by-backbone-size",
+    "scale": "docs/evaluation.md#seeded-studies-lev-study",  # until results.md has the trend
     "drills": "docs/reliability.md#reliability-what-protects-a-run",
     "pod_compile": "docs/results.md#every-rung-on-its-slice-compiler-figures-estimates-labelled",
 }
