@@ -60,3 +60,14 @@ def test_a_scale_study_reports_each_corpus_by_size_and_the_fitted_slope(tmp_path
   assert fit["slope_per_decade"] == pytest.approx(-0.3015) and fit["slope_n"] == 4
   single = {**analysis, "sizes": ["d32-L2"], "corpora": ["foldoc"]}
   assert study_report._trend_section(single) == []
+
+
+def test_the_trend_plot_of_one_corpus_keeps_its_texts_inside(tmp_path, monkeypatch):
+  """One corpus is one 5-inch panel: the title wraps instead of running off the figure."""
+  from lev_jax.ladder import study
+  from test_ladder_study import _fake_study
+  analysis = study.analyse(*_fake_study(lambda variant, size, corpus, seed: 90.0 + seed))
+  analysis["trend"] = [t for t in analysis["trend"] if t["corpus"] == "foldoc"]
+  fig = drawn_figure(study_plots.plot_trend, analysis, tmp_path / "t.png", monkeypatch)
+  assert_texts_apart_and_inside(fig)
+  assert len(fig.axes) == 1 and len(fig.axes[0].get_legend().get_texts()) == 3

@@ -200,7 +200,8 @@ def plot_trend(analysis, path):
   if not groups:
     axes[0].text(0.5, 0.5, "no series at two sizes", ha="center",
                  transform=axes[0].transAxes)
-  fig.suptitle("Change vs baseline with size, test split (seeds faint; mean with 95 % "
-               "t-interval; least-squares line in log10 parameters)", fontsize=9)
+  fig.suptitle("Change vs baseline with size, test split\n(seeds faint; mean with 95 % "
+               "t-interval;\nleast-squares line in log10 parameters)", fontsize=9)  # three
+  # lines: one corpus is 5 in wide
   fig.savefig(path, dpi=110)
   return fig
