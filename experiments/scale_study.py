@@ -62,7 +62,16 @@ evaluations), ~3,200 tokens/s. With the lower figures, one step of each of a cor
 runs sums to ~45 s (d384-L6 over half of it), so 64 steps ~48 min, plus ~15 min of
 per-run overhead: ~63 min per corpus on 2 free cores, ~3 h 10 min for the whole study;
 on a shared machine proportionally more (each run resumes, so the study can be stopped
-and restarted at any time).
+and restarted at any time). Measured in the study itself on that shared CPU (load
+average 3-11, nice 19), foldoc: seed 0 of the 12 cells in 39 min (with the tokenizer and
+the first compilation of every shape), seed 1 in 32 min; per run from ~1 min (d128) to
+~5-7 min (d384, 3.5-7.5 s per step).
+
+The budget is early training at every size (0.14 epoch of foldoc; 0.01 tokens per
+backbone parameter at d384-L6, whose loss still falls steeply at the last step): at it
+the largest backbone is not the best in absolute perplexity (foldoc seed 0, tied test
+ppl 692, 644, 674, 798 from d128 up; 3-seed means 732, 663, 711, 799), so the trend is
+one at a fixed small budget.
 """
 
 from pathlib import Path
