@@ -23,6 +23,8 @@ Sections (wall time measured on our 2-core CPU, nothing else running):
   step_time benchmarks/step_time.py --reps 5 (~10 min) and benchmarks/lev_core.py
   studies   lev-study on experiments/smoke_study.py (9 runs, ~50 min) and
             experiments/fidelity_study.py (33 runs, ~50 min)
+  scale     lev-study on experiments/scale_study.py, one corpus after the other (3 x 36
+            runs; about an hour per corpus, see the file), then the whole study's report
   drills    benchmarks/drills.py: kill -9, SIGTERM, bit flips, bad inputs (~5 min)
   pod_compile benchmarks/lev_tpu_estimate.py (LEV alone, vectorized and fused cores),
             then benchmarks/pod_compile.py: every ladder rung, tied and Leviathan,
@@ -91,6 +93,15 @@ def _studies(root: Path) -> list[list[str]]:
           for name in ("smoke_study", "fidelity_study")]
 
 
+def _scale(root: Path) -> list[list[str]]:
+  """One lev-study per corpus (a piece each, so that one corpus's report exists before
+  the next starts), then the whole study's report (nothing left to train)."""
+  study = "experiments/scale_study.py"
+  pieces = ("foldoc", "debian_books", "python_docs")  # the file's PIECES, in its order
+  return [_py("-m", "lev_jax.cli.study", f"--study={study}" + (f":{p}" if p else ""),
+              f"--root={root / 'scale_study'}", "--run") for p in (*pieces, None)]
+
+
 def _drills(root: Path) -> list[list[str]]:
   return [_py("benchmarks/drills.py", f"--root={root / 'drills'}")]
 
@@ -113,6 +124,7 @@ SECTIONS = {
     "step_time": (_step_time, lambda r: []),
     "studies": (_studies, lambda r: [r / n / "report" / "report.md"
                                      for n in ("smoke_study", "fidelity_study")]),
+    "scale": (_scale, lambda r: [r / "scale_study" / "report" / "report.md"]),
     "drills": (_drills, lambda r: []),
     "pod_compile": (_pod_compile, lambda r: [r / "pod_compile" / "table.md"]),
 }
@@ -125,6 +137,7 @@ DOCS = {
     "ladder": "docs/results.md#measured-the-smoke-ladder-tied-vs-leviathan",
     "step_time": "docs/results.md#measured-train-step-time-tied-vs-leviathan",
     "studies": "docs/results.md#measured-leviathan-vs-tied-at-cpu-scale-seeded-study",
+    "scale": "docs/evaluation.md#seeded-studies-lev-study",  # until results.md has the trend
     "drills": "docs/reliability.md#reliability-what-protects-a-run",
     "pod_compile": "docs/results.md#every-rung-on-its-slice-compiler-figures-estimates-labelled",
 }

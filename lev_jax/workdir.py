@@ -45,12 +45,15 @@ An export folder (`lev-export --output=DIR`; lev_jax.inference.save), read by
 A ladder or study root (`lev-ladder` / `lev-study --root=ROOT`):
 
   ROOT/<run>/                one run folder per rung or run
-  ROOT/report/               REPORT: the report (default --report_dir), written by
+  ROOT/report/               REPORT: the report (default --report_dir; ROOT/report_PIECE
+                             for one piece of a study, lev-study --study=FILE:PIECE), written by
                              lev_jax.ladder.report (ladder) or lev_jax.ladder.study_report (study):
     report.md                REPORT_MD: the Markdown report
     analysis.json            ANALYSIS_JSON: the analysis it was drawn from
     ladder.csv / study.csv   LADDER_CSV / STUDY_CSV: one row per rung / cell
     buckets.csv              BUCKETS_CSV: the study's per-bucket rows
+    trend.csv, trend.png     TREND_CSV / TREND_PNG: a study over several backbone sizes:
+                             the change per size and its fitted slope
     loss_vs_tokens.png, scaling_fit.png (ladder), freq_buckets.png: the figures
   ROOT/jax_cache/            JAX_CACHE: the compilation cache the study's runs share
 
@@ -103,6 +106,8 @@ BUCKETS_CSV = "buckets.csv"
 LOSS_VS_TOKENS_PNG = "loss_vs_tokens.png"
 SCALING_FIT_PNG = "scaling_fit.png"
 FREQ_BUCKETS_PNG = "freq_buckets.png"
+TREND_CSV = "trend.csv"
+TREND_PNG = "trend.png"
 
 
 class OutputWriteError(OSError):

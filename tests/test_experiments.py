@@ -8,7 +8,8 @@ from lev_jax.experiments import ExperimentImportError, experiments_dir, load_exp
 def test_every_shipped_experiment_file_loads_and_builds_its_default_config():
   files = sorted(experiments_dir().glob("*.py"))
   assert {f.name for f in files} >= {"smoke.py", "ladder.py", "smoke_ladder.py",
-                                     "smoke_study.py", "fidelity_study.py"}
+                                     "smoke_study.py", "fidelity_study.py",
+                                     "scale_study.py"}
   for f in files:
     module = load_experiment(f)
     assert module.get_config().model.vocab_size > 0, f.name

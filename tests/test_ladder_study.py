@@ -90,9 +90,9 @@ def test_runs_that_differ_in_a_non_factor_field_are_refused_before_anything_runs
   assert "model.embedding" not in str(e.value).split("Runs may differ")[0]
   assert not calls and not (tmp_path / "root").exists()
   a, b = byte_config("tied"), byte_config("lev")
-  b.model.d_model, b.data.shuffle_buffer = 64, 7
+  b.model.rope_theta, b.data.shuffle_buffer = 500.0, 7
   with pytest.raises(StudyError, match=r"data.shuffle_buffer \(1024 in a; 7 in b\) \| "
-                     r"model.d_model \(32 in a; 64 in b\)"):
+                     r"model.rope_theta \(10000.0 in a; 500.0 in b\)"):
     study.check_factors({"a": a, "b": b})
   with pytest.raises(StudyError, match="same cell and seed"):
     study.check_factors({"a": a, "a_again": byte_config("tied")})
@@ -203,11 +203,11 @@ def test_lev_only_options_do_not_relabel_a_model_without_lev():
     c = base_config()
     c.model.embedding = embedding
     c.optim.lev_lr_multiplier = default + 1.0
-    assert study.cell_of(c)[2] == expect
+    assert study.cell_of(c).options == expect
   c = base_config()
   c.model.embedding = "tied"
   c.optim.clip_mode = "per_group"  # acts on every model: always in the label
-  assert study.cell_of(c)[2] == "clip_mode=per_group"
+  assert study.cell_of(c).options == "clip_mode=per_group"
 
 
 def test_bucket_changes_of_seeds_evaluated_on_other_data_are_refused():
@@ -242,10 +242,130 @@ def test_final_table_keeps_a_variants_only_cell_whatever_its_options():
   cells = [cell("tied", 2048, "default", 10.0), cell("leviathan", 2048, lr1, 9.0),
            cell("tied", 32768, "default", 20.0), cell("leviathan", 32768, lr1, 19.0),
            cell("leviathan", 32768, "default", 18.0)]
-  runs = {(c["variant"], c["vocab"], c["options"]): {0: "a", 1: "b"} for c in cells}
+  for c in cells:
+    c.update(size="d32-L2", corpus="python_docs")
+  runs = {(c["variant"], c["vocab"], c["size"], c["corpus"], c["options"]): {0: "a", 1: "b"}
+          for c in cells}
   selection, final = study._select(cells, runs)
   assert final == ["tied V=2048", f"leviathan V=2048 [{lr1}]", "tied V=32768",
                    "leviathan V=32768"]
   assert [s["selected"] for s in selection] == ["leviathan V=32768"]
   cells[-1]["validation"]["perplexity"]["mean"] = 19.5  # now multiplier 1 wins at 32k
   assert study._select(cells, runs)[1][-1] == f"leviathan V=32768 [{lr1}]"
+
+
+def test_backbone_size_and_corpus_are_factors_and_nothing_else_is():
+  """Issue 25.2: runs may differ in the backbone's shape and data.corpus (new cells);
+  a LEV shape field still is refused, and so are two shapes under one size label."""
+  a, b = byte_config("tied"), byte_config("lev")
+  b.model.update(d_model=64, n_layers=3, n_heads=2, n_kv_heads=2, head_dim=32, d_ff=192)
+  b.data.corpus = "foldoc"
+  study.check_factors({"a": a, "b": b})
+  assert study.cell_of(b) == ("leviathan", 259, "d64-L3", "foldoc", "default", 0)
+  assert study.cell_of(a).cell == ("tied", 259, "d32-L2", "python_docs", "default")
+  b.lev.d_seed = 16
+  with pytest.raises(StudyError, match=r"lev.d_seed \(8 in a; 16 in b\)"):
+    study.check_factors({"a": a, "b": b})
+  c = byte_config("lev")
+  c.model.d_ff = 96
+  with pytest.raises(StudyError, match=r"share the size d32-L2.*model.d_ff \(64 in a; 96 in c\)"):
+    study.check_factors({"a": a, "c": c})
+
+
+def test_linear_fit_recovers_a_known_slope_with_its_t_interval():
+  x = [5.0, 5.0, 6.0, 6.0, 7.0, 7.0]
+  noise = [0.01, -0.01, -0.02, 0.02, 0.01, -0.01]
+  fit = study.linear_fit(x, [0.3 - 0.1 * xi + e for xi, e in zip(x, noise)])
+  assert fit["slope"] == pytest.approx(-0.1, abs=1e-9)  # the noise is symmetric per x
+  assert fit["intercept"] == pytest.approx(0.3, abs=1e-8) and fit["df"] == 4
+  # se = sqrt(SSE / (n - 2) / Sxx): SSE = 0.0012, Sxx = 4; t(0.975, 4) = 2.7764451
+  se = math.sqrt(0.0012 / 4 / 4)
+  assert fit["se"] == pytest.approx(se, rel=1e-6)
+  assert fit["lo"] == pytest.approx(-0.1 - 2.7764451 * se, rel=1e-6)
+  assert fit["hi"] == pytest.approx(-0.1 + 2.7764451 * se, rel=1e-6)
+  two = study.linear_fit([1.0, 2.0], [0.0, 0.5])
+  assert two["slope"] == pytest.approx(0.5) and two["lo"] is None
+  assert study.linear_fit([3.0, 3.0], [0.1, 0.2])["reason"].startswith("fewer than 2")
+  flat = study.linear_fit([1.0, 2.0, 3.0], [0.25, 0.25, 0.25])  # on a line: 0-wide interval
+  assert flat["slope"] == 0.0 and flat["lo"] == flat["hi"] == 0.0
+
+
+def _fake_study(ppl):
+  """(LadderResult, factors, evals) of 3 variants x 2 sizes x 2 corpora x 2 seeds, no
+  files: ppl(variant, size, corpus, seed) gives each run's perplexity (both splits)."""
+  from lev_jax.ladder import runs
+  backbone = {"d32-L2": 10_000, "d64-L4": 100_000}
+  factors, rungs, evals = {}, [], {}
+  for corpus in ("foldoc", "python_docs"):
+    for size in backbone:
+      for variant in ("tied", "untied", "leviathan"):
+        for seed in (0, 1):
+          run = f"{variant}_{size}_{corpus}_s{seed}"
+          factors[run] = study.Factors(variant, 259, size, corpus, "default", seed)
+          rungs.append(runs.Rung(
+              variant=run, kind=variant, size=size, workdir=run, status="finished",
+              reason=None, steps=4, step=4, tokens_per_step=8,
+              params={"total": 1, "backbone": backbone[size]}, config_source="ladder",
+              train_curve={"tokens": [], "loss": []}, eval_curve={"tokens": [], "loss": []},
+              final={"loss": 1.0}))
+          p = ppl(variant, size, corpus, seed)
+          log = {"loss": math.log(p), "perplexity": p, "bucket_edges": [10], "buckets": [
+              {"range": "[0,10)", "perplexity": p, "tokens": 5, "ids": 3}]}
+          evals[run] = {split: {"log": log, "equal_mass": None} for split in study.SPLITS}
+  return runs.LadderResult("fake.py", "root", rungs), factors, evals
+
+
+def test_cells_of_a_size_and_corpus_pair_with_their_own_baselines_and_the_trend_fits():
+  """Each Leviathan cell is compared with the tied and the untied cell of its own size
+  and corpus, seed by seed; the trend's slope is the change per decade of backbone."""
+  base = {"tied": 100.0, "untied": 80.0}
+  lev_vs_untied = {("d32-L2", "foldoc"): 0.5, ("d64-L4", "foldoc"): 0.2,
+                   ("d32-L2", "python_docs"): 0.1, ("d64-L4", "python_docs"): 0.1}
+
+  def ppl(variant, size, corpus, seed):
+    scale = (1 + seed) * (2 if corpus == "foldoc" else 1) * (1 if size == "d32-L2" else 0.5)
+    if variant == "leviathan":
+      return 80.0 * scale * (1 + lev_vs_untied[size, corpus] + 0.01 * seed)
+    return base[variant] * scale
+  analysis = study.analyse(*_fake_study(ppl))
+  assert analysis["sizes"] == ["d32-L2", "d64-L4"]
+  assert analysis["corpora"] == ["foldoc", "python_docs"]
+  vs_untied = {c["label"]: c for c in analysis["comparisons_vs_untied"]}
+  assert set(vs_untied) == {f"leviathan V=259 {s} {c}" for s, c in lev_vs_untied}
+  comp = vs_untied["leviathan V=259 d64-L4 foldoc"]
+  assert comp["baseline"] == "untied V=259 d64-L4 foldoc" and comp["seeds"] == [0, 1]
+  assert comp["perplexity"]["test"]["values"] == pytest.approx([0.2, 0.21])
+  vs_tied = {c["label"]: c for c in analysis["comparisons"]}
+  assert vs_tied["untied V=259 d32-L2 python_docs"]["perplexity"]["test"]["values"] == (
+      pytest.approx([-0.2, -0.2]))
+  assert vs_tied["leviathan V=259 d32-L2 foldoc"]["baseline"] == "tied V=259 d32-L2 foldoc"
+  trend = {(t["corpus"], t["variant"], t["baseline"]): t for t in analysis["trend"]}
+  assert len(trend) == 6  # per corpus: untied vs tied, leviathan vs tied and vs untied
+  fit = trend["foldoc", "leviathan", "untied"]["fit"]["test"]
+  assert fit["slope"] == pytest.approx(-0.3) and fit["n"] == 4  # one decade: 0.5 -> 0.2
+  assert fit["lo"] < -0.3 < fit["hi"]
+  assert trend["python_docs", "leviathan", "untied"]["fit"]["test"]["slope"] == (
+      pytest.approx(0.0, abs=1e-12))
+  assert trend["foldoc", "untied", "tied"]["fit"]["validation"]["slope"] == (
+      pytest.approx(0.0, abs=1e-12))
+
+
+def test_a_piece_of_the_scale_study_runs_alone_with_its_own_report_folder():
+  """experiments/scale_study.py:foldoc is its 36 foldoc runs (RUNGS order: seed 0 of
+  every size first), 12 cells of 3 seeds; an unknown piece is one line naming them."""
+  from lev_jax.experiments import experiments_dir
+  path = experiments_dir() / "scale_study.py"
+  module = study.load_study_module(f"{path}:foldoc")
+  assert len(module.RUNGS) == 36 and module.RUNGS[:3] == (
+      "tied_d128_foldoc_s0", "untied_d128_foldoc_s0", "leviathan_d128_foldoc_s0")
+  configs = {run: module.get_config(run) for run in module.RUNGS}
+  study.check_factors(configs)
+  cells = {study.cell_of(c).cell for c in configs.values()}
+  assert len(cells) == 12 and {c[3] for c in cells} == {"foldoc"}
+  assert {c[2] for c in cells} == {"d128-L2", "d192-L3", "d256-L4", "d384-L6"}
+  assert len(study.load_study_module(path).RUNGS) == 108
+  assert study_cli.default_report_dir("r", f"{path}:foldoc") == Path("r/report_foldoc")
+  assert study_cli.default_report_dir("r", str(path)) == Path("r/report")
+  with pytest.raises(StudyError, match=r"has no piece 'folddoc'; expected one of foldoc, "
+                     r"debian_books, python_docs"):
+    study.load_study_module(f"{path}:folddoc")

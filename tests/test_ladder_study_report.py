@@ -4,6 +4,8 @@ not drawn."""
 
 import math
 
+import pytest
+
 from matplotlib.container import BarContainer
 
 from lev_jax.ladder import reporting, study_plots, study_report
@@ -36,3 +38,36 @@ def test_a_bucket_under_the_minimum_count_is_neither_drawn_nor_reported(tmp_path
     tiny, kept = (p.get_height() for p in bars.patches)
     assert math.isnan(tiny) and kept == -10.0
     assert str(reporting.MIN_BUCKET_TARGETS) in ax.get_xlabel()
+
+
+def test_a_scale_study_reports_each_corpus_by_size_and_the_fitted_slope(tmp_path):
+  """Issue 25.2: the per corpus x size table with the changes vs tied and vs untied, the
+  slope rows, trend.csv; a one-size, one-corpus study gets none of it."""
+  import csv
+  from lev_jax.ladder import study
+  from test_ladder_study import _fake_study
+  analysis = study.analyse(*_fake_study(
+      lambda variant, size, corpus, seed: {"tied": 100.0, "untied": 80.0}.get(
+          variant, 80.0 * (1.5 if size == "d32-L2" else 1.2) * (1 + 0.01 * seed))))
+  md = "\n".join(study_report._trend_section(analysis))
+  assert "### foldoc, vocab 259" in md and "### python_docs, vocab 259" in md
+  row = next(l for l in md.splitlines() if "| leviathan V=259 d64-L4 foldoc |" in l)
+  assert "| -3.5 % [" in row and "| +20.6 % [" in row  # vs tied; vs untied: +20, +21.2 %
+  assert "| leviathan | untied | -30.1 pp / decade [" in md
+  rows = study_report.trend_rows(analysis)
+  fit = next(r for r in rows if r["row"] == "fit" and r["series"] == "leviathan"
+             and r["baseline"] == "untied" and r["corpus"] == "foldoc" and r["split"] == "test")
+  assert fit["slope_per_decade"] == pytest.approx(-0.3015) and fit["slope_n"] == 4
+  single = {**analysis, "sizes": ["d32-L2"], "corpora": ["foldoc"]}
+  assert study_report._trend_section(single) == []
+
+
+def test_the_trend_plot_of_one_corpus_keeps_its_texts_inside(tmp_path, monkeypatch):
+  """One corpus is one 5-inch panel: the title wraps instead of running off the figure."""
+  from lev_jax.ladder import study
+  from test_ladder_study import _fake_study
+  analysis = study.analyse(*_fake_study(lambda variant, size, corpus, seed: 90.0 + seed))
+  analysis["trend"] = [t for t in analysis["trend"] if t["corpus"] == "foldoc"]
+  fig = drawn_figure(study_plots.plot_trend, analysis, tmp_path / "t.png", monkeypatch)
+  assert_texts_apart_and_inside(fig)
+  assert len(fig.axes) == 1 and len(fig.axes[0].get_legend().get_texts()) == 3

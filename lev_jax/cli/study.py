@@ -5,11 +5,15 @@ intervals.
   lev-study --study=experiments/fidelity_study.py --root=runs/study --run
   lev-study --study=experiments/fidelity_study.py --root=runs/study          # report only
   python -m lev_jax.cli.study --study=... --root=...                          # same, no install
+  lev-study --study=experiments/scale_study.py:foldoc --root=runs/scale --run  # one piece
 
 The study file is a ladder file (RUNGS: one name per run, get_config(run)) whose runs
-differ only in the factors of lev_jax/ladder/study.py (variant, vocab, seed, LEV optimiser
-options); anything else (steps, batch, seq_len, data, backbone) is refused before a run
-starts, with the differing fields named (exit status 2).
+differ only in the factors of lev_jax/ladder/study.py (variant, vocab, backbone size,
+corpus, seed, LEV optimiser options); anything else (steps, batch, seq_len, data
+pipeline, LEV's shape) is refused before a run starts, with the differing fields named
+(exit status 2). `--study=FILE:PIECE` runs and reports only the runs of the file's
+PIECES[PIECE] (report in ROOT/report_PIECE); the same ROOT holds every piece, so the
+whole study's report (`--study=FILE`) reads them all.
 
 With --run, every run that is not finished trains in turn as its own subprocess
 `python -m lev_jax.cli.train --config=STUDY:RUN --workdir=ROOT/RUN [train_flags]` (lev-train;
@@ -43,7 +47,8 @@ PROG = "lev-study"
 
 def _define_flags():
   common.define_path("study", None, "Study file (RUNGS + get_config), e.g. "
-                     "experiments/fidelity_study.py.", what="a study file")
+                     "experiments/fidelity_study.py, or FILE:PIECE for the runs of its "
+                     "PIECES[PIECE].", what="a study file")
   common.define_path("root", None, "Folder holding one workdir per run (ROOT/RUN).",
                      what="the folder holding one workdir per run")
   flags.DEFINE_boolean("run", False, "Train the runs that are not finished first.")
@@ -51,7 +56,8 @@ def _define_flags():
                       "for all, e.g. \"--config.data.cache_dir=/tmp/c\").")
   flags.DEFINE_integer("eval_batches", 0, "eval.batches of the validation / test "
                        "evaluation (0: the study's FINAL_EVAL_BATCHES, else each run's).")
-  common.define_path("report_dir", None, f"Where the report goes (default ROOT/{REPORT}).",
+  common.define_path("report_dir", None, f"Where the report goes (default ROOT/{REPORT}; "
+                     f"ROOT/{REPORT}_PIECE for FILE:PIECE).",
                      what=f"the report's folder, or leave the flag out for ROOT/{REPORT}")
   flags.mark_flags_as_required(["study", "root"])
 
@@ -65,7 +71,7 @@ def load_study(study) -> tuple[object, dict]:
   """
   from lev_jax.ladder import runs, study as study_lib
   from lev_jax.config import ConfigError, validate
-  module = runs.load_ladder(study)
+  module = study_lib.load_study_module(study)
   configs = {}
   for run in module.RUNGS:
     try:
@@ -140,7 +146,8 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
     if not todo:
       print(f"{PROG}: every run of {study} is finished under {root}; nothing to train",
             file=out)
-    commands = ladder_cli.rung_commands("local", study, todo, root, train_flags=train_flags)
+    commands = ladder_cli.rung_commands("local", study_lib.split_spec(study)[0], todo, root,
+                                        train_flags=train_flags)
     runner = runner or _runner_with_cache(str(Path(root).absolute() / JAX_CACHE))
     failed = {v: f"lev-train exited with status {s}" for v, s in
               ladder_cli.train_rungs(commands, "local", runner=runner, out=out,
@@ -155,14 +162,21 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   for m in analysis["missing"]:
     if m["run"] in failed:
       m["reason"] = f"{m['reason']}; {failed[m['run']]}"
-  paths = study_report.write_report(analysis, report_dir or Path(root) / REPORT,
+  paths = study_report.write_report(analysis, report_dir or default_report_dir(root, study),
                                     command=command)
   return analysis, paths, failed
 
 
+def default_report_dir(root, study) -> Path:
+  """ROOT/report for a whole study, ROOT/report_PIECE for one piece (FILE:PIECE)."""
+  from lev_jax.ladder.study import split_spec
+  piece = split_spec(study)[1]
+  return Path(root) / (REPORT if piece is None else f"{REPORT}_{piece}")
+
+
 def summary(analysis: dict, paths: dict) -> str:
   """What the command prints: the report's path and the final (test) table."""
-  from lev_jax.ladder.study_report import interval, pm
+  from lev_jax.ladder.study_report import interval, pm, slope_text
   done = sum(r["status"] == "finished" and r["evaluated"] for r in analysis["runs"])
   comps = {c["label"]: c for c in analysis["comparisons"]}
   cells = {c["label"]: c for c in analysis["cells"]}
@@ -177,23 +191,30 @@ def summary(analysis: dict, paths: dict) -> str:
   for s in analysis["selection"]:
     lines.append(f"  selected on validation at vocab {s['vocab']}: "
                  f"{s['selected'] or 'none (' + str(s['reason']) + ')'}")
+  for t in analysis.get("trend", []):
+    fit = t["fit"]["test"]
+    lines.append(f"  trend {t['corpus']}, vocab {t['vocab']}: {t['variant']}"
+                 + ("" if t["options"] == "default" else f" [{t['options']}]")
+                 + f" vs {t['baseline']}: {slope_text(fit)} (test)")
   for m in analysis["missing"]:
     lines.append(f"  missing {m['run']}: {m['reason']}")
   return "\n".join(lines)
 
 
-def folders_error(root: str, *, run: bool, report_dir: str | None) -> str | None:
+def folders_error(root: str, *, run: bool, report_dir: str | None,
+                  study: str = "") -> str | None:
   """The one line, before any run trains, when the local --root or --report_dir cannot
   be used: a file, a missing root without --run, a training run's folder or inside one
   (`common.run_folder_error`), a report folder that cannot be written or holds a
   lev-ladder report (`common.report_owner_error`); with --run, a root that cannot be
-  created (it is created then). None when both can be used."""
+  created (it is created then). The default report folder is `default_report_dir(root,
+  study)`. None when both can be used."""
   path = Path(root)
   if path.exists() and not path.is_dir():
     return f"--root={root}: is a file; expected a folder (one workdir per run)"
   if not run and not path.is_dir():
     return f"--root={root}: no such folder (add --run to train the runs there)"
-  report = report_dir or str(path / REPORT)
+  report = report_dir or str(default_report_dir(path, study))
   problem = (common.run_folder_error("--root", root)  # a run's own folder: not a root
              or common.folder_output_error("--report_dir", report)  # before the runs
              or common.report_owner_error("--report_dir", report, STUDY_CSV))
@@ -214,10 +235,12 @@ def main(argv):
   if "://" in f.root:
     common.fail(PROG, f"--root={f.root}: lev-study trains and evaluates locally; give a "
                    "local folder")
-  if not Path(f.study).is_file():
+  from lev_jax.ladder.study import split_spec
+  if not Path(split_spec(f.study)[0]).is_file():
     common.fail(PROG, f"--study={f.study}: no such file; expected a study file with RUNGS and "
-                   "get_config(run), e.g. experiments/fidelity_study.py")
-  problem = folders_error(f.root, run=f.run, report_dir=f.report_dir)
+                   "get_config(run), e.g. experiments/fidelity_study.py (or FILE:PIECE for "
+                   "one piece of its PIECES)")
+  problem = folders_error(f.root, run=f.run, report_dir=f.report_dir, study=f.study)
   if problem:
     common.fail(PROG, problem)
   try:

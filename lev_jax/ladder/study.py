@@ -1,15 +1,22 @@
 """A seeded study: tied vs Leviathan (untied as the ablation, LEV optimiser options as
-extra cells) over vocabularies, several seeds per cell, with paired intervals.
+extra cells) over vocabularies, backbone sizes and corpora, several seeds per cell, with
+paired intervals and, over sizes, the fitted trend.
 
-  analysis = analyse(collect("experiments/fidelity_study.py", "runs/study"))
+  analysis = analyse(*collect("experiments/fidelity_study.py", "runs/study"), evals)
 
 A study file is a ladder file (lev_jax/ladder/runs.py: `RUNGS` names every run, one run per
-(cell, seed); `get_config(run)`). Its runs may differ only in the factors
-(`FACTOR_FIELDS`): the variant (model.embedding), the vocabulary (model.vocab_size), the
+(cell, seed); `get_config(run)`); optionally `PIECES = {name: runs of RUNGS}`, parts that
+run alone as "FILE:NAME" (`load_study_module`; e.g. one corpus of
+experiments/scale_study.py). Its runs may differ only in the factors (`FACTOR_FIELDS`):
+the variant (model.embedding), the vocabulary (model.vocab_size), the backbone size (the
+shape: model.d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff; labelled
+"d<d_model>-L<n_layers>", which must name one shape), the corpus (data.corpus), the
 seed (seed, data.seed) and the LEV optimiser options (optim.lev_lr_multiplier,
 optim.clip_mode, lev.out_proj_init); `check_factors` refuses anything else (steps,
-batch, seq_len, data, backbone, ...) before a run starts, naming the fields. A cell is
-(variant, vocab, options); its runs are its seeds.
+batch, seq_len, data pipeline, LEV's shape, ...) before a run starts, naming the
+fields. A cell is (variant, vocab, size, corpus, options); its runs are its seeds.
+Cell labels name the size and the corpus only in a study with several of them, so the
+reports of one-size, one-corpus studies (fidelity_study, smoke_study) read as before.
 
 Each finished run is evaluated once more (`evaluate_run` -> WORKDIR/study_eval.json) on
 the validation split and on the held-out test split (lev_jax/cli/eval.py: `lev-eval
@@ -18,16 +25,22 @@ log-frequency and the equal-mass buckets (lev_jax/eval/evaluate.py).
 
 What `analyse` computes:
   per cell and split: loss and perplexity, mean ± standard error over seeds
-  per comparison (every non-tied cell vs the tied cell of its vocab with default
-    options; seed i paired with tied seed i): the relative perplexity change
-    ppl / ppl_tied - 1, overall and per bucket, as the mean of the per-seed changes with
-    a two-sided Student-t interval over them (`t_interval`; n - 1 degrees of freedom);
-    tokens to reach tied's final validation loss and the tokens ratio per seed
-    (lev_jax/ladder/scaling.py, on the eval/loss curves), mean ± se over the seeds that reach it
-  selection (validation only): per vocab with several Leviathan option cells, the one
-    with the lowest mean validation perplexity; the final table reports the test split
-    for tied, untied, Leviathan with default options (or a variant's only cell at that
-    vocab, whatever its options) and the selected Leviathan
+  per comparison (every non-tied cell vs the tied cell of its vocab, size and corpus
+    with default options, and every cell that is neither tied nor untied vs the untied
+    cell of the same; seed i paired with baseline seed i): the relative perplexity change
+    ppl / ppl_baseline - 1, overall and per bucket, as the mean of the per-seed changes
+    with a two-sided Student-t interval over them (`t_interval`; n - 1 degrees of
+    freedom); tokens to reach the baseline's final validation loss and the tokens ratio
+    per seed (lev_jax/ladder/scaling.py, on the eval/loss curves), mean ± se over the
+    seeds that reach it
+  trend (a series at >= 2 sizes, per vocab and corpus): the least-squares line of the
+    per-seed changes against log10 of the backbone (non-embedding) parameter count, the
+    slope (change per decade) with a Student-t interval (`linear_fit`, n - 2 degrees
+    of freedom)
+  selection (validation only): per (vocab, size, corpus) with several Leviathan option
+    cells, the one with the lowest mean validation perplexity; the final table reports
+    the test split for tied, untied, Leviathan with default options (or a variant's only
+    cell there, whatever its options) and the selected Leviathan
 A figure that cannot be computed is None next to a reason.
 """
 
@@ -36,6 +49,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 import ml_collections
 import numpy as np
@@ -47,10 +62,14 @@ from lev_jax.ladder import analysis as ladder_analysis, runs
 from lev_jax.workdir import STUDY_EVAL_JSON, loads_json, write_json_atomic
 
 # Config fields a study's runs may differ in, and the factor each belongs to.
+# The backbone's shape: the size factor (lev_jax/model.py reads these six fields).
+SIZE_FIELDS = ("model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads",
+               "model.head_dim", "model.d_ff")
 FACTOR_FIELDS = {
     "name": "label", "model.embedding": "variant", "model.vocab_size": "vocab",
     "seed": "seed", "data.seed": "seed", "optim.lev_lr_multiplier": "options",
     "optim.clip_mode": "options", "lev.out_proj_init": "options",
+    **dict.fromkeys(SIZE_FIELDS, "size"), "data.corpus": "corpus",
 }
 OPTION_FIELDS = ("optim.lev_lr_multiplier", "optim.clip_mode", "lev.out_proj_init")
 # Options that act on LEV's parameters only: a model without LEV ignores them, so they
@@ -94,11 +113,31 @@ def options_label(flat: dict) -> str:
   return ", ".join(changed) or "default"
 
 
-def cell_of(config) -> tuple[str, int, str, int]:
-  """(variant, vocab, options, seed) of one run's config."""
+class Factors(NamedTuple):
+  """One run's place in a study: its cell (variant, vocab, size, corpus, options) and seed."""
+  variant: str
+  vocab: int
+  size: str
+  corpus: str
+  options: str
+  seed: int
+
+  @property
+  def cell(self) -> tuple:
+    return tuple(self)[:5]
+
+
+def size_label(flat: dict) -> str:
+  """The backbone's shape in a cell label: "d128-L2" (model.d_model, model.n_layers)."""
+  return f"d{flat['model.d_model']}-L{flat['model.n_layers']}"
+
+
+def cell_of(config) -> Factors:
+  """(variant, vocab, size, corpus, options, seed) of one run's config."""
   flat = flatten(config)
   variant = VARIANTS.get(flat["model.embedding"], flat["model.embedding"])
-  return variant, int(flat["model.vocab_size"]), options_label(flat), int(flat["seed"])
+  return Factors(variant, int(flat["model.vocab_size"]), size_label(flat),
+                 str(flat.get("data.corpus", "")), options_label(flat), int(flat["seed"]))
 
 
 def check_factors(configs: dict) -> None:
@@ -132,14 +171,32 @@ def check_factors(configs: dict) -> None:
     raise StudyError(
         f"the study's runs differ in {len(differing)} field(s) that are not factors: "
         + " | ".join(differing) + ". Runs may differ only in "
-        + ", ".join(sorted(FACTOR_FIELDS)) + " (variant, vocab, seed, LEV options): "
-        "equal tokens, data and backbone in every cell")
+        + ", ".join(sorted(FACTOR_FIELDS)) + " (variant, vocab, backbone size, corpus, "
+        "seed, LEV options): equal tokens and data pipeline in every cell")
+  _check_sizes(flat)
   seen = {}
   for run, c in configs.items():
     key = cell_of(c)
     if key in seen:
       raise StudyError(f"runs {seen[key]} and {run} are the same cell and seed {key}")
     seen[key] = run
+
+
+def _check_sizes(flat: dict) -> None:
+  """Refuses two backbone shapes under one size label (same d_model and n_layers, other
+  heads, head_dim or d_ff): the label would merge them into one cell."""
+  shapes = {}
+  for run, f in flat.items():
+    shape = tuple(f.get(field) for field in SIZE_FIELDS)
+    shapes.setdefault(size_label(f), {}).setdefault(shape, run)
+  for label, by_shape in shapes.items():
+    if len(by_shape) > 1:
+      (a, run_a), (b, run_b) = list(by_shape.items())[:2]
+      fields = ", ".join(f"{field} ({x} in {run_a}; {y} in {run_b})"
+                         for field, x, y in zip(SIZE_FIELDS, a, b) if x != y)
+      raise StudyError(f"runs {run_a} and {run_b} share the size {label} (model.d_model, "
+                       f"model.n_layers) but differ in {fields}; a size is one backbone "
+                       "shape: give them different d_model or n_layers")
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -185,6 +242,44 @@ def paired_changes(baseline: Sequence[float], other: Sequence[float]) -> list[fl
   return [o / b - 1.0 for b, o in zip(baseline, other)]
 
 
+def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = CONFIDENCE
+               ) -> dict:
+  """Least-squares line y = intercept + slope * x with a two-sided Student-t interval on
+  the slope (the textbook standard error sqrt(SSE / (n - 2) / Sxx), n - 2 degrees of
+  freedom; as scipy.stats.linregress's, but 0 rather than NaN for points on a line).
+
+  Args:
+    x, y: paired observations (e.g. log10 parameters, a per-seed relative change).
+    confidence: coverage of the interval, in (0, 1).
+
+  Returns:
+    {"slope", "intercept", "se", "lo", "hi", "n", "df", "reason"}: slope and intercept
+    None (with the reason) for fewer than 2 distinct x; se, lo, hi None for n < 3 (a
+    line through 2 points has no spread to estimate).
+
+  Raises:
+    StudyError: x and y of different lengths.
+  """
+  if len(x) != len(y):
+    raise StudyError(f"a fit needs as many x as y; got {len(x)} and {len(y)}")
+  n = len(x)
+  out = {"slope": None, "intercept": None, "se": None, "lo": None, "hi": None, "n": n,
+         "df": max(n - 2, 0), "reason": None}
+  if len(set(x)) < 2:
+    out["reason"] = f"fewer than 2 distinct sizes ({len(set(x))}) with a finished pair"
+    return out
+  xs, ys = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  dx = xs - xs.mean()
+  slope = float(dx @ (ys - ys.mean()) / (dx @ dx))
+  intercept = float(ys.mean() - slope * xs.mean())
+  out.update(slope=slope, intercept=intercept)
+  if n >= 3:  # se = sqrt(SSE / (n - 2) / Sxx); 0 for points on the line
+    se = math.sqrt(float(np.sum((ys - intercept - slope * xs) ** 2)) / (n - 2) / float(dx @ dx))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 2)) * se
+    out.update(se=se, lo=slope - half, hi=slope + half)
+  return out
+
+
 # ---------------------------------------------------------------------------- evaluation
 
 def read_eval(workdir) -> dict | None:
@@ -226,14 +321,52 @@ def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
 
 # ---------------------------------------------------------------------------- collect
 
+def split_spec(spec) -> tuple[str, str | None]:
+  """(the study file, the piece or None) of "FILE" or "FILE:PIECE" (a piece only when
+  FILE is a file and the whole spec is not)."""
+  spec = str(spec)
+  path, sep, piece = spec.rpartition(":")
+  if sep and piece and not Path(spec).is_file() and Path(path).is_file():
+    return path, piece
+  return spec, None
+
+
+def load_study_module(spec):
+  """The study module of "FILE" (every run of RUNGS) or "FILE:PIECE" (RUNGS narrowed to
+  the file's PIECES[PIECE], in its order; e.g. one corpus of experiments/scale_study.py).
+
+  Raises:
+    runs.LadderError: a broken study file (runs.load_ladder).
+    StudyError: a piece the file's PIECES (a dict: name -> tuple of runs of RUNGS) lacks,
+      or one naming a run outside RUNGS.
+  """
+  path, piece = split_spec(spec)
+  module = runs.load_ladder(path)
+  if piece is None:
+    return module
+  pieces = getattr(module, "PIECES", None)
+  if not isinstance(pieces, dict) or piece not in pieces:
+    known = ", ".join(map(str, pieces)) if isinstance(pieces, dict) else ""
+    raise StudyError(f"--study={spec}: {path} has no piece {piece!r}; expected "
+                     + (f"one of {known}" if known else "a study file with a PIECES dict "
+                        "(name -> runs of RUNGS) to run a piece, or the file alone"))
+  chosen = tuple(pieces[piece])
+  outside = [r for r in chosen if r not in module.RUNGS]
+  if not chosen or outside:
+    raise StudyError(f"{path}: PIECES[{piece!r}] must name runs of RUNGS; "
+                     + (f"got {', '.join(outside[:3])} outside it" if outside else "it is empty"))
+  module.RUNGS = chosen
+  return module
+
+
 def collect(study, root) -> tuple[runs.LadderResult, dict]:
-  """(the ladder view of every run, {run: (variant, vocab, options, seed)}).
+  """(the ladder view of every run, {run: Factors}); `study` is "FILE" or "FILE:PIECE".
 
   Raises:
     runs.LadderError, StudyError: a broken study file or one whose runs differ in a
       non-factor field.
   """
-  module = runs.load_ladder(study)
+  module = load_study_module(study)
   configs = {run: module.get_config(run) for run in module.RUNGS}
   check_factors(configs)
   result = runs.collect(module, root)
@@ -287,20 +420,26 @@ def _efficiency(base_rungs, other_rungs) -> dict:
           "ratio": mean_se([e["ratio"] for e in reached])}
 
 
-def _comparison(cell, base, runs_by_cell, result, evals) -> dict:
-  variant, vocab, options = cell
-  out = {"variant": variant, "vocab": vocab, "options": options, "label": _label(cell),
-         "baseline": _label(base) if base else None, "seeds": [], "reason": None,
-         "perplexity": {}, "buckets": {}, "efficiency": None}
+def _comparison(cell, base, runs_by_cell, result, evals, shown, kind="tied") -> dict:
+  """`cell` vs `base` (the `kind` cell with default options of its vocab, size and
+  corpus; None when the study has none), seeds paired."""
+  variant, vocab, size, corpus, options = cell
+  label = lambda c: _label(c, shown)  # noqa: E731
+  out = {"variant": variant, "vocab": vocab, "size": size, "corpus": corpus,
+         "options": options, "label": label(cell), "baseline": label(base) if base else None,
+         "baseline_variant": kind,
+         "seeds": [], "reason": None, "perplexity": {}, "buckets": {}, "efficiency": None}
   if base is None:
-    out["reason"] = f"no tied cell with default options at vocab {vocab}"
+    where = "".join(f" {what} {value}" for what, value, show in
+                    (("size", size, shown[0]), ("corpus", corpus, shown[1])) if show)
+    out["reason"] = f"no {kind} cell with default options at vocab {vocab}{where}"
     return out
   mine, theirs = runs_by_cell.get(cell, {}), runs_by_cell.get(base, {})
   seeds = sorted(s for s in mine if s in theirs and mine[s] in evals and theirs[s] in evals)
   out["seeds"] = seeds
   if not seeds:
-    out["reason"] = (f"no seed finished and evaluated in both {_label(cell)} and "
-                     f"{_label(base)}")
+    out["reason"] = (f"no seed finished and evaluated in both {label(cell)} and "
+                     f"{label(base)}")
     return out
   base_evals = [evals[theirs[s]] for s in seeds]
   other_evals = [evals[mine[s]] for s in seeds]
@@ -315,17 +454,23 @@ def _comparison(cell, base, runs_by_cell, result, evals) -> dict:
   return out
 
 
-def _label(cell) -> str:
-  variant, vocab, options = cell
-  return f"{variant} V={vocab}" + ("" if options == "default" else f" [{options}]")
+def _label(cell, shown=(False, False)) -> str:
+  """"leviathan V=8192 [options]"; with shown = (size varies, corpus varies) the size and
+  the corpus after the vocab: "leviathan V=8192 d256-L4 foldoc"."""
+  variant, vocab, size, corpus, options = cell
+  return (f"{variant} V={vocab}" + (f" {size}" if shown[0] else "")
+          + (f" {corpus}" if shown[1] else "")
+          + ("" if options == "default" else f" [{options}]"))
 
 
 def _run_row(rung, factors, ev) -> dict:
-  variant, vocab, options, seed = factors
-  row = {"run": rung.variant, "variant": variant, "vocab": vocab, "options": options,
+  variant, vocab, size, corpus, options, seed = factors
+  row = {"run": rung.variant, "variant": variant, "vocab": vocab, "size": size,
+         "corpus": corpus, "options": options,
          "seed": seed, "status": rung.status, "reason": rung.reason, "step": rung.step,
          "steps": rung.steps, "tokens_per_step": rung.tokens_per_step,
          "tokens": rung.steps * rung.tokens_per_step, "params": rung.params["total"],
+         "backbone_params": rung.params["backbone"],
          "train_curve": rung.train_curve, "eval_curve": rung.eval_curve,
          "evaluated": ev is not None}
   for split in SPLITS:
@@ -334,66 +479,135 @@ def _run_row(rung, factors, ev) -> dict:
   return row
 
 
+def trends(comparisons: list[dict], backbone: dict) -> list[dict]:
+  """The change of each series with size: per (vocab, corpus, variant, options, baseline
+  variant) found at >= 2 sizes, a least-squares line of the per-seed relative perplexity
+  changes (every finished pair of every size one point) against log10 of the size's
+  backbone parameters (the transformer blocks and final norm, lev-params "backbone": the
+  non-embedding count, equal for tied, untied and Leviathan of a size).
+
+  Args:
+    comparisons: `_comparison` dicts (vs tied and vs untied).
+    backbone: {size label: backbone parameter count}.
+
+  Returns:
+    [{"vocab", "corpus", "variant", "options", "baseline" (the baseline's variant),
+      "x": "log10 backbone parameters", "sizes": [{"size", "backbone_params", "label",
+      "seeds", "change": {split: t_interval, or None with no finished pair}}] (smallest
+      first), "fit": {split: `linear_fit` (slope = change per decade of parameters)}}]
+  """
+  groups = {}
+  for comp in comparisons:
+    key = (comp["vocab"], comp["corpus"], comp["variant"], comp["options"],
+           comp["baseline_variant"])
+    groups.setdefault(key, []).append(comp)
+  out = []
+  for (vocab, corpus, variant, options, base), comps in groups.items():
+    if len({c["size"] for c in comps}) < 2:
+      continue
+    comps = sorted(comps, key=lambda c: (backbone[c["size"]], c["size"]))
+    entry = {"vocab": vocab, "corpus": corpus, "variant": variant, "options": options,
+             "baseline": base, "x": "log10 backbone parameters", "sizes": [], "fit": {}}
+    for c in comps:
+      entry["sizes"].append({
+          "size": c["size"], "backbone_params": backbone[c["size"]], "label": c["label"],
+          "seeds": c["seeds"],
+          "change": {split: None if c["reason"] else c["perplexity"][split]
+                     for split in SPLITS}})
+    for split in SPLITS:
+      points = [(math.log10(s["backbone_params"]), v) for s in entry["sizes"]
+                if s["change"][split] for v in s["change"][split]["values"]]
+      entry["fit"][split] = linear_fit([p[0] for p in points], [p[1] for p in points])
+    out.append(entry)
+  return out
+
+
 def analyse(result: runs.LadderResult, factors: dict, evals: dict) -> dict:
   """The study's figures as a JSON-ready dict.
 
   Args:
-    result: `collect`'s ladder view; factors: its {run: (variant, vocab, options, seed)}.
+    result: `collect`'s ladder view; factors: its {run: Factors (variant, vocab, size,
+      corpus, options, seed)}.
     evals: {run: study_eval.json} of the finished, evaluated runs.
 
   Returns:
     {"study", "root", "confidence", "tokens_per_run",
-     "runs": [per run: run, variant, vocab, options, seed, status, reason, step,
-              steps, tokens, params, curves, validation_/test_ loss and ppl],
+     "sizes": [size labels, smallest backbone first], "corpora": [corpus names],
+     "runs": [per run: run, variant, vocab, size, corpus, options, seed, status, reason,
+              step, steps, tokens, params (total), backbone_params, curves,
+              validation_/test_ loss and ppl],
      "missing": [{"run", "status", "reason"}] (not finished, or not evaluated),
-     "cells": [{"variant", "vocab", "options", "label", "seeds", "validation",
-                "test": {"loss", "perplexity": {"mean", "se", "n"}}}],
-     "comparisons": [per non-tied cell: {"label", "baseline", "seeds", "reason",
+     "cells": [{"variant", "vocab", "size", "corpus", "options", "label", "seeds",
+                "validation", "test": {"loss", "perplexity": {"mean", "se", "n"}}}],
+     "comparisons": [per non-tied cell vs the tied cell with default options of its
+                     vocab, size and corpus: {"label", "baseline", "seeds", "reason",
                      "perplexity": {split: t_interval}, "buckets": {split: {scheme:
                      {"rows": [{"range", "targets", "ids", "tied_ppl", "other_ppl",
                      "change": t_interval}], "reason"}}}, "efficiency"}],
-     "selection": [per vocab with >= 2 Leviathan cells: {"vocab", "candidates",
-                   "selected", "criterion"}],
+     "comparisons_vs_untied": [the same per cell that is neither tied nor untied, vs
+                     the untied cell with default options of its vocab, size and corpus],
+     "trend": [per (vocab, corpus, series, baseline) over >= 2 sizes: `_trend`],
+     "selection": [per (vocab, size, corpus) with >= 2 Leviathan cells: {"vocab",
+                   "size", "corpus", "candidates", "selected", "criterion"}],
      "final": [labels of the cells in the test table, in order]}
+    Labels name the size and the corpus only when the study has several of them.
   """
   runs_by_cell = {}
-  for run, (variant, vocab, options, seed) in factors.items():
-    runs_by_cell.setdefault((variant, vocab, options), {})[seed] = run
+  for run, f in factors.items():
+    runs_by_cell.setdefault(Factors(*f).cell, {})[f[-1]] = run
   rows = [_run_row(r, factors[r.variant], evals.get(r.variant)) for r in result.rungs]
+  backbone = {}
+  for row in rows:
+    backbone.setdefault(row["size"], row["backbone_params"])
+  sizes = sorted(backbone, key=lambda size: (backbone[size], size))
+  corpora = list(dict.fromkeys(cell[3] for cell in runs_by_cell))
+  shown = (len(sizes) > 1, len(corpora) > 1)
   tokens = sorted({row["tokens"] for row in rows})
   cells = []
   for cell, seeds in runs_by_cell.items():
     done = sorted(s for s, run in seeds.items() if run in evals)
-    entry = {"variant": cell[0], "vocab": cell[1], "options": cell[2],
-             "label": _label(cell), "seeds": done, "n_runs": len(seeds)}
+    entry = {"variant": cell[0], "vocab": cell[1], "size": cell[2], "corpus": cell[3],
+             "options": cell[4], "label": _label(cell, shown), "seeds": done,
+             "n_runs": len(seeds)}
     for split in SPLITS:
       entry[split] = _split_figures([evals[seeds[s]] for s in done], split)
     cells.append(entry)
-  comparisons = []
+  comparisons = {"tied": [], "untied": []}
   for cell in runs_by_cell:
-    if cell[0] == "tied":
-      continue
-    base = (("tied", cell[1], "default") if ("tied", cell[1], "default") in runs_by_cell
-            else None)
-    comparisons.append(_comparison(cell, base, runs_by_cell, result, evals))
-  selection, final = _select(cells, runs_by_cell)
+    for kind, skip in (("tied", ("tied",)), ("untied", ("tied", "untied"))):
+      if cell[0] in skip:
+        continue
+      base = (kind, *cell[1:4], "default")
+      comparisons[kind].append(_comparison(cell, base if base in runs_by_cell else None,
+                                           runs_by_cell, result, evals, shown, kind))
+  selection, final = _select(cells, runs_by_cell, sizes, corpora)
   return {
       "study": result.ladder, "root": result.root, "confidence": CONFIDENCE,
       "tokens_per_run": tokens[0] if len(tokens) == 1 else None,
+      "sizes": sizes, "corpora": corpora,
       "runs": rows,
       "missing": [{"run": r["run"], "status": r["status"],
                    "reason": r["reason"] or ("finished; not evaluated" if not r["evaluated"]
                                              else None)}
                   for r in rows if r["status"] != "finished" or not r["evaluated"]],
-      "cells": cells, "comparisons": comparisons, "selection": selection, "final": final,
+      "cells": cells, "comparisons": comparisons["tied"],
+      "comparisons_vs_untied": comparisons["untied"],
+      "trend": trends(comparisons["tied"] + comparisons["untied"], backbone),
+      "selection": selection, "final": final,
   }
 
 
-def _select(cells: list[dict], runs_by_cell: dict) -> tuple[list[dict], list[str]]:
-  """Selection on validation; the cells of the final (test) table."""
+def _select(cells: list[dict], runs_by_cell: dict, sizes=(), corpora=()
+            ) -> tuple[list[dict], list[str]]:
+  """Selection on validation, per (vocab, size, corpus), vocab ascending, then corpora
+  and sizes in the order given; the cells of the final (test) table."""
   selection, final = [], []
-  for vocab in sorted({c["vocab"] for c in cells}):
-    here = [c for c in cells if c["vocab"] == vocab]
+  rank = lambda order, x: order.index(x) if x in order else len(order)  # noqa: E731
+  groups = sorted({(c["vocab"], c["size"], c["corpus"]) for c in cells},
+                  key=lambda g: (g[0], rank(list(corpora), g[2]), rank(list(sizes), g[1])))
+  for group in groups:
+    vocab, size, corpus = group
+    here = [c for c in cells if (c["vocab"], c["size"], c["corpus"]) == group]
     # A variant's default-options cell, or its only cell at this vocab (e.g. a study
     # that pins lev_lr_multiplier=1 where nothing else is tried): nothing to select.
     sole = lambda c: sum(d["variant"] == c["variant"] for d in here) == 1  # pylint: disable=cell-var-from-loop
@@ -404,10 +618,11 @@ def _select(cells: list[dict], runs_by_cell: dict) -> tuple[list[dict], list[str
     candidates = [{"label": c["label"], "options": c["options"], "seeds": c["seeds"],
                    "validation_ppl": c["validation"]["perplexity"]} for c in levs]
     ready = [c for c in candidates if c["validation_ppl"]["n"]
-             and c["validation_ppl"]["n"] == len(runs_by_cell[("leviathan", vocab,
+             and c["validation_ppl"]["n"] == len(runs_by_cell[("leviathan", *group,
                                                                c["options"])])]
-    entry = {"vocab": vocab, "candidates": candidates, "selected": None,
-             "criterion": "lowest mean validation perplexity over seeds", "reason": None}
+    entry = {"vocab": vocab, "size": size, "corpus": corpus, "candidates": candidates,
+             "selected": None, "criterion": "lowest mean validation perplexity over seeds",
+             "reason": None}
     if len(ready) < len(candidates):
       entry["reason"] = "not every Leviathan option cell has all its seeds evaluated"
     elif ready:

@@ -7,6 +7,11 @@
                                                        # bucket on the test split with the
                                                        # 95 % intervals, per vocabulary
                                                        # and scheme
+  plot_trend(analysis, "trend.png")                    # change vs backbone parameters per
+                                                       # corpus, fitted line (several sizes)
+
+A study with several sizes or corpora gets one panel per (vocabulary, size) column and
+corpus row in the first two.
 
 `analysis` is lev_jax.ladder.study.analyse's dict. Colour = cell options and variant
 (tab10); buckets under MIN_BUCKET_TARGETS test targets are not drawn. The Agg canvas and
@@ -34,19 +39,42 @@ def _colours(labels):
   return {label: cmap(i % 10) for i, label in enumerate(labels)}
 
 
+def _grid(cells, sizes, corpora):
+  """(columns [(vocab, size)], rows [corpus]) of the panels: one column per vocabulary and
+  size, one row per corpus; sizes and corpora in the order given (the study's)."""
+  rank = lambda order, x: order.index(x) if x in order else len(order)  # noqa: E731
+  columns = sorted({(c["vocab"], c.get("size")) for c in cells},
+                   key=lambda k: (k[0], rank(list(sizes), k[1])))
+  rows = sorted({c.get("corpus") for c in cells}, key=lambda x: rank(list(corpora), x))
+  return columns, rows
+
+
+def _title(vocab, size, corpus, analysis) -> str:
+  """'vocab 8192', with ', d256-L4' and ', foldoc' when the study has several."""
+  return (f"vocab {vocab}" + (f", {size}" if len(analysis.get("sizes", ())) > 1 else "")
+          + (f", {corpus}" if len(analysis.get("corpora", ())) > 1 else ""))
+
+
 def plot_loss_vs_tokens(analysis, path) -> None:
-  """loss_vs_tokens.png: one panel per vocabulary; per cell, the mean validation loss over
-  seeds at each token count with ± se bars, and each seed's curve faint; saved to `path`."""
+  """loss_vs_tokens.png: one panel per vocabulary and size (columns) and corpus (rows);
+  per cell, the mean validation loss over seeds at each token count with ± se bars, and
+  each seed's curve faint; saved to `path`."""
   import numpy as np
-  vocabs = sorted({c["vocab"] for c in analysis["cells"]})
-  fig = figure(4.2 * max(len(vocabs), 1), 4.2)
-  axes = np.atleast_1d(fig.subplots(1, max(len(vocabs), 1)))
+  columns, corpora = _grid(analysis["cells"], analysis.get("sizes", ()),
+                           analysis.get("corpora", ()))
+  fig = figure(4.2 * max(len(columns), 1), 4.2 * max(len(corpora), 1))
+  axes = np.array(fig.subplots(max(len(corpora), 1), max(len(columns), 1),
+                               squeeze=False))
+  if len(corpora) == 1:
+    axes = axes[0]  # one row: the axes in the order a single-row study always drew them
   options = sorted({(c["variant"], c["options"]) for c in analysis["cells"]})
   colours = _colours([_series(v, o) for v, o in options])
-  for ax, vocab in zip(axes, vocabs):
+  panels = [(vocab, size, corpus) for corpus in corpora for vocab, size in columns]
+  for ax, (vocab, size, corpus) in zip(axes.flat, panels):
     for variant, opts in options:
       runs = [r for r in analysis["runs"] if r["vocab"] == vocab and r["variant"] == variant
-              and r["options"] == opts and r["eval_curve"]["tokens"]]
+              and r["options"] == opts and r["eval_curve"]["tokens"]
+              and r.get("size") == size and r.get("corpus") == corpus]
       if not runs:
         continue
       colour = colours[_series(variant, opts)]
@@ -65,7 +93,7 @@ def plot_loss_vs_tokens(analysis, path) -> None:
                   color=colour, ms=3.5, lw=1.4, capsize=2, label=_series(variant, opts))
     ax.set_xscale("log")
     count_axis(ax.xaxis)
-    ax.set_title(f"vocab {vocab}")
+    ax.set_title(_title(vocab, size, corpus, analysis))
     ax.set_xlabel("training tokens")
     ax.set_ylabel("validation loss (nats / token)")
     ax.grid(True, which="both", alpha=0.3)
@@ -81,17 +109,21 @@ def plot_freq_buckets(analysis, path):
   import numpy as np
   comps = {c["label"]: c for c in analysis["comparisons"]}
   finals = [comps[l] for l in analysis["final"] if l in comps and not comps[l]["reason"]]
-  vocabs = sorted({c["vocab"] for c in finals})
-  fig = figure(4.6 * max(len(vocabs), 1), 7.5)
-  axes = np.array(fig.subplots(len(SCHEMES), max(len(vocabs), 1), squeeze=False))
+  columns, corpora = _grid(finals, analysis.get("sizes", ()), analysis.get("corpora", ()))
+  fig = figure(4.6 * max(len(columns), 1), 7.5 * max(len(corpora), 1))
+  axes = np.array(fig.subplots(len(SCHEMES) * max(len(corpora), 1), max(len(columns), 1),
+                               squeeze=False))
   if not finals:
     axes[0, 0].text(0.5, 0.5, "no comparison with finished, evaluated seeds",
                     ha="center", transform=axes[0, 0].transAxes)
   colours = _colours(sorted({_series(c["variant"], c["options"]) for c in finals}))
-  for j, vocab in enumerate(vocabs):
-    here = [c for c in finals if c["vocab"] == vocab]
+  panels = [(row, corpus, j, vocab, size) for row, corpus in enumerate(corpora)
+            for j, (vocab, size) in enumerate(columns)]
+  for row, corpus, j, vocab, size in panels:
+    here = [c for c in finals if c["vocab"] == vocab and c.get("size") == size
+            and c.get("corpus") == corpus]
     for i, scheme in enumerate(SCHEMES):
-      ax = axes[i, j]
+      ax = axes[row * len(SCHEMES) + i, j]
       width = 0.8 / max(len(here), 1)
       ranges, omitted = [], False
       for k, comp in enumerate(here):
@@ -113,11 +145,63 @@ def plot_freq_buckets(analysis, path):
       ax.set_xticks(np.arange(len(ranges)), ranges, rotation=30, fontsize=7)
       if omitted:
         ax.set_xlabel(f"not drawn: < {MIN_BUCKET_TARGETS} test targets", fontsize=7)
-      ax.set_title(f"vocab {vocab}, {scheme} buckets", fontsize=9)
+      ax.set_title(f"{_title(vocab, size, corpus, analysis)}, {scheme} buckets", fontsize=9)
       ax.set_ylabel("ppl change vs tied (%)")
       ax.grid(True, axis="y", alpha=0.3)
       ax.legend(fontsize=7)
   fig.suptitle("Per-bucket perplexity change vs tied, test split\n(95 % t-intervals; "
                "rarest tokens left)", fontsize=10)  # two lines: one vocab is 4.6 in wide
+  fig.savefig(path, dpi=110)
+  return fig
+
+
+def plot_trend(analysis, path):
+  """trend.png: one panel per corpus (and vocabulary); per trend series (e.g. leviathan
+  vs untied), the test-split change at each size against the backbone parameters (log
+  axis): each seed a faint dot, the mean with its 95 % interval, the fitted line.
+  Returns the matplotlib Figure (also saved to `path`)."""
+  import numpy as np
+  trends = analysis.get("trend", [])
+  groups = list(dict.fromkeys((t["vocab"], t["corpus"]) for t in trends))
+  fig = figure(5.0 * max(len(groups), 1), 4.4)
+  axes = np.atleast_1d(fig.subplots(1, max(len(groups), 1)))
+  names = lambda t: f"{_series(t['variant'], t['options'])} vs {t['baseline']}"  # noqa: E731
+  colours = _colours(list(dict.fromkeys(names(t) for t in trends)))
+  for ax, (vocab, corpus) in zip(axes, groups):
+    for t in (t for t in trends if (t["vocab"], t["corpus"]) == (vocab, corpus)):
+      colour = colours[names(t)]
+      done = [s for s in t["sizes"] if s["change"]["test"]]
+      for s in done:
+        ax.plot([s["backbone_params"]] * len(s["change"]["test"]["values"]),
+                [100 * v for v in s["change"]["test"]["values"]], ".", color=colour,
+                alpha=0.35)
+      x = [s["backbone_params"] for s in done]
+      mean = [100 * s["change"]["test"]["mean"] for s in done]
+      err = [[100 * (s["change"]["test"]["mean"] - s["change"]["test"]["lo"])
+              if s["change"]["test"]["lo"] is not None else 0.0 for s in done],
+             [100 * (s["change"]["test"]["hi"] - s["change"]["test"]["mean"])
+              if s["change"]["test"]["hi"] is not None else 0.0 for s in done]]
+      fit = t["fit"]["test"]
+      label = names(t) + (f": {100 * fit['slope']:+.1f} pp/decade"
+                          if fit["slope"] is not None else "")
+      ax.errorbar(x, mean, yerr=err, fmt="o", color=colour, ms=4, capsize=3, label=label)
+      if fit["slope"] is not None and x:
+        xs = np.geomspace(min(x), max(x), 20)
+        ax.plot(xs, 100 * (fit["intercept"] + fit["slope"] * np.log10(xs)), "-",
+                color=colour, lw=1.2)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    count_axis(ax.xaxis)
+    ax.set_title(f"{corpus}, vocab {vocab}", fontsize=9)
+    ax.set_xlabel("backbone (non-embedding) parameters")
+    ax.set_ylabel("test ppl change (%)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+  if not groups:
+    axes[0].text(0.5, 0.5, "no series at two sizes", ha="center",
+                 transform=axes[0].transAxes)
+  fig.suptitle("Change vs baseline with size, test split\n(seeds faint; mean with 95 % "
+               "t-interval;\nleast-squares line in log10 parameters)", fontsize=9)  # three
+  # lines: one corpus is 5 in wide
   fig.savefig(path, dpi=110)
   return fig

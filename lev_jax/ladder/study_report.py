@@ -16,6 +16,12 @@ Writes into out_dir (created if needed):
                       ± se bars, each seed faint
   freq_buckets.png    relative perplexity change per bucket on the test split with the
                       95 % intervals, per vocabulary and scheme
+A study over several backbone sizes or corpora (e.g. experiments/scale_study.py) also
+gets a "Scale trend" section (per corpus x size: test perplexity, change vs tied and vs
+untied; the fitted slope per decade of backbone parameters), and with several sizes:
+  trend.csv           per (series, baseline, split): one row per size, one fit row
+  trend.png           change vs backbone parameters per corpus: each seed, the mean
+                      with its 95 % interval, the fitted line
 
 The plots are lev_jax/ladder/study_plots.py's; number text, tables, provenance and the
 paper's figures (arXiv 2601.22040 via ../shared/LEV.md) are lev_jax/ladder/reporting.py's,
@@ -32,7 +38,7 @@ from lev_jax.ladder.reporting import (MIN_BUCKET_TARGETS, PAPER, begin_report, c
                                       too_few_targets, write_csv)
 from lev_jax.ladder.study import SCHEMES, SPLITS
 from lev_jax.workdir import (ANALYSIS_JSON, BUCKETS_CSV, FREQ_BUCKETS_PNG, LOSS_VS_TOKENS_PNG,
-                             REPORT_MD, STUDY_CSV)
+                             REPORT_MD, STUDY_CSV, TREND_CSV, TREND_PNG)
 
 CELL_COLUMNS = (
     "label", "variant", "vocab", "options", "seeds", "runs", "validation_ppl",
@@ -40,6 +46,9 @@ CELL_COLUMNS = (
     "validation_change_lo", "validation_change_hi", "test_change", "test_change_lo",
     "test_change_hi", "tokens_to_target", "tokens_to_target_se", "token_ratio",
     "token_ratio_se", "seeds_reaching_target", "selected", "in_final_table", "reason")
+TREND_COLUMNS = ("row", "vocab", "corpus", "series", "baseline", "split", "size",
+                 "backbone_params", "seeds", "change", "change_lo", "change_hi",
+                 "slope_per_decade", "slope_lo", "slope_hi", "slope_n", "reason")
 BUCKET_COLUMNS = ("label", "vocab", "split", "scheme", "range", "targets", "ids", "tied_ppl",
                   "other_ppl", "change", "change_lo", "change_hi", "seeds")
 
@@ -104,6 +113,78 @@ def _final_section(analysis) -> list[str]:
                  change, pm(c["validation"]["perplexity"])])
   return out + table(["cell", "seeds done", "test ppl", f"change vs tied ({conf} CI)",
                        "validation ppl"], rows) + [""]
+
+
+def slope_text(fit: dict | None) -> str:
+  """'+12.3 pp / decade [+1.0, +23.6] (n=12)' from a linear_fit dict (slope x 100)."""
+  if not fit or fit.get("slope") is None:
+    return f"n/a ({fit['reason']})" if fit and fit.get("reason") else "n/a"
+  text = f"{100 * fit['slope']:+.1f} pp / decade"
+  if fit.get("lo") is not None:
+    text += f" [{100 * fit['lo']:+.1f}, {100 * fit['hi']:+.1f}]"
+  else:
+    text += " (2 points: no interval)"
+  return text + f" (n={fit['n']})"
+
+
+def _change_text(comp, split) -> str:
+  if comp is None:
+    return "baseline"
+  return (interval(comp["perplexity"].get(split)) if not comp["reason"]
+          else f"n/a ({comp['reason']})")
+
+
+def _trend_section(analysis) -> list[str]:
+  """Per corpus (and vocab): every cell per size on test with its changes vs tied and vs
+  untied, then the fitted slope of each series. Empty for a study of one size and one
+  corpus."""
+  if len(analysis.get("sizes", ())) < 2 and len(analysis.get("corpora", ())) < 2:
+    return []
+  _, vs_tied = _by_label(analysis)
+  vs_untied = {c["label"]: c for c in analysis.get("comparisons_vs_untied", [])}
+  conf = f"{100 * analysis['confidence']:.0f} %"
+  out = ["## Scale trend (test split)", "",
+         "Per corpus and backbone size: perplexity on the held-out test split (mean ± se "
+         "over seeds) and the change vs the tied and vs the untied cell of the same size "
+         f"and corpus (mean over seeds of the paired ppl / ppl(baseline) - 1, {conf} "
+         "Student-t interval). Trend: a least-squares line of every seed's change against "
+         "log10 of the size's backbone parameters (the non-embedding count: transformer "
+         "blocks and final norm, lev-params \"backbone\"), slope in percentage points of "
+         f"change per tenfold parameters with its {conf} t-interval (n - 2 degrees of "
+         "freedom; n = seed pairs over all sizes); a negative slope = the cell gains on "
+         "its baseline with size.", ""]
+  cells = analysis["cells"]
+  sizes = list(analysis.get("sizes", ()))
+  params = {r["size"]: r["backbone_params"] for r in analysis["runs"]}
+  for vocab in sorted({c["vocab"] for c in cells}):
+    for corpus in analysis.get("corpora", ()):
+      here = [c for c in cells if c["vocab"] == vocab and c["corpus"] == corpus]
+      if not here:
+        continue
+      out += [f"### {corpus}, vocab {vocab}", ""]
+      rows = []
+      for size in sizes:
+        for c in (c for c in here if c["size"] == size):
+          rows.append([size, count(params.get(size)), c["label"],
+                       f"{len(c['seeds'])} / {c['n_runs']}", pm(c["test"]["perplexity"]),
+                       _change_text(vs_tied.get(c["label"]), "test")
+                       if c["variant"] != "tied" else "baseline",
+                       _change_text(vs_untied.get(c["label"]), "test")
+                       if c["variant"] not in ("tied", "untied") else
+                       ("baseline" if c["variant"] == "untied" else "")])
+      out += table(["size", "backbone params", "cell", "seeds done", "test ppl",
+                     f"vs tied ({conf} CI)", f"vs untied ({conf} CI)"], rows) + [""]
+      fits = [t for t in analysis.get("trend", [])
+              if t["vocab"] == vocab and t["corpus"] == corpus]
+      if fits:
+        out += table(["series", "vs", "slope, test", "slope, validation"],
+                     [[t["variant"] + ("" if t["options"] == "default"
+                                       else f" [{t['options']}]"), t["baseline"],
+                       slope_text(t["fit"]["test"]), slope_text(t["fit"]["validation"])]
+                      for t in fits]) + [""]
+  if analysis.get("trend"):
+    out += [f"![change vs size]({TREND_PNG})", ""]
+  return out
 
 
 def _selection_section(analysis) -> list[str]:
@@ -216,13 +297,16 @@ def _runs_section(analysis) -> list[str]:
 def markdown(analysis, produced: dict) -> str:
   n_done = sum(r["status"] == "finished" and r["evaluated"] for r in analysis["runs"])
   tokens = analysis["tokens_per_run"]
-  lines = [f"# Study report: {Path(str(analysis['study'])).stem}", "",
+  name = Path(str(analysis["study"])).name
+  stem, piece = name.split(".py:", 1) if ".py:" in name else (Path(name).stem, None)
+  lines = [f"# Study report: {stem}" + (f" (piece {piece})" if piece else ""), "",
            "Tied embeddings vs Leviathan (LEV input + untied head; arXiv 2601.22040), the "
            "untied ablation and LEV optimiser options, seeds paired across cells, from "
            f"`{analysis['root']}`: {n_done} of {len(analysis['runs'])} runs finished and "
            f"evaluated; {count(tokens) if tokens else 'n/a'} training tokens per run. "
            "Figures that cannot be computed read n/a with the reason.", ""]
   lines += _final_section(analysis)
+  lines += _trend_section(analysis)
   lines += _selection_section(analysis)
   lines += _validation_section(analysis)
   lines += _bucket_section(analysis)
@@ -230,7 +314,8 @@ def markdown(analysis, produced: dict) -> str:
   lines += _runs_section(analysis)
   lines += provenance_lines(produced, "lev_jax.ladder.study_report.write_report", [
       f"study: `{analysis['study']}`; root: `{analysis['root']}`",
-      f"every figure: `{ANALYSIS_JSON}`; per cell: `{STUDY_CSV}`; per bucket: `{BUCKETS_CSV}`"])
+      f"every figure: `{ANALYSIS_JSON}`; per cell: `{STUDY_CSV}`; per bucket: `{BUCKETS_CSV}`"
+      + (f"; per size and fitted slope: `{TREND_CSV}`" if analysis.get("trend") else "")])
   return "\n".join(lines)
 
 
@@ -281,6 +366,28 @@ def bucket_rows(analysis) -> list[dict]:
   return rows
 
 
+def trend_rows(analysis) -> list[dict]:
+  """TREND_COLUMNS rows: per trend and split, one "size" row per size (its change with
+  the interval), then one "fit" row (the slope per decade of backbone parameters)."""
+  rows = []
+  for t in analysis.get("trend", []):
+    series = t["variant"] + ("" if t["options"] == "default" else f" [{t['options']}]")
+    base = {"vocab": t["vocab"], "corpus": t["corpus"], "series": series,
+            "baseline": t["baseline"]}
+    for split in SPLITS:
+      for s in t["sizes"]:
+        ch = s["change"][split] or {}
+        rows.append({**base, "row": "size", "split": split, "size": s["size"],
+                     "backbone_params": s["backbone_params"], "seeds": ch.get("n"),
+                     "change": ch.get("mean"), "change_lo": ch.get("lo"),
+                     "change_hi": ch.get("hi")})
+      fit = t["fit"][split]
+      rows.append({**base, "row": "fit", "split": split, "slope_per_decade": fit["slope"],
+                   "slope_lo": fit["lo"], "slope_hi": fit["hi"], "slope_n": fit["n"],
+                   "reason": fit["reason"]})
+  return [{k: csv_value(r.get(k)) for k in TREND_COLUMNS} for r in rows]
+
+
 def write_report(analysis: dict, out_dir, *, command: str | None = None) -> dict:
   """Writes report.md, study.csv, buckets.csv, analysis.json and two PNGs into out_dir.
 
@@ -290,14 +397,21 @@ def write_report(analysis: dict, out_dir, *, command: str | None = None) -> dict
     command: the command line to cite under "How this was produced".
 
   Returns:
-    {"report", "csv", "buckets_csv", "json", "loss_vs_tokens", "freq_buckets"}: paths.
+    {"report", "csv", "buckets_csv", "json", "loss_vs_tokens", "freq_buckets"}: paths;
+    with "trend_csv" and "trend" too for a study over several backbone sizes.
   """
-  paths, produced = begin_report(out_dir, {
-      "report": REPORT_MD, "csv": STUDY_CSV, "buckets_csv": BUCKETS_CSV, "json": ANALYSIS_JSON,
-      "loss_vs_tokens": LOSS_VS_TOKENS_PNG, "freq_buckets": FREQ_BUCKETS_PNG}, analysis, command)
+  names = {"report": REPORT_MD, "csv": STUDY_CSV, "buckets_csv": BUCKETS_CSV,
+           "json": ANALYSIS_JSON, "loss_vs_tokens": LOSS_VS_TOKENS_PNG,
+           "freq_buckets": FREQ_BUCKETS_PNG}
+  if analysis.get("trend"):
+    names.update(trend_csv=TREND_CSV, trend=TREND_PNG)
+  paths, produced = begin_report(out_dir, names, analysis, command)
   write_csv(paths["csv"], CELL_COLUMNS, cell_rows(analysis))
   write_csv(paths["buckets_csv"], BUCKET_COLUMNS, bucket_rows(analysis))
   study_plots.plot_loss_vs_tokens(analysis, paths["loss_vs_tokens"])
   study_plots.plot_freq_buckets(analysis, paths["freq_buckets"])
+  if analysis.get("trend"):
+    write_csv(paths["trend_csv"], TREND_COLUMNS, trend_rows(analysis))
+    study_plots.plot_trend(analysis, paths["trend"])
   paths["report"].write_text(markdown(analysis, produced))
   return {k: str(v) for k, v in paths.items()}
