@@ -598,32 +598,34 @@ def validate(c: ml_collections.ConfigDict, *,
     if v and t.loss_impl == "dense":
       _fail(f"train.{field}", v, "0 with train.loss_impl = 'dense', which has no chunks "
             "(set train.loss_impl = 'chunked' to use it)")
-  if m.embedding == "lev":
-    _one_of(c, "lev", "sigmoid", SIGMOID_VARIANTS)
-    _one_of(c, "lev", "basis", BASIS_VARIANTS)
-    _one_of(c, "lev", "mode", LEV_MODES)
-    _one_of(c, "lev", "out_proj_init", LEV_OUT_PROJ_INITS)
-    _one_of(c, "lev", "impl", LEV_IMPLS)
-    _positive(c, "lev", ["n_coords", "d_seed", "n_heads", "rank", "chunk_size",
-                         "ln_eps", "log_eps", "log_group"])
-    if not lv.log_eps >= 1.2e-38 or lv.log_eps == math.inf:
-      _fail("lev.log_eps", lv.log_eps, "a finite number >= 1.2e-38 (float32's smallest "
-            "normal: the fused product splits factors into mantissa and exponent)")
-    if lv.log_group > 64 or lv.d_seed % lv.log_group:
-      _fail("lev.log_group", lv.log_group, f"a divisor of lev.d_seed = {lv.d_seed}, at "
-            "most 64")
-    if not isinstance(lv.remat, bool):
-      _fail("lev.remat", lv.remat, "True or False")
-    if not isinstance(lv.unique_size, int) or lv.unique_size < 0:
-      _fail("lev.unique_size", lv.unique_size, "an integer >= 0 (0 = automatic)")
-    if not _is_int(lv.n_knots) or lv.n_knots < SPLINE_ORDER:
-      _fail("lev.n_knots", lv.n_knots, f"an integer >= {SPLINE_ORDER}, the spline order "
-            f"(quadratic B-splines: each input has {SPLINE_ORDER} nonzero basis "
-            f"functions, on {SPLINE_ORDER} adjacent knots)")
-    if lv.base < 0 or lv.base == 1:
-      _fail("lev.base", lv.base, "0 (automatic) or an integer >= 2")
-    if lv.base:  # 0 (automatic) always addresses every id
-      lev_digit_base(lv.base, lv.n_coords, padded_vocab_size(m.vocab_size, m.vocab_multiple))
+  # The lev section's values are checked whatever model.embedding is (a typo in a tied
+  # run's config is still a typo); how they fit the vocab only where LEV runs.
+  _one_of(c, "lev", "sigmoid", SIGMOID_VARIANTS)
+  _one_of(c, "lev", "basis", BASIS_VARIANTS)
+  _one_of(c, "lev", "mode", LEV_MODES)
+  _one_of(c, "lev", "out_proj_init", LEV_OUT_PROJ_INITS)
+  _one_of(c, "lev", "impl", LEV_IMPLS)
+  _positive(c, "lev", ["n_coords", "d_seed", "n_heads", "rank", "chunk_size",
+                       "ln_eps", "log_eps", "log_group"])
+  if not lv.log_eps >= 1.2e-38 or lv.log_eps == math.inf:
+    _fail("lev.log_eps", lv.log_eps, "a finite number >= 1.2e-38 (float32's smallest "
+          "normal: the fused product splits factors into mantissa and exponent)")
+  if lv.log_group > 64 or lv.d_seed % lv.log_group:
+    _fail("lev.log_group", lv.log_group, f"a divisor of lev.d_seed = {lv.d_seed}, at "
+          "most 64")
+  if not isinstance(lv.remat, bool):
+    _fail("lev.remat", lv.remat, "True or False")
+  if not isinstance(lv.unique_size, int) or lv.unique_size < 0:
+    _fail("lev.unique_size", lv.unique_size, "an integer >= 0 (0 = automatic)")
+  if not _is_int(lv.n_knots) or lv.n_knots < SPLINE_ORDER:
+    _fail("lev.n_knots", lv.n_knots, f"an integer >= {SPLINE_ORDER}, the spline order "
+          f"(quadratic B-splines: each input has {SPLINE_ORDER} nonzero basis "
+          f"functions, on {SPLINE_ORDER} adjacent knots)")
+  if lv.base < 0 or lv.base == 1:
+    _fail("lev.base", lv.base, "0 (automatic) or an integer >= 2")
+  if lv.base and m.embedding == "lev":  # 0 (automatic) always addresses every id; the
+    # digits must address this vocab only where LEV reads them
+    lev_digit_base(lv.base, lv.n_coords, padded_vocab_size(m.vocab_size, m.vocab_multiple))
   _check_lev_ablations(c)
   _one_of(c, "optim", "decay_mask", DECAY_MASKS)
   _positive(c, "optim", ["lr", "eps", "clip_norm"])

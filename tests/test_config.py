@@ -12,6 +12,15 @@ def test_base_config_is_valid():
   validate(base_config())
 
 
+def test_a_bad_lev_value_is_refused_on_a_model_without_lev():
+  """Issue 26: `--config.lev.basis=foo` on a tied model trained and kept the bad value
+  in its config (the lev section was checked only for model.embedding = lev)."""
+  c = tiny_config("tied")
+  c.lev.basis = "foo"
+  with pytest.raises(ConfigError, match=r"^config.lev.basis = 'foo': expected one of"):
+    validate(c)
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("train.steps", -5, r"config.train.steps = -5: expected a positive number"),
     ("train.seq_len", 4096, r"config.train.seq_len = 4096: expected <= model.max_seq_len = 2048"),

@@ -379,3 +379,18 @@ def test_the_summary_says_n_a_for_an_infinite_effective_size():
               "fit": {"ok": False, "reason": "too few points"}}
   row = ladder_cli.summary(analysis, {"report": "r.md"}).splitlines()[2]
   assert row.split() == ["xs", "10.00", "->", "9.00", "(-10.0", "%)", "2.00x", "n/a"], row
+
+
+def test_a_refused_or_printed_ladder_leaves_no_new_root(tmp_path):
+  """Issue 26: lev-ladder --launcher=slurm without --launcher_flags was refused but left
+  the empty --root it had created (so did --launcher=print, which writes nothing)."""
+  new, old = tmp_path / "new", tmp_path / "old"
+  new.mkdir()
+  old.mkdir()
+  ladder_cli.discard_new_root(str(new), existed=False)
+  ladder_cli.discard_new_root(str(old), existed=True)
+  assert not new.exists() and old.is_dir()
+  kept = tmp_path / "kept"
+  (kept / "tied_xs").mkdir(parents=True)
+  ladder_cli.discard_new_root(str(kept), existed=False)  # something was written: kept
+  assert (kept / "tied_xs").is_dir()

@@ -35,6 +35,7 @@ Exit status: 0; 1 when a rung trained here failed; 2 for a bad flag or ladder fi
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import subprocess
@@ -126,6 +127,18 @@ def rung_commands(launcher: str, ladder: str, variants, root: str, *, train_flag
       argv = [python, str(script), *own, f"--workdir={workdir}", "--", *train]
     out.append((v, argv))
   return out
+
+
+def discard_new_root(root: str, existed: bool) -> None:
+  """Removes the --root folder that load_inputs created for this invocation when nothing
+  was written into it (a refused launch, --launcher=print): a refused command leaves no
+  trace. A folder that existed before, or holds anything, is left alone."""
+  if existed or "://" in root:
+    return
+  try:
+    os.rmdir(root)  # only an empty folder
+  except OSError:
+    pass
 
 
 def check_launcher(commands, runner=subprocess.run) -> None:
@@ -245,6 +258,7 @@ def main(argv):
   # after flags: keeps --help fast
   from lev_jax.ladder import analysis as ladder_analysis, report, runs as ladder_lib
   f = flags.FLAGS
+  root_existed = "://" in f.root or os.path.isdir(f.root)
   try:
     module = load_inputs(f.ladder, f.root, run=f.run, report_dir=f.report_dir)
   except (ladder_lib.LadderError, ValueError) as e:
@@ -263,9 +277,11 @@ def main(argv):
     if f.launcher in ("tpu", "slurm"):
       check_launcher(commands)
   except (ladder_lib.LadderError, ValueError) as e:
+    discard_new_root(f.root, root_existed)
     common.fail(PROG, str(e))
   failed = {}
   if f.run and f.launcher == "print":  # the plan only: nothing is trained or written
+    discard_new_root(f.root, root_existed)
     train_rungs(commands, f.launcher)
     print(f"{PROG}: --launcher=print: {len(commands)} of {len(result.rungs)} rungs would be "
           f"trained (the commands above); nothing written", file=sys.stderr)
