@@ -4,7 +4,8 @@ import base64
 import json
 import os
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if not os.environ.get("JAX_PLATFORMS"):  # unset or empty: an empty value made jax probe
+  os.environ["JAX_PLATFORMS"] = "cpu"    # for accelerators (libtpu) in every process
 # XLA:CPU spends seconds optimising each tiny test program; level 0 compiles ~3x faster
 # and the tests' models are too small for the run time to matter. Without the fusion
 # emitters (XLA's newer MLIR code generator for fusions) a tiny train step compiles
