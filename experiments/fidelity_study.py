@@ -51,7 +51,7 @@ here. The 32k runs are ~2/3 of the total; STEPS = 32 halves the training part.
 
 from pathlib import Path
 
-from lev_jax.experiments import load_experiment
+from lev_jax.experiments import load_experiment, set_study_budget
 
 VOCABS = {"2k": 2048, "8k": 8192, "32k": 32768}
 SEEDS = (0, 1, 2)
@@ -102,13 +102,6 @@ def get_config(run: str = "leviathan_v32k_s0"):
   if option:
     section, field, value = option
     c[section][field] = value
-  c.data.test_fraction = TEST_FRACTION
-  t = c.train
-  t.steps, t.global_batch_size, t.seq_len = STEPS, BATCH, SEQ_LEN
-  t.log_every = 8
-  t.eval_every = EVAL_EVERY
-  t.checkpoint_every = STEPS
-  t.keep_checkpoints = 1
-  c.optim.warmup_steps = 8
-  c.eval.batches, c.eval.batch_size = 2, 8  # 2,048 targets per eval on the way
+  set_study_budget(c, steps=STEPS, global_batch_size=BATCH, seq_len=SEQ_LEN,
+                   eval_every=EVAL_EVERY, test_fraction=TEST_FRACTION)
   return c

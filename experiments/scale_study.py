@@ -76,7 +76,7 @@ one at a fixed small budget.
 
 from pathlib import Path
 
-from lev_jax.experiments import load_experiment
+from lev_jax.experiments import load_experiment, set_study_budget
 
 VOCAB = 8192
 SEEDS = (0, 1, 2)
@@ -124,13 +124,6 @@ def get_config(run: str = "leviathan_d128_foldoc_s0"):
   c.model.update(d_model=d_model, n_layers=n_layers, n_heads=d_model // HEAD_DIM,
                  n_kv_heads=d_model // HEAD_DIM, head_dim=HEAD_DIM, d_ff=3 * d_model)
   c.data.corpus = corpus
-  c.data.test_fraction = TEST_FRACTION
-  t = c.train
-  t.steps, t.global_batch_size, t.seq_len = STEPS, BATCH, SEQ_LEN
-  t.log_every = 8
-  t.eval_every = EVAL_EVERY
-  t.checkpoint_every = STEPS
-  t.keep_checkpoints = 1
-  c.optim.warmup_steps = 8
-  c.eval.batches, c.eval.batch_size = 2, 8  # 2,048 targets per eval on the way
+  set_study_budget(c, steps=STEPS, global_batch_size=BATCH, seq_len=SEQ_LEN,
+                   eval_every=EVAL_EVERY, test_fraction=TEST_FRACTION)
   return c

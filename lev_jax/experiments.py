@@ -49,3 +49,24 @@ def load_experiment(path) -> types.ModuleType:
   except Exception as e:  # the file's own error, named with the file
     raise ExperimentImportError(f"{path}: failed to import: {type(e).__name__}: {e}") from e
   return module
+
+
+def set_study_budget(config, *, steps: int, global_batch_size: int, seq_len: int,
+                     eval_every: int, test_fraction: float) -> None:
+  """Gives a study run (experiments/*_study.py) its training budget, in place.
+
+  `steps` optimizer steps of `global_batch_size` x `seq_len` tokens, one checkpoint (at
+  the end; kept alone), a log line every 8 steps and a 2,048-target validation every
+  `eval_every` steps, 8 warm-up steps, and `test_fraction` of the documents held out as
+  the test split. Every study shares these settings so their runs differ only in what
+  each study varies.
+  """
+  t = config.train
+  t.steps, t.global_batch_size, t.seq_len = steps, global_batch_size, seq_len
+  t.log_every = 8
+  t.eval_every = eval_every
+  t.checkpoint_every = steps
+  t.keep_checkpoints = 1
+  config.data.test_fraction = test_fraction
+  config.optim.warmup_steps = 8
+  config.eval.batches, config.eval.batch_size = 2, 8  # 2,048 targets per eval
