@@ -55,6 +55,7 @@ def test_compiling_for_sets_the_platform_the_model_code_sees():
 def _tiny(make_config, embedding, **lev):
   c = make_config(embedding, **lev)
   c.train.global_batch_size = c.eval.batch_size = 8
+  c.model.n_layers = 1  # what is compiled per layer is the same; one compiles faster
   return c
 
 
@@ -90,7 +91,7 @@ def test_the_memory_table_and_the_loop_free_estimate(make_config):
   builds, compiled here again by hand. XLA's cost model counts a loop body once: the
   looped program's own estimate (the hand compile's cost_analysis) misses LEV's chunk
   and coordinate iterations, the loop-free one (compile_steps' default) has them."""
-  c = _tiny(make_config, "lev", mode="tokens", chunk_size=64)  # 2 chunks
+  c = _tiny(make_config, "lev", mode="tokens", impl="vectorized", chunk_size=64)  # 2 chunks
   c.model.n_layers = 1  # one loop-free compile (depth 1) besides the real program
   topo = parse_topology("v5p:2x2x1")
   (report,) = aot.compile_steps(c, topo, steps=("train",))
