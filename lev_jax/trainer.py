@@ -244,15 +244,15 @@ def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
   """Refuses a workdir that cannot hold a run, before anything is read or written.
 
   Raises:
-    ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS; with `profile`,
-      also profile/) or an entry of tokenizer/ (files only) has the wrong kind (file vs
+    ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS; profile/ only
+      with `profile`) or an entry of tokenizer/ (files only) has the wrong kind (file vs
       folder), or the workdir, an output folder or metrics.jsonl (appended to) is not
       writable.
   """
   if workdir.exists() and not workdir.is_dir():
     raise ConfigError(f"--workdir={workdir}: is a file; expected a folder")
   present = []
-  outputs = dict(RUN_OUTPUTS, **({PROFILE: True} if profile else {}))
+  outputs = {n: is_dir for n, is_dir in RUN_OUTPUTS.items() if n != PROFILE or profile}
   for name, want_dir in outputs.items():
     p = workdir / name
     if p.exists() and p.is_dir() != want_dir:

@@ -242,7 +242,8 @@ def test_checkpoint_tree_error_names_every_file_a_run_or_export_owns(tmp_path, m
       "--output=run/metrics.jsonl: is run/metrics.jsonl, a run's own file (only that "
       "run's lev-train writes it); expected another path")
   for owned in ("run/eval.json", "run/token_counts.npy", "run/tokenizer/x.json",
-                "run/tensorboard", "exp/config.json"):
+                "run/tensorboard", "exp/config.json",
+                "run/errors.log", "run/profile/x.json"):  # issue 26: these two were not
     assert common.checkpoint_tree_error("--output", owned), owned
   (tmp_path / "exp" / "token_counts.npy").write_text("")  # an export's, not a run's
   assert "is inside exp/tokenizer, an export's own folder (only lev-export" in (
