@@ -519,7 +519,8 @@ def _section_example(section) -> str:
   value), else `FIELD=VALUE`."""
   for key, value in section.items():
     if isinstance(value, (bool, int, float, str)) and value != "":
-      return f"{key}={shlex.quote(str(value).lower() if isinstance(value, bool) else str(value))}"
+      text = str(value).lower() if isinstance(value, bool) else str(value)
+      return f"{key}={shlex.quote(text)}"
   return "FIELD=VALUE"
 
 
@@ -565,8 +566,8 @@ def override_value_error(argv, fv: flags.FlagValues) -> str | None:
       return (f"{name}{eq}{value}: {path} is a section, not a field: give one of its "
               f"fields a value, e.g. {name}.{_section_example(section)}")
     nxt = args[i + 1] if i + 1 < len(args) else None
-    if eq or fv[path].boolean or (nxt is not None and not nxt.startswith("-")) or (
-        nxt is not None and _is_number(nxt)):
+    a_flag = nxt is not None and nxt.startswith("-") and not _is_number(nxt)
+    if eq or fv[path].boolean or (nxt is not None and not a_flag):
       continue
     took = f" (absl took the next flag, {nxt}, as its value)" if nxt else ""
     default = fv[path].default  # the config file's value (.value: the one absl took)

@@ -190,6 +190,7 @@ def _checkpoint_problem(path: str) -> str | None:
   folder, or neither a workdir nor an export; its flags said as model_args keys."""
   from lev_jax.inference import source_error  # pylint: disable=import-outside-toplevel
   problem = None if "://" in path else source_error(path)  # remote: the loader's check
+  problem = problem and problem.replace(" --step=", ",step=")  # a step folder's hint
   return problem and re.sub(r"--(checkpoint|step)\b", r"\1", problem)
 
 
