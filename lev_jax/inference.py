@@ -247,11 +247,25 @@ def load(path, *, step: int | None = None, dtype: str | None = None,
   """
   _check_dtype(dtype)
   root = _path(path)
-  if not root.exists():
-    raise InferenceError(f"{root}: no such checkpoint folder")
+  problem = source_error(root)
+  if problem:
+    raise InferenceError(problem)
   if (root / EXPORT_JSON).exists():
     return _load_export(root, step, dtype, expect_config)
   return _load_workdir(root, step, dtype, expect_config)
+
+
+def source_error(path) -> str | None:
+  """Why `path` cannot be loaded, from its folder alone (what `load` raises first):
+  no such folder, or a folder that is neither a training workdir (with checkpoints/)
+  nor an export (with export.json), e.g. a step folder (`_not_a_workdir`); None when it
+  is one of them (its steps and files are checked by `load`)."""
+  root = _path(path)
+  if not root.exists():
+    return f"{root}: no such checkpoint folder"
+  if (root / EXPORT_JSON).exists() or (root / CHECKPOINTS).exists():
+    return None
+  return _not_a_workdir(root)
 
 
 def lev_to_table(model: Decoder, config: ml_collections.ConfigDict):

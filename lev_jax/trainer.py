@@ -244,15 +244,15 @@ def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
   """Refuses a workdir that cannot hold a run, before anything is read or written.
 
   Raises:
-    ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS; with `profile`,
-      also profile/) or an entry of tokenizer/ (files only) has the wrong kind (file vs
+    ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS; profile/ only
+      with `profile`) or an entry of tokenizer/ (files only) has the wrong kind (file vs
       folder), or the workdir, an output folder or metrics.jsonl (appended to) is not
       writable.
   """
   if workdir.exists() and not workdir.is_dir():
     raise ConfigError(f"--workdir={workdir}: is a file; expected a folder")
   present = []
-  outputs = dict(RUN_OUTPUTS, **({PROFILE: True} if profile else {}))
+  outputs = {n: is_dir for n, is_dir in RUN_OUTPUTS.items() if n != PROFILE or profile}
   for name, want_dir in outputs.items():
     p = workdir / name
     if p.exists() and p.is_dir() != want_dir:
@@ -325,18 +325,26 @@ def finished_run(config: ml_collections.ConfigDict, workdir) -> Finished | None:
   return None if finished is None else Finished(step, finished)
 
 
+# (workdir, finished step, new train.steps) of the extensions warned about: lev-train
+# reads the run before its lock (`finished_run`), then train_and_evaluate reads it again.
+_EXTENSIONS_WARNED: set[tuple[str, int, int]] = set()
+
+
 def _warn_if_extending(reader, step: int, config, workdir: epath.Path) -> None:
-  """Logs one warning when the run's latest `step` is its finished end (its stored
-  train.steps, evaluated into eval.json) and config.train.steps is larger: training
-  goes on (as in MaxText and Levanter, train.steps is the total), eval.json will hold
-  the new end's evaluation; the earlier one stays in metrics.jsonl."""
-  if _finished_eval(workdir / EVAL_JSON, step) is None:
+  """Logs one warning (once per process for a workdir, step and train.steps) when the
+  run's latest `step` is its finished end (its stored train.steps, evaluated into
+  eval.json) and config.train.steps is larger: training goes on (as in MaxText and
+  Levanter, train.steps is the total), eval.json will hold the new end's evaluation;
+  the earlier one stays in metrics.jsonl."""
+  key = (str(workdir), step, config.train.steps)
+  if key in _EXTENSIONS_WARNED or _finished_eval(workdir / EVAL_JSON, step) is None:
     return
   try:
     stored_steps = reader.saved_config(step)["train"]["steps"]
   except Exception:  # pylint: disable=broad-except  # unreadable: the restore says why
     return
   if stored_steps == step:
+    _EXTENSIONS_WARNED.add(key)
     logging.warning(
         "%s: extending the run finished at step %d to train.steps = %d (the learning-rate "
         "schedule now spans %d steps); its step-%d evaluation stays in %s, %s will hold "

@@ -27,8 +27,8 @@ A run folder (`lev-train --workdir=WORKDIR`, default runs/<config.name>):
   WORKDIR/study_eval.json    STUDY_EVAL_JSON: a study's evaluation of a finished run
                              (lev_jax.ladder.study.evaluate_run)
 
-lev_jax.trainer writes checkpoints/ to eval.json (RUN_OUTPUTS; nothing before the
-run's first step passed), and profile/ when train.profile_steps is on;
+lev_jax.trainer writes checkpoints/ to errors.log (RUN_OUTPUTS; nothing before the
+run's first step passed; profile/ only when train.profile_steps is on);
 lev_jax.inference, lev_jax.ladder.runs and lev_jax.ladder.study read them.
 
 An export folder (`lev-export --output=DIR`; lev_jax.inference.save), read by
@@ -88,8 +88,12 @@ LEV_EVAL_JSON = "lev_eval.json"
 STUDY_EVAL_JSON = "study_eval.json"
 
 # What lev-train writes into a run folder: name -> a folder (True) or a file (False).
-RUN_OUTPUTS = {CHECKPOINTS: True, TOKENIZER: True, TENSORBOARD: True, METRICS: False,
-               EVAL_JSON: False, DATA_REPORT: False, TOKEN_COUNTS: False}
+# PROFILE only with train.profile_steps, ERRORS_LOG only when a save failed; no other
+# command writes a file or folder of these names (lev-export's log is .NAME.errors.log
+# beside its folder, ErrorLog's fallback lev_jax-<pid>-errors.log in the temporary one).
+RUN_OUTPUTS = {CHECKPOINTS: True, TOKENIZER: True, TENSORBOARD: True, PROFILE: True,
+               METRICS: False, EVAL_JSON: False, DATA_REPORT: False, TOKEN_COUNTS: False,
+               ERRORS_LOG: False}
 
 EXPORT_PARAMS = "params"
 EXPORT_CONFIG = "config.json"

@@ -47,7 +47,7 @@ def _first_word(line: str) -> str:
 
 def _parse_only():
   """Stop each command right after its flags are parsed (absl's app.run, lm-eval's CLI;
-  lev-lm-eval's check of the tasks' data is skipped)."""
+  lev-lm-eval's checks of the tasks' data and of the checkpoint folder are skipped)."""
   from absl import app
   from lm_eval._cli import harness
   from lev_jax.cli import lm_eval as lm_eval_cli
@@ -58,6 +58,7 @@ def _parse_only():
   app.run = run
   harness.HarnessCLI.execute = lambda self, args: None
   lm_eval_cli.data_problem = lambda tasks, include_path: None
+  lm_eval_cli._checkpoint_problem = lambda path: None
 
 
 def _attempt(entry, prog: str, argv: list[str], parse_only: bool,
@@ -205,6 +206,8 @@ def test_checkpoint_tree_error_names_a_path_in_a_saved_checkpoint(tmp_path, monk
   (tmp_path / "mine" / "checkpoints" / "run1").mkdir(parents=True)  # the user's own
   (tmp_path / "exp" / "params").mkdir(parents=True)
   (tmp_path / "exp" / "export.json").write_text("{}")
+  (tmp_path / "exp" / "tokenizer").mkdir()  # a run's outputs too
+  (tmp_path / "exp" / "token_counts.npy").write_text("")
   (tmp_path / "link").symlink_to(steps)
   monkeypatch.chdir(tmp_path)
   assert common.checkpoint_tree_error("--output", "run/checkpoints/300/x.json") == (
@@ -233,12 +236,15 @@ def test_checkpoint_tree_error_names_every_file_a_run_or_export_owns(tmp_path, m
   (tmp_path / "run" / "metrics.jsonl").write_text("")
   (tmp_path / "exp").mkdir()
   (tmp_path / "exp" / "export.json").write_text("{}")
+  (tmp_path / "exp" / "tokenizer").mkdir()  # a run's outputs too
+  (tmp_path / "exp" / "token_counts.npy").write_text("")
   monkeypatch.chdir(tmp_path)
   assert common.checkpoint_tree_error("--output", "run/metrics.jsonl") == (
       "--output=run/metrics.jsonl: is run/metrics.jsonl, a run's own file (only that "
       "run's lev-train writes it); expected another path")
   for owned in ("run/eval.json", "run/token_counts.npy", "run/tokenizer/x.json",
-                "run/tensorboard", "exp/config.json"):
+                "run/tensorboard", "exp/config.json",
+                "run/errors.log", "run/profile/x.json"):  # issue 26: these two were not
     assert common.checkpoint_tree_error("--output", owned), owned
   (tmp_path / "exp" / "token_counts.npy").write_text("")  # an export's, not a run's
   assert "is inside exp/tokenizer, an export's own folder (only lev-export" in (
@@ -255,6 +261,8 @@ def test_workdir_root_and_report_folder_errors(tmp_path, monkeypatch):
   (tmp_path / "run" / "eval.json").write_text("{}")
   (tmp_path / "exp").mkdir()
   (tmp_path / "exp" / "export.json").write_text("{}")
+  (tmp_path / "exp" / "tokenizer").mkdir()  # a run's outputs too
+  (tmp_path / "exp" / "token_counts.npy").write_text("")
   (tmp_path / "root" / "report").mkdir(parents=True)
   (tmp_path / "root" / "report" / "ladder.csv").write_text("")
   monkeypatch.chdir(tmp_path)
@@ -266,6 +274,8 @@ def test_workdir_root_and_report_folder_errors(tmp_path, monkeypatch):
   assert common.run_folder_error("--root", "run/r").startswith(
       "--root=run/r: is inside run, a training run's folder")
   assert common.run_folder_error("--root", "root") is None
+  assert common.run_folder_error("--root", "exp") == (  # issue 26: "a training run's"
+      "--root=exp: is exp, an export (only lev-export writes there); expected another path")
   assert common.report_owner_error("--report_dir", "root/report", "study.csv") == (
       "--report_dir=root/report: holds a lev-ladder report (ladder.csv); expected an empty "
       "folder or this command's own report folder (give another --report_dir)")
@@ -333,6 +343,15 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
     (["--config.train.class=3"], "--config.train.class: not a valid field path"),
     (["--config.=3"], "--config.: not a valid field path"),
     (["--config.train..steps=3"], "--config.train..steps: not a valid field path"),
+    # issue 26: a section, or an override without its value (absl takes the next flag)
+    (["--config.train", "--stop_at_step=2"], "--config.train: config.train is a section, "
+     "not a field: give one of its fields a value, e.g. --config.train.checkpoint_every="),
+    (["--config.train=5"], "--config.train=5: config.train is a section, not a field"),
+    (["--config.data.prepared_dir", "--stop_at_step=2"], "--config.data.prepared_dir has "
+     "no value (absl took the next flag, --stop_at_step=2, as its value); expected "
+     "--config.data.prepared_dir=VALUE, e.g. --config.data.prepared_dir=VALUE\n"),
+    (["--config.train.steps"], "--config.train.steps has no value; expected "
+     "--config.train.steps=VALUE, e.g. --config.train.steps=300\n"),
 ])
 def test_config_flag_mistakes_are_one_line_naming_the_field(monkeypatch, capsys, tmp_path,
                                                             argv, error):

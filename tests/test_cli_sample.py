@@ -97,7 +97,16 @@ def test_errors_are_one_line(export, capsys, args, message):
 def test_missing_checkpoint_or_prompts_file_is_named(tmp_path, capsys):
   blank = tmp_path / "p.txt"
   blank.write_text("one\n\nthree\n")
+  (tmp_path / "empty.txt").write_text("")
+  (tmp_path / "nl.txt").write_text("\n")
+  (tmp_path / "sp.txt").write_text(" \n\n")
   for args, message in [
+      ([f"--checkpoint={tmp_path}", f"--prompts_file={tmp_path / 'empty.txt'}"],
+       "empty.txt: holds no prompt (empty file); expected one prompt per line"),
+      ([f"--checkpoint={tmp_path}", f"--prompts_file={tmp_path / 'nl.txt'}"],
+       "nl.txt: holds no prompt (empty file)"),
+      ([f"--checkpoint={tmp_path}", f"--prompts_file={tmp_path / 'sp.txt'}"],
+       "sp.txt: holds no prompt (only blank lines)"),
       ([f"--checkpoint={tmp_path / 'nowhere'}", "--prompt=a"], "no such checkpoint folder"),
       ([f"--checkpoint={tmp_path}", f"--prompts_file={blank}"], f"{blank}:2 is blank"),
       ([f"--checkpoint={tmp_path}", f"--prompts_file={tmp_path / 'x.txt'}"],

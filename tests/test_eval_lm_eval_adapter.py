@@ -82,6 +82,10 @@ def test_model_args_load_the_checkpoint_and_generate(export):
 def test_construction_errors():
   with pytest.raises(ValueError, match="give checkpoint=PATH"):
     LevJaxLM()
+  with pytest.raises(ValueError, match="no checkpoint=PATH in model_args; unknown keys "
+                     "chekpoint, stepp \\(expected checkpoint, step, dtype, batch_size, "
+                     "max_len\\)"):  # issue 26: was "give checkpoint=PATH ... not both"
+    LevJaxLM(chekpoint="runs/x", stepp=3)
   with pytest.raises(ValueError, match="give checkpoint=PATH"):
     LevJaxLM(checkpoint="x", model=Bigram(), tokenizer=TOK)
   with pytest.raises(ValueError, match="batch_size = 'big'"):
@@ -90,19 +94,42 @@ def test_construction_errors():
                   batch_size="auto").scorer.batch_size == lm_eval_adapter.DEFAULT_BATCH_SIZE
 
 
-def test_run_adds_the_model_and_calls_lm_evals_cli(monkeypatch):
+@pytest.fixture
+def workdir(tmp_path):
+  """A folder the loader takes for a training workdir (it holds checkpoints/)."""
+  (tmp_path / "w" / "checkpoints").mkdir(parents=True)
+  return str(tmp_path / "w")
+
+
+def test_run_adds_the_model_and_calls_lm_evals_cli(monkeypatch, workdir):
   import lm_eval.__main__ as cli
   seen = []
   monkeypatch.setattr(cli, "cli_evaluate", lambda: seen.append(list(os.sys.argv)))
   monkeypatch.setattr(lm_eval_cli, "data_problem", lambda tasks, include_path: None)
   monkeypatch.setattr(os.sys, "argv", ["x"])
-  lm_eval_cli.run(["--model_args", "checkpoint=runs/a", "--tasks", "piqa"])
+  lm_eval_cli.run(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa"])
   lm_eval_cli.run(["ls", "tasks"])
-  assert seen == [["lm-eval", "--model_args", "checkpoint=runs/a", "--tasks", "piqa",
+  assert seen == [["lm-eval", "--model_args", f"checkpoint={workdir}", "--tasks", "piqa",
                    "--model", "lev_jax"], ["lm-eval", "ls", "tasks"]]
 
 
-def test_the_results_go_exactly_to_a_json_output_path(tmp_path, monkeypatch):
+def test_an_error_keeps_its_closing_quote(monkeypatch, capsys, workdir):
+  """Issue 26: "... or 'auto'" lost its last quote (the message's quotes were stripped);
+  only a repr's quotes wrapping the whole message go."""
+  import lm_eval.__main__ as cli
+  monkeypatch.setattr(lm_eval_cli, "data_problem", lambda tasks, include_path: None)
+  for raised, said in [("batch_size = 'big': expected an integer >= 1 or 'auto'",
+                        "batch_size = 'big': expected an integer >= 1 or 'auto'"),
+                       ("'a repr: no such task'", "a repr: no such task")]:
+    def evaluate():
+      raise ValueError(raised)
+    monkeypatch.setattr(cli, "cli_evaluate", evaluate)
+    with pytest.raises(SystemExit):
+      lm_eval_cli.run(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa"])
+    assert capsys.readouterr().err == f"lev-lm-eval: error: {said}\n"
+
+
+def test_the_results_go_exactly_to_a_json_output_path(tmp_path, monkeypatch, workdir):
   """Issue 26: `--output_path=/x/lmout.json` wrote lmout_<time>.json (lm-eval's naming),
   not the file `--help` promises."""
   import lm_eval.__main__ as cli
@@ -116,10 +143,11 @@ def test_the_results_go_exactly_to_a_json_output_path(tmp_path, monkeypatch):
   monkeypatch.setattr(cli, "cli_evaluate", evaluate)
   monkeypatch.setattr(lm_eval_cli, "data_problem", lambda tasks, include_path: None)
   monkeypatch.setattr(os.sys, "argv", ["x"])
-  lm_eval_cli.run(["--model_args", "checkpoint=runs/a", "--tasks", "piqa",
+  lm_eval_cli.run(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa",
                    "--output_path", str(out)])
   assert json.loads(out.read_text())["results"] == {"t": 1}
-  assert sorted(os.listdir(tmp_path)) == ["lmout.json", "lmout_2020-01-01T00-00-00.000001.json"]
+  assert sorted(os.listdir(tmp_path)) == ["lmout.json", "lmout_2020-01-01T00-00-00.000001.json",
+                                          "w"]
 
 
 def test_an_output_path_in_a_saved_checkpoint_is_one_line(tmp_path, monkeypatch, capsys):
@@ -130,7 +158,7 @@ def test_an_output_path_in_a_saved_checkpoint_is_one_line(tmp_path, monkeypatch,
   (tmp_path / "run" / "metrics.jsonl").write_text("")  # a run's workdir
   out = tmp_path / "run" / "checkpoints" / "3" / "r.json"
   with pytest.raises(SystemExit) as e:
-    lm_eval_cli.run(["--model_args", "checkpoint=runs/a", "--tasks", "piqa",
+    lm_eval_cli.run(["--model_args", f"checkpoint={tmp_path / 'run'}", "--tasks", "piqa",
                      "--output_path", str(out)])
   assert e.value.code == 2
   assert capsys.readouterr().err == (
@@ -298,9 +326,9 @@ def _run_fails_at_once(argv, capsys, monkeypatch):
 
 
 def test_hub_task_offline_is_one_fast_line_pointing_to_the_local_tasks(offline, capsys,
-                                                                       monkeypatch):
+                                                                       monkeypatch, workdir):
   from lev_jax.lm_eval_tasks import TASKS_DIR
-  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks",
+  err = _run_fails_at_once(["--model_args", f"checkpoint={workdir}", "--tasks",
                             "hellaswag,arc_easy"], capsys, monkeypatch)
   assert err.startswith("lev-lm-eval: error: task hellaswag reads Rowan/hellaswag from the "
                         "Hugging Face Hub, which is offline"), err
@@ -308,14 +336,14 @@ def test_hub_task_offline_is_one_fast_line_pointing_to_the_local_tasks(offline, 
   assert "LEV_LM_EVAL_DATA" in err
 
 
-def test_unreachable_hub_is_found_by_a_short_probe(capsys, monkeypatch, tmp_path):
+def test_unreachable_hub_is_found_by_a_short_probe(capsys, monkeypatch, tmp_path, workdir):
   import datasets.config
   monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
   monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
   probes, probe = [], lm_eval_cli._hub_reachable
   monkeypatch.setattr(lm_eval_cli, "_hub_reachable", lambda url: probes.append(url))
-  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks", "piqa"], capsys,
-                           monkeypatch)
+  err = _run_fails_at_once(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa"],
+                           capsys, monkeypatch)
   assert len(probes) == 1 and "which is unreachable" in err and "--tasks piqa_local" in err
   (tmp_path / "baber___piqa").mkdir()  # in the datasets cache: lm-eval may go ahead
   assert lm_eval_cli.data_problem(["piqa"], None) is None
@@ -324,13 +352,46 @@ def test_unreachable_hub_is_found_by_a_short_probe(capsys, monkeypatch, tmp_path
 
 
 def test_local_task_without_its_files_is_one_line_naming_the_file(offline, capsys,
-                                                                   monkeypatch, released):
+                                                                   monkeypatch, released,
+                                                                   workdir):
   from lev_jax.lm_eval_tasks import TASKS_DIR
   (released / "piqa" / "valid-labels.lst").unlink()
-  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks", "lev_local",
+  err = _run_fails_at_once(["--model_args", f"checkpoint={workdir}", "--tasks", "lev_local",
                             "--include_path", str(TASKS_DIR)], capsys, monkeypatch)
   assert f"{released / 'piqa' / 'valid-labels.lst'}: no such file" in err
   monkeypatch.delenv("LEV_LM_EVAL_DATA")
-  err = _run_fails_at_once(["--model_args", "checkpoint=runs/x", "--tasks", "piqa_local",
+  err = _run_fails_at_once(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa_local",
                             "--include_path", str(TASKS_DIR)], capsys, monkeypatch)
   assert "LEV_LM_EVAL_DATA is not set" in err
+
+
+def test_model_args_and_tasks_are_checked_before_the_hub_probe(capsys, monkeypatch, workdir):
+  """Issue 26: a missing checkpoint, a misspelt key, a bad step, dtype or batch_size, or
+  no --tasks read "the Hub is unreachable" (the probe ran first) or came late."""
+  import argparse
+  monkeypatch.setattr(lm_eval_cli, "data_problem", lambda *a: pytest.fail("probed"))
+  w = workdir
+  for args, said in [
+      ([f"chekpoint={w}"], f"--model_args chekpoint={w}: unknown key (did you mean "
+       "checkpoint? the lev_jax model takes checkpoint, step, dtype, batch_size, max_len; "
+       "lm-eval's max_batch_size, device, trust_remote_code are accepted and ignored)"),
+      (["step=3"], "--model_args: no checkpoint=PATH (a lev-train workdir or lev-export "
+       "folder)"),
+      ([f"checkpoint={w}/nowhere"], f"--model_args checkpoint={w}/nowhere: {w}/nowhere: "
+       "no such checkpoint folder"),
+      ([f"checkpoint={w}/checkpoints"], f"the checkpoints folder; give the run's folder: "
+       f"checkpoint={w} (step for a step other than the latest)"),
+      ([f"checkpoint={w},step=x"], "--model_args step=x: expected an integer >= 0"),
+      ([f"checkpoint={w},dtype=float64"], "--model_args dtype=float64: expected one of "
+       "float32, bfloat16, float16"),
+      ([f"checkpoint={w},batch_size=0"], "--model_args batch_size=0: expected an integer "
+       ">= 1 or 'auto'"),
+      ([f"checkpoint={w}", "--batch_size", "big"], "--batch_size=big: expected an integer "
+       ">= 1 or 'auto'"),
+  ]:
+    err = _run_fails_at_once(["--tasks", "piqa", "--model_args", *args], capsys, monkeypatch)
+    assert said in err, err
+  err = _run_fails_at_once(["--model_args", f"checkpoint={w}"], capsys, monkeypatch)
+  assert "error: --tasks is required: lm-eval task names" in err, err
+  assert lm_eval_cli.model_args_problem(argparse.Namespace(
+      model="hf", model_args={"pretrained": "gpt2"})) is None  # another model's own args

@@ -189,6 +189,11 @@ def test_a_root_that_is_a_run_or_holds_a_ladder_report_is_refused(tmp_path):
   assert "report: holds a lev-ladder report (ladder.csv)" in study_cli.folders_error(
       str(tmp_path / "lad"), run=False, report_dir=None)
   assert study_cli.folders_error(str(tmp_path / "new"), run=True, report_dir=None) is None
+  # issue 26: a bad --root is named before a bad --report_dir (it was the other way)
+  (tmp_path / "f").write_text("")
+  assert study_cli.folders_error(str(tmp_path / "f" / "r"), run=True,
+                                 report_dir=str(tmp_path / "f")).startswith(
+      f"--root={tmp_path / 'f' / 'r'}: cannot write in {tmp_path / 'f'}")
 
 
 def test_lev_only_options_do_not_relabel_a_model_without_lev():

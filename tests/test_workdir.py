@@ -56,7 +56,7 @@ def test_write_json_atomic_writes_indented_json_and_no_temporary(tmp_path):
 def test_default_workdir_and_run_outputs():
   assert workdir.default_workdir("smoke_tied") == "runs/smoke_tied"
   assert {n for n, is_dir in workdir.RUN_OUTPUTS.items() if is_dir} == {
-      "checkpoints", "tokenizer", "tensorboard"}
+      "checkpoints", "tokenizer", "tensorboard", "profile"}
 
 
 def test_json_files_are_strict_and_non_finite_numbers_round_trip_as_text(tmp_path):

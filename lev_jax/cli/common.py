@@ -190,12 +190,14 @@ def _run_folder(folder: str) -> str | None:
 
 def run_folder_error(flag: str, path: str) -> str | None:
   """The one line when the local folder `path` (of flag `flag`, e.g. "--root") is a
-  training run's folder or inside one (a folder holding two or more of the run's lock and
-  its outputs, RUN_OUTPUTS): a root holds one run folder per rung and a report/,
-  never a run's own files. None elsewhere, or for a remote URL."""
+  training run's folder or an export, or inside one (a folder holding two or more of the
+  run's lock and its outputs, RUN_OUTPUTS; one holding EXPORT_JSON, named as an export
+  though it holds a run's tokenizer/ and token_counts.npy too): a root holds one run
+  folder per rung and a report/, never a run's or an export's own files. None
+  elsewhere, or for a remote URL."""
   if "://" in path:
     return None
-  found = _enclosing(path, _run_folder)
+  found = _enclosing(path, lambda folder: _export_folder(folder) or _run_folder(folder))
   return found and _is_inside_line(flag, path, found)
 
 
@@ -454,7 +456,8 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
   "lev_jax.cli.prepare_data") and exits 0 (absl would print the console-script wrapper's
   empty docstring and every flag of every module). An unknown `--config.<field>` and a
   config file that does not load (`--config=FILE` is read here) end as in
-  `define_or_exit`; an empty path flag (`define_path`) as `--NAME is empty ...`.
+  `define_or_exit`; an empty path flag (`define_path`) as `--NAME is empty ...`; an
+  override naming a section or given no value as `override_value_error` words it.
   `fv`: the FlagValues parsed (tests pass a fresh one).
   """
   def parse(argv):
@@ -463,14 +466,18 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
       sys.exit(0)
     argv = config_first(argv)
     try:
-      return fv(argv)
+      rest = fv(argv)
     except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
       line = re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e))
-      fail(prog, _bad_override_value(e, fv) or _override_without_config(e, fv)
-           or _config_field_hint(e, fv) or _required_flag(e, fv)
-           or _REPEATED_FLAG.sub("", line))
+      fail(prog, override_value_error(argv, fv) or _bad_override_value(e, fv)
+           or _override_without_config(e, fv) or _config_field_hint(e, fv)
+           or _required_flag(e, fv) or _REPEATED_FLAG.sub("", line))
     except Exception as e:  # raised by ml_collections while it loads --config=FILE
       _fail_on_config_error(prog, e, argv)
+    problem = override_value_error(argv, fv)  # a text field takes the next flag silently
+    if problem:
+      fail(prog, problem)
+    return rest
   return parse
 
 
@@ -505,6 +512,68 @@ _BAD_OVERRIDE = re.compile(r"^flag --([\w.]+)=(.*?): ", re.S)
 _REQUIRED = re.compile(r"Flag --([\w.]+) must have a value other than None")
 _EXPECTED = ((flags.BooleanParser, "true or false"), (flags.IntegerParser, "an integer"),
              (flags.FloatParser, "a number"))
+
+
+def _section_example(section) -> str:
+  """`FIELD=VALUE` for the first field of `section` holding a plain value (its current
+  value), else `FIELD=VALUE`."""
+  for key, value in section.items():
+    if isinstance(value, (bool, int, float, str)) and value != "":
+      text = str(value).lower() if isinstance(value, bool) else str(value)
+      return f"{key}={shlex.quote(text)}"
+  return "FIELD=VALUE"
+
+
+def _is_number(arg: str) -> bool:
+  try:
+    float(arg)
+    return True
+  except ValueError:
+    return False
+
+
+def _config_node(fv: flags.FlagValues, path: str):
+  """The node at dotted `path` ("config.train") of fv.config, None where there is none
+  (or the config did not load)."""
+  try:
+    node = fv["config"].value
+    for part in path.split(".")[1:]:
+      node = node[part]
+    return node
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def override_value_error(argv, fv: flags.FlagValues) -> str | None:
+  """One line for the first `--config.<path>` in argv that names a whole section
+  (`--config.train=5`, `--config.train`) or that is given no value: last in argv, or
+  followed by a flag, which absl takes as its value (`--config.train.steps --workdir=X`
+  sets steps to "--workdir=X", and a text field keeps it silently); a boolean field
+  needs no value. Each line gives an example; None when every override is well formed.
+
+  Args:
+    argv: the command line, argv[0] the program.
+    fv: the FlagValues parsed (ml_collections registers a flag per override).
+  """
+  args = argv[1:]
+  for i, arg in enumerate(args[:args.index("--") if "--" in args else len(args)]):
+    name, eq, value = arg.partition("=")
+    path = name.lstrip("-")
+    if not name.startswith(("--config.", "-config.")) or path not in fv:
+      continue
+    section = _config_node(fv, path)
+    if isinstance(section, (ml_collections.ConfigDict, dict)):
+      return (f"{name}{eq}{value}: {path} is a section, not a field: give one of its "
+              f"fields a value, e.g. {name}.{_section_example(section)}")
+    nxt = args[i + 1] if i + 1 < len(args) else None
+    a_flag = nxt is not None and nxt.startswith("-") and not _is_number(nxt)
+    if eq or fv[path].boolean or (nxt is not None and not a_flag):
+      continue
+    took = f" (absl took the next flag, {nxt}, as its value)" if nxt else ""
+    default = fv[path].default  # the config file's value (.value: the one absl took)
+    example = "VALUE" if default in (None, "") else shlex.quote(str(default))
+    return f"{name} has no value{took}; expected {name}=VALUE, e.g. {name}={example}"
+  return None
 
 
 def _bad_override_value(error: flags.Error, fv: flags.FlagValues) -> str | None:

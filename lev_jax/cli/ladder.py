@@ -35,7 +35,6 @@ Exit status: 0; 1 when a rung trained here failed; 2 for a bad flag or ladder fi
 from __future__ import annotations
 
 import math
-import os
 import re
 import shlex
 import subprocess
@@ -129,18 +128,6 @@ def rung_commands(launcher: str, ladder: str, variants, root: str, *, train_flag
   return out
 
 
-def discard_new_root(root: str, existed: bool) -> None:
-  """Removes the --root folder that load_inputs created for this invocation when nothing
-  was written into it (a refused launch, --launcher=print): a refused command leaves no
-  trace. A folder that existed before, or holds anything, is left alone."""
-  if existed or "://" in root:
-    return
-  try:
-    os.rmdir(root)  # only an empty folder
-  except OSError:
-    pass
-
-
 def check_launcher(commands, runner=subprocess.run) -> None:
   """Runs the first launch/tpu.py or launch/slurm.py command with --dry-run (no
   pre-flight, no --compile) before any rung is launched, so that a mistake in
@@ -224,14 +211,16 @@ def summary(analysis: dict, paths: dict) -> str:
 
 def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
   """The ladder module, once the flags naming files are checked, the ladder file first
-  (a missing ladder is the error to name, whatever --root is).
+  (a missing ladder is the error to name, whatever --root is), then --root, then
+  --report_dir. Nothing is created: `main` creates --root once every check has passed.
 
   Raises:
     LadderError: the ladder file is missing or not a ladder (runs.load_ladder).
     ValueError: a remote --root without a local --report_dir; without --run, a --root
-      that is not a folder; a --root that is a training run's folder or inside one
-      (`common.run_folder_error`); a --report_dir that is a file or cannot be created
-      (`common.folder_output_error`) or holds a lev-study report
+      that is not a folder; a --root that is a training run's folder or an export, or
+      inside one (`common.run_folder_error`); with --run, a --root that cannot be
+      written (`common.folder_output_error`); a --report_dir that is a file or cannot
+      be created (`common.folder_output_error`) or holds a lev-study report
       (`common.report_owner_error`).
   """
   from lev_jax.ladder import runs as ladder_lib  # pylint: disable=import-outside-toplevel
@@ -242,10 +231,9 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
     raise ValueError(f"--root={root}: no such folder (add --run to train the rungs there)")
   report = report_dir or str(Path(root) / REPORT)
   problem = (common.run_folder_error("--root", root)  # a run's own folder: not a root
+             or (run and common.folder_output_error("--root", root))  # --root first
              or common.folder_output_error("--report_dir", report)  # before hours of work
              or common.report_owner_error("--report_dir", report, LADDER_CSV))
-  if not problem and run:
-    problem = common.created_folder_error("--root", root)  # every rung writes under it
   if problem:
     raise ValueError(problem)
   return module
@@ -258,7 +246,6 @@ def main(argv):
   # after flags: keeps --help fast
   from lev_jax.ladder import analysis as ladder_analysis, report, runs as ladder_lib
   f = flags.FLAGS
-  root_existed = "://" in f.root or os.path.isdir(f.root)
   try:
     module = load_inputs(f.ladder, f.root, run=f.run, report_dir=f.report_dir)
   except (ladder_lib.LadderError, ValueError) as e:
@@ -277,16 +264,17 @@ def main(argv):
     if f.launcher in ("tpu", "slurm"):
       check_launcher(commands)
   except (ladder_lib.LadderError, ValueError) as e:
-    discard_new_root(f.root, root_existed)
     common.fail(PROG, str(e))
   failed = {}
   if f.run and f.launcher == "print":  # the plan only: nothing is trained or written
-    discard_new_root(f.root, root_existed)
     train_rungs(commands, f.launcher)
     print(f"{PROG}: --launcher=print: {len(commands)} of {len(result.rungs)} rungs would be "
           f"trained (the commands above); nothing written", file=sys.stderr)
     return
-  if f.run:
+  if f.run:  # every check passed: only now is --root created (every rung writes under it)
+    problem = common.created_folder_error("--root", f.root)
+    if problem:
+      common.fail(PROG, problem)
     if not todo:
       print(f"{PROG}: every rung of {f.ladder} is finished under {f.root}; nothing to train")
     try:

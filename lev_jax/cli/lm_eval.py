@@ -6,7 +6,9 @@
       --tasks lev_local                       # offline: the released files, $LEV_LM_EVAL_DATA
 
 The model is lev_jax/eval/lm_eval_adapter.py (`--model lev_jax`, added unless --model is
-given). Before lm-eval starts, `data_problem` stops in one line a run whose task needs an
+given). Before lm-eval starts, `model_args_problem` stops in one line a run whose
+--model_args the lev_jax model cannot take (an unknown key, no or a wrong checkpoint,
+a bad step, dtype or batch_size), and `data_problem` one whose task needs an
 uncached Hub dataset while the Hub is offline or unreachable, or whose local files are
 missing. A local `--output_path=NAME.json` gets the results exactly there (lm-eval names
 its file NAME_<time>.json: `place_results` renames it). Library: lm_eval/__main__.py (``cli_evaluate``), lm_eval/tasks/_index.py, lm-eval
@@ -15,6 +17,7 @@ its file NAME_<time>.json: `place_results` renames it). Library: lm_eval/__main_
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import sys
@@ -143,10 +146,10 @@ def data_problem(tasks: Sequence[str], include_path: str | None) -> str | None:
           "files> (docs/evaluation.md, lev_jax/lm_eval_tasks)")
 
 
-def _requested(argv: Sequence[str]):
-  """(tasks, include_path, output_path) of an lm-eval `run` command line, or None when
-  it is another command or asks for help (lm-eval then prints that; this parse prints
-  nothing).
+def _parsed(argv: Sequence[str]):
+  """lm-eval's own parse (an argparse.Namespace) of an lm-eval `run` command line, or
+  None when it is another command or asks for help (lm-eval then prints that; this
+  parse prints nothing). Its model_args is the dict lm-eval gives the model.
 
   A command line lm-eval refuses (`--bogusflag`) ends here with the one line
   `lev-lm-eval: error: <argparse's reason>`, exit 2 (lm-eval's own parse would print
@@ -170,9 +173,70 @@ def _requested(argv: Sequence[str]):
     sys.exit(2)
   finally:
     sys.argv = saved
-  if getattr(args, "command", None) != "run" or not getattr(args, "tasks", None):
+  return args if getattr(args, "command", None) == "run" else None
+
+
+def _tasks_problem(args) -> str | None:
+  """`--tasks is required ...` for a run without tasks (lm-eval finds that only after
+  its set-up), unless a --config YAML file may give them."""
+  if getattr(args, "tasks", None) or getattr(args, "config", None):
     return None
-  return list(args.tasks), args.include_path, getattr(args, "output_path", None)
+  return ("--tasks is required: lm-eval task names, comma-separated, e.g. --tasks "
+          "lambada_openai,hellaswag (lev-lm-eval ls tasks lists them)")
+
+
+def _checkpoint_problem(path: str) -> str | None:
+  """The loader's own words (inference.source_error) for a local checkpoint= that is no
+  folder, or neither a workdir nor an export; its flags said as model_args keys."""
+  from lev_jax.inference import source_error  # pylint: disable=import-outside-toplevel
+  problem = None if "://" in path else source_error(path)  # remote: the loader's check
+  problem = problem and problem.replace(" --step=", ",step=")  # a step folder's hint
+  return problem and re.sub(r"--(checkpoint|step)\b", r"\1", problem)
+
+
+def model_args_problem(args) -> str | None:
+  """The one line for the first mistake in the --model_args of a `--model lev_jax` run,
+  before the Hub probe and before lm-eval loads anything; None when there is none, for
+  another --model, or when a --config YAML file may give the model_args.
+
+  In order: an unknown key (the adapter's MODEL_ARGS listed; PASSED_BY_LM_EVAL accepted),
+  no checkpoint=, a local checkpoint that is no folder or neither a workdir nor an
+  export (`inference.source_error`), step not an integer >= 0, dtype not float32,
+  bfloat16 or float16, batch_size (model_args, else --batch_size) not an integer >= 1
+  or auto. `args`: `_parsed`'s Namespace (model_args: lm-eval's dict, values typed).
+  """
+  from lev_jax.config import DTYPES  # pylint: disable=import-outside-toplevel
+  from lev_jax.eval import lm_eval_adapter as adapter  # pylint: disable=import-outside-toplevel
+  given = dict(getattr(args, "model_args", None) or {})
+  if args.model != MODEL_NAME or (getattr(args, "config", None) and not given):
+    return None
+  unknown = [k for k in given if k not in adapter.MODEL_ARGS + adapter.PASSED_BY_LM_EVAL]
+  if unknown:
+    close = difflib.get_close_matches(unknown[0], adapter.MODEL_ARGS, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return (f"--model_args {unknown[0]}={given[unknown[0]]}: unknown key ({hint}the "
+            f"lev_jax model takes {', '.join(adapter.MODEL_ARGS)}; lm-eval's "
+            f"{', '.join(adapter.PASSED_BY_LM_EVAL)} are accepted and ignored)")
+  if "checkpoint" not in given:
+    return ("--model_args: no checkpoint=PATH (a lev-train workdir or lev-export folder), "
+            "e.g. --model_args checkpoint=runs/smoke_leviathan")
+  problem = _checkpoint_problem(str(given["checkpoint"]))
+  if problem:
+    return f"--model_args checkpoint={given['checkpoint']}: {problem}"
+  step = given.get("step", 0)
+  if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    return (f"--model_args step={step}: expected an integer >= 0 (a saved step; leave it "
+            "out for the latest)")
+  if given.get("dtype", DTYPES[0]) not in DTYPES:
+    return (f"--model_args dtype={given['dtype']}: expected one of {', '.join(DTYPES)} "
+            "(leave it out for the saved dtype)")
+  where = "--model_args batch_size" if "batch_size" in given else "--batch_size"
+  size = given.get("batch_size", getattr(args, "batch_size", None))
+  try:
+    adapter.parse_batch_size(size)
+  except ValueError:
+    return f"{where}={size}: expected an integer >= 1 or 'auto'"
+  return None
 
 
 HELP_USAGE = """\
@@ -259,6 +323,14 @@ def run(argv: Sequence[str] | None = None) -> None:
     interrupt.exit_now(interrupt.INTERRUPTED_EXIT)
 
 
+def _unwrapped(text: str) -> str:
+  """`text` without the quotes of a repr that wraps it whole ("'msg'" -> "msg"); a
+  message that merely starts or ends with a quoted word ("... or 'auto'") is kept."""
+  if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" and text[0] not in text[1:-1]:
+    return text[1:-1]
+  return text
+
+
 def _run(argv: list[str]) -> None:
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
   from lev_jax.cli.common import checkpoint_tree_error  # pylint: disable=import-outside-toplevel
@@ -269,9 +341,12 @@ def _run(argv: list[str]) -> None:
   has_model = any(a in ("--model", "-M") or a.startswith("--model=") for a in argv)
   if argv[0] not in ("ls", "validate") and not has_model:
     argv += ["--model", MODEL_NAME]
-  requested = _requested(argv)
-  problem = requested and requested[2] and checkpoint_tree_error("--output_path",
-                                                                 requested[2])
+  args = _parsed(argv)
+  requested = args and args.tasks and (list(args.tasks), args.include_path,
+                                       getattr(args, "output_path", None))
+  problem = args and (model_args_problem(args) or _tasks_problem(args))
+  problem = problem or (requested and requested[2] and checkpoint_tree_error(
+      "--output_path", requested[2]))
   problem = problem or (requested and data_problem(*requested[:2]))
   if problem:  # before lm-eval indexes its tasks and loads the model
     print(f"lev-lm-eval: error: {problem}", file=sys.stderr)
@@ -285,7 +360,7 @@ def _run(argv: list[str]) -> None:
     if exact:
       place_results(output, before)
   except ValueError as e:  # InferenceError and our other input errors: one line
-    lines = str(e).strip().strip("'\"").splitlines() or [type(e).__name__]
+    lines = _unwrapped(str(e).strip()).splitlines() or [type(e).__name__]
     print(f"lev-lm-eval: error: {lines[0]}", file=sys.stderr)
     sys.exit(2)
 

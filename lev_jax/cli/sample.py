@@ -60,8 +60,8 @@ def read_prompts(prompts, prompts_file: str | None) -> list[tuple[str, str]]:
 
   Labels name the source for messages: "--prompt 2", "FILE:3" (1-based).
   Raises:
-    ValueError: no prompt at all, an empty --prompt, a blank line, an unreadable file,
-      or bytes that are not UTF-8 (the file and line, or the --prompt, named: never
+    ValueError: no prompt at all, an empty --prompt, a blank line, an unreadable or empty
+      file, or bytes that are not UTF-8 (the file and line, or the --prompt, named: never
       passed on as the text "\\xff\\xfe").
   """
   out = [(f"--prompt {i}", p) for i, p in enumerate(prompts or (), 1)]
@@ -79,6 +79,10 @@ def read_prompts(prompts, prompts_file: str | None) -> list[tuple[str, str]]:
         data = f.read()
     except OSError as e:
       raise ValueError(f"--prompts_file={prompts_file}: cannot read it ({e})") from e
+    if not data.strip():
+      what = "only blank lines" if data.strip(b"\r\n") else "empty file"
+      raise ValueError(f"--prompts_file={prompts_file}: holds no prompt ({what}); expected "
+                       "one prompt per line")
     try:
       lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError as e:  # the line as splitlines numbers it (e.start: valid before)

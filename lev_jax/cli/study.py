@@ -204,11 +204,12 @@ def summary(analysis: dict, paths: dict) -> str:
 def folders_error(root: str, *, run: bool, report_dir: str | None,
                   study: str = "") -> str | None:
   """The one line, before any run trains, when the local --root or --report_dir cannot
-  be used: a file, a missing root without --run, a training run's folder or inside one
-  (`common.run_folder_error`), a report folder that cannot be written or holds a
-  lev-ladder report (`common.report_owner_error`); with --run, a root that cannot be
-  created (it is created then). The default report folder is `default_report_dir(root,
-  study)`. None when both can be used."""
+  be used, --root's checked first: a file, a missing root without --run, a training
+  run's folder or an export, or inside one (`common.run_folder_error`), with --run a
+  root that cannot be written (`common.folder_output_error`); then a report folder that
+  cannot be written or holds a lev-ladder report (`common.report_owner_error`); last,
+  with --run, a root that cannot be created (it is created then). The default report
+  folder is `default_report_dir(root, study)`. None when both can be used."""
   path = Path(root)
   if path.exists() and not path.is_dir():
     return f"--root={root}: is a file; expected a folder (one workdir per run)"
@@ -216,9 +217,10 @@ def folders_error(root: str, *, run: bool, report_dir: str | None,
     return f"--root={root}: no such folder (add --run to train the runs there)"
   report = report_dir or str(default_report_dir(path, study))
   problem = (common.run_folder_error("--root", root)  # a run's own folder: not a root
+             or (run and common.folder_output_error("--root", root))  # --root first
              or common.folder_output_error("--report_dir", report)  # before the runs
              or common.report_owner_error("--report_dir", report, STUDY_CSV))
-  if not problem and run:
+  if not problem and run:  # last: nothing is created for a refused command
     problem = common.created_folder_error("--root", root)  # every run writes there
   return problem
 

@@ -56,12 +56,20 @@ from lev_jax.eval.scoring import Scorer
 
 MODEL_NAME = "lev_jax"
 DEFAULT_BATCH_SIZE = 8
+# The model_args keys the model reads, and those lm-eval's command line passes to every
+# model (its --max_batch_size, --device, --trust_remote_code), accepted and ignored.
+MODEL_ARGS = ("checkpoint", "step", "dtype", "batch_size", "max_len")
+PASSED_BY_LM_EVAL = ("max_batch_size", "device", "trust_remote_code")
 
 log = logging.getLogger(__name__)
 
 
-def _batch_size(value) -> int:
-  """lm-eval batch_size (int, "16", "auto", "auto:N", None) -> rows per forward pass."""
+def parse_batch_size(value) -> int:
+  """lm-eval batch_size (int, "16", "auto", "auto:N", None) -> rows per forward pass.
+
+  Raises:
+    ValueError: anything else (0, "big").
+  """
   if value is None or (isinstance(value, str) and value.startswith("auto")):
     if value is not None:
       log.info("lev_jax: batch_size=%s: no automatic search; using %d", value,
@@ -90,7 +98,8 @@ class LevJaxLM(LM):
       max_len needed for the length).
     max_batch_size, device, other keys: accepted for lm-eval's CLI; ignored.
   Raises:
-    ValueError: neither checkpoint nor model+tokenizer, both, or a bad batch_size.
+    ValueError: neither checkpoint nor model+tokenizer (unknown keys named), both, or a
+      bad batch_size.
     lev_jax.inference.InferenceError: from loading the checkpoint.
   """
 
@@ -101,6 +110,9 @@ class LevJaxLM(LM):
     super().__init__()
     if ignored:
       log.warning("lev_jax: ignoring model_args %s", sorted(ignored))
+    if checkpoint is None and model is None and ignored:  # a misspelt checkpoint=
+      raise ValueError(f"lev_jax model: no checkpoint=PATH in model_args; unknown keys "
+                       f"{', '.join(sorted(ignored))} (expected {', '.join(MODEL_ARGS)})")
     if (checkpoint is None) == (model is None) or (model is None) != (tokenizer is None):
       raise ValueError("lev_jax model: give checkpoint=PATH (model_args) or both model= "
                        "and tokenizer= (in memory), not both")
@@ -112,7 +124,7 @@ class LevJaxLM(LM):
     del max_batch_size, device  # JAX chooses devices; no batch-size search
     self.checkpoint, self.config = checkpoint, config
     self.scorer = Scorer(model, tokenizer, max_len=max_len, config=config,
-                         batch_size=_batch_size(batch_size))
+                         batch_size=parse_batch_size(batch_size))
 
   # lm-eval passes its CLI defaults (batch_size=1 ...) as additional_config; values
   # from model_args win instead of raising "multiple values for keyword argument".
