@@ -388,17 +388,23 @@ def _largest_shape(shapes: str) -> str:
   return max(shapes.split(", "), key=size).strip()
 
 
-def shortfall_line(report: StepReport, topology: Topology, config) -> str:
-  """One line for a step that does not fit: how much is missing, the largest buffers
-  and the levers that reduce per-chip memory (the mesh as compiled: config.mesh's -1
-  axis resolved for the slice's chips)."""
+def shortfall_line(report: StepReport, topology: Topology, config,
+                   min_free: float = 0.0) -> str:
+  """One line for a step that does not fit, or (compiled, `min_free` > 0) leaves less
+  than `min_free` of each chip's HBM free: how much is missing against what may be
+  used, the largest buffers and the levers that reduce per-chip memory (the mesh as
+  compiled: config.mesh's -1 axis resolved for the slice's chips)."""
   r = report
   if r.fits:
-    need, have = r.total_bytes, r.hbm_bytes
+    need, have = r.total_bytes, int(r.hbm_bytes * (1.0 - min_free))
+    verb = f"leaves less than {min_free:.0%} of HBM free on"
+    usable = (f"{_gib(have)} GiB usable ({_gib(r.hbm_bytes)} GiB HBM with {min_free:.0%} "
+              "kept free)")
   else:
     need, have = r.required_bytes, r.available_bytes
-  what = (f"needs {_gib(need)} GiB per chip, {_gib(have)} GiB available (short by "
-          f"{_gib(need - have)} GiB)" if need and have else r.error)
+    verb, usable = "does not fit", f"{_gib(have)} GiB available"
+  what = (f"needs {_gib(need)} GiB per chip, {usable} (short by {_gib(need - have)} GiB)"
+          if need and have else r.error)
   biggest = "; ".join(f"{_gib(b)} GiB {_largest_shape(shapes)}"
                       for b, shapes in r.largest_buffers[:3])
   ici, dcn = sharding.mesh_shapes(config.mesh, topology.chips)  # -1 resolved, as compiled
@@ -408,5 +414,5 @@ def shortfall_line(report: StepReport, topology: Topology, config) -> str:
   levers = (f"levers: train.grad_accum_steps (now {config.train.grad_accum_steps}), "
             f"model.remat (now {config.model.remat}), the mesh (now {mesh}) or a larger "
             "slice")
-  return (f"the {r.step} step of {config.name} does not fit {topology.name}: {what}"
+  return (f"the {r.step} step of {config.name} {verb} {topology.name}: {what}"
           + (f"; largest buffers: {biggest}" if biggest else "") + f"; {levers}")

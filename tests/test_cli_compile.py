@@ -128,7 +128,9 @@ def test_a_config_that_cannot_fit_exits_2_naming_shortfall_buffers_and_levers(tm
 def test_min_free_refuses_a_step_that_leaves_too_little_hbm():
   proc = _compile("--config=experiments/smoke.py:tied", "--topology=v5e:2x2",
                   "--steps=eval", "--config.eval.batch_size=2048", "--min_free=0.99")
-  assert "leaves less than 99% of HBM free on v5e:2x2" in _one_error_line(proc)
+  line = _one_error_line(proc)
+  assert "leaves less than 99% of HBM free on v5e:2x2: needs 0.65 GiB per chip, 0.16 GiB " in line
+  assert "usable (16.00 GiB HBM with 99% kept free) (short by 0.49 GiB)" in line
 
 
 @needs_libtpu

@@ -175,12 +175,7 @@ def main(argv):
     os.replace(tmp, f.json)
   short = [r for r in reports if not r.fits or r.hbm_fraction > 1.0 - f.min_free]
   if short:
-    r = short[0]
-    line = aot.shortfall_line(r, topology, config)
-    if r.fits:  # compiled, but leaves less than --min_free of HBM
-      line = line.replace("does not fit", f"leaves less than {f.min_free:.0%} of HBM free on",
-                          1)
-    common.fail(PROG, line)
+    common.fail(PROG, aot.shortfall_line(short[0], topology, config, f.min_free))
 
 
 def _finite(x):
