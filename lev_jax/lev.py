@@ -459,8 +459,11 @@ def lev_modes_vectorized(t_NxHxS: jax.Array, scale, delta_HxSxJxR: jax.Array,
   arithmetic: off the CPU the product's log-sum and sign count are one reduction
   (`_signed_log_product_once`), and `grad_dtype="bfloat16"` stores g_phi rounded to
   bfloat16 (each element once, relative error <= 2**-9; every other operand and sum
-  float32): leviathan_200m, 8,192 rows on one v5p chip, 6.74 ms -> 5.66 (bfloat16)
-  -> 5.41 ms (both) (compiler ESTIMATES, benchmarks/lev_tpu_estimate.py). Computing phi
+  float32): leviathan_200m, 8,192 rows on one v5p chip, 6.74 ms before, 6.78 with the one
+  reduction, 5.41 with it and bfloat16 (compiler ESTIMATES, benchmarks/
+  lev_tpu_estimate.py; leviathan_1.2b, 4,096 rows: 4.22 -> 3.55 -> 2.84 ms; in the
+  whole 200M step with lev.remat the one reduction saves 0.5 ms,
+  benchmarks/maxtext_compare.py). Computing phi
   or these products on the MXU at lower precision (bfloat16x3 by hand, Precision.HIGH or
   DEFAULT) made it slower there: phi then goes through HBM.
 
