@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def estimate(rung: str, rows: int, generation: str, impl: str = "") -> dict:
+def estimate(rung: str, rows: int, generation: str, impl: str = "",
+             phi_grad_dtype: str = "") -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
@@ -39,6 +40,8 @@ def estimate(rung: str, rows: int, generation: str, impl: str = "") -> dict:
   config = load_experiment(REPO / "experiments" / "ladder.py").get_config(rung)
   if impl:
     config.lev.impl = impl
+  if phi_grad_dtype:
+    config.lev.phi_grad_dtype = phi_grad_dtype
   cfg = ml_collections.FrozenConfigDict(config.lev)
   vocab = padded_vocab_size(config.model.vocab_size, config.model.vocab_multiple)
   # One chip of a one-host slice (libtpu makes no 1-chip v5p topology): the program is
@@ -78,9 +81,11 @@ def main(argv=None) -> int:
   p.add_argument("--rows", type=int, default=4096)
   p.add_argument("--generation", default="v5p")
   p.add_argument("--impl", default="", help="lev.impl to compile (default: the rung's)")
+  p.add_argument("--phi_grad_dtype", default="",
+                 help="lev.phi_grad_dtype to compile (default: the rung's)")
   p.add_argument("--json", default="", help="also write the figures here")
   args = p.parse_args(argv)
-  out = estimate(args.rung, args.rows, args.generation, args.impl)
+  out = estimate(args.rung, args.rows, args.generation, args.impl, args.phi_grad_dtype)
   if args.json:
     from lev_jax.workdir import write_json_atomic  # pylint: disable=import-outside-toplevel
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

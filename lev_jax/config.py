@@ -20,6 +20,7 @@ SIGMOID_VARIANTS = ("half", "full")  # sigmoid(u / 2) [default] or sigmoid(u) (K
 BASIS_VARIANTS = ("normalized", "khronos")
 LEV_MODES = ("auto", "table", "tokens", "unique")
 LEV_IMPLS = ("fused", "reference", "pallas", "vectorized")
+LEV_PHI_GRAD_DTYPES = ("float32", "bfloat16")  # lev.phi_grad_dtype: lev_jax/lev.py
 DECAY_MASKS = ("matrices", "all", "none")
 CLIP_MODES = ("global", "per_group", "exclude_lev")  # lev_jax/optimizer.py make_clipping
 LOSS_IMPLS = ("auto", "dense", "chunked")  # train.loss_impl: lev_jax/loss.py
@@ -135,6 +136,12 @@ def base_config() -> ml_collections.ConfigDict:
   lv.impl = "fused"
   lv.log_group = 4             # seed coordinates multiplied directly per log (fused, pallas)
   lv.chunk_size = 4096         # ids per chunk (one loop step of LEV over the rows)
+  # The vectorized core's phi gradient, [rows, h, d_seed, rank], as its backward pass
+  # stores it for the two float32 matmuls that read it (one of LEV_PHI_GRAD_DTYPES):
+  # float32 (exact); bfloat16 = rounded once (relative error <= 2**-9 per element), half
+  # its HBM traffic, which is what the core costs on a TPU (lev.lev_modes_vectorized).
+  # Only with lev.impl = "vectorized".
+  lv.phi_grad_dtype = "float32"
   # Recompute LEV's forward pass in the backward pass (jax.checkpoint around the input
   # embedding) instead of keeping its residuals (per row: t [h, d_seed] float32 and
   # the modes) from the start of the step to its end: on a TPU they are live at the
@@ -605,6 +612,10 @@ def validate(c: ml_collections.ConfigDict, *,
   _one_of(c, "lev", "mode", LEV_MODES)
   _one_of(c, "lev", "out_proj_init", LEV_OUT_PROJ_INITS)
   _one_of(c, "lev", "impl", LEV_IMPLS)
+  _one_of(c, "lev", "phi_grad_dtype", LEV_PHI_GRAD_DTYPES)
+  if lv.phi_grad_dtype != "float32" and lv.impl != "vectorized":
+    _fail("lev.phi_grad_dtype", lv.phi_grad_dtype, f"'float32' with lev.impl = "
+          f"{lv.impl!r} (only the vectorized core stores phi's gradient)")
   _positive(c, "lev", ["n_coords", "d_seed", "n_heads", "rank", "chunk_size",
                        "ln_eps", "log_eps", "log_group"])
   if not lv.log_eps >= 1.2e-38 or lv.log_eps == math.inf:

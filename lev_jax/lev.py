@@ -389,18 +389,34 @@ def _dense_phi(basis_NxHxSxJ, delta_HxSxJxR):
   return phi
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _vectorized_core(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps):
+def _signed_log_product_once(phi, axis: int, eps: float):
+  """`signed_log_product` with its two sums (log |phi| + eps and the negative count) as
+  one variadic reduction: XLA:TPU then reads phi's inputs once, not once per sum (the
+  vectorized core off the CPU; on the CPU the two sums keep their float32 bits)."""
+  log_abs, n_negative = jax.lax.reduce(
+      (jnp.log(jnp.abs(phi) + eps), (phi < 0).astype(jnp.int32)),
+      (np.float32(0), np.int32(0)), lambda x, y: (x[0] + y[0], x[1] + y[1]), (axis,))
+  return (1.0 - 2.0 * (n_negative % 2).astype(jnp.float32)) * jnp.exp(log_abs)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _vectorized_core(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps, grad_dtype,
+                     one_reduction):
+  del grad_dtype
   basis_NxHxSxJ = _dense_basis(t_NxHxS, scale, delta_HxSxJxR.shape[2], basis)
-  return signed_log_product(_dense_phi(basis_NxHxSxJ, delta_HxSxJxR), 2, log_eps)
+  product = _signed_log_product_once if one_reduction else signed_log_product
+  return product(_dense_phi(basis_NxHxSxJ, delta_HxSxJxR), 2, log_eps)
 
 
-def _vectorized_fwd(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps):
-  modes = _vectorized_core(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps)
+def _vectorized_fwd(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps, grad_dtype,
+                    one_reduction):
+  modes = _vectorized_core(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps, grad_dtype,
+                           one_reduction)
   return modes, (t_NxHxS, scale, delta_HxSxJxR, modes)
 
 
-def _vectorized_bwd(basis, log_eps, residuals, g_modes_NxHxR):
+def _vectorized_bwd(basis, log_eps, grad_dtype, one_reduction, residuals, g_modes_NxHxR):
+  del one_reduction
   t_NxHxS, scale, delta_HxSxJxR, modes = residuals
   j = delta_HxSxJxR.shape[2]
   basis_NxHxSxJ, basis_vjp = jax.vjp(lambda t, sc: _dense_basis(t, sc, j, basis), t_NxHxS,
@@ -408,11 +424,14 @@ def _vectorized_bwd(basis, log_eps, residuals, g_modes_NxHxR):
   factor = _factor(_dense_phi(basis_NxHxSxJ, delta_HxSxJxR), log_eps)
   # d modes / d phi = modes / factor (as in `_fused_bwd`).
   g_phi_NxHxSxR = (g_modes_NxHxR * modes)[:, :, None, :] / factor
-  highest = jax.lax.Precision.HIGHEST
-  g_basis_NxHxSxJ = g_phi_NxHxSxR.sum(-1)[..., None] + jnp.einsum(
-      "nhsr,hsjr->nhsj", g_phi_NxHxSxR, delta_HxSxJxR, precision=highest)
-  g_delta_HxSxJxR = jnp.einsum("nhsj,nhsr->hsjr", basis_NxHxSxJ, g_phi_NxHxSxR,
-                               precision=highest)
+  g_sum_NxHxS = g_phi_NxHxSxR.sum(-1)
+  # The two products read g_phi from HBM: in bfloat16 (lev.phi_grad_dtype) half the bytes.
+  g_phi_NxHxSxR = g_phi_NxHxSxR.astype(grad_dtype)
+  matmul = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST,
+                             preferred_element_type=jnp.float32)
+  g_basis_NxHxSxJ = g_sum_NxHxS[..., None] + matmul("nhsr,hsjr->nhsj", g_phi_NxHxSxR,
+                                                    delta_HxSxJxR)
+  g_delta_HxSxJxR = matmul("nhsj,nhsr->hsjr", basis_NxHxSxJ, g_phi_NxHxSxR)
   g_t_NxHxS, g_scale = basis_vjp(g_basis_NxHxSxJ)
   return g_t_NxHxS, g_scale, g_delta_HxSxJxR
 
@@ -421,7 +440,7 @@ _vectorized_core.defvjp(_vectorized_fwd, _vectorized_bwd)
 
 
 def lev_modes_vectorized(t_NxHxS: jax.Array, scale, delta_HxSxJxR: jax.Array,
-                         basis: str, log_eps: float) -> jax.Array:
+                         basis: str, log_eps: float, grad_dtype: str = "float32") -> jax.Array:
   """LEV's separable modes with every seed coordinate at once (LEV.md 3c-3e).
 
     phi[n,h,s,r] = sum_j B(t)[n,h,s,j] (1 + delta[h,s,j,r])   over all J knots
@@ -435,10 +454,21 @@ def lev_modes_vectorized(t_NxHxS: jax.Array, scale, delta_HxSxJxR: jax.Array,
   leviathan_1.2b's shapes). It holds [N, H, S, R] float32 (phi, and its
   gradient in the backward), so rows are bounded by `lev.chunk_size`. A custom VJP keeps
   only t and the modes as residuals and recomputes phi; delta's gradient and the basis
-  gradient are matmuls over the rows (float32, HIGHEST precision).
+  gradient are matmuls over the rows (float32, HIGHEST precision) of phi's gradient
+  g_phi, [N, H, S, R] in HBM. On a TPU the core is bound by HBM traffic, not by its
+  arithmetic: off the CPU the product's log-sum and sign count are one reduction
+  (`_signed_log_product_once`), and `grad_dtype="bfloat16"` stores g_phi rounded to
+  bfloat16 (each element once, relative error <= 2**-9; every other operand and sum
+  float32): leviathan_200m, 8,192 rows on one v5p chip, 6.74 ms before, 6.78 with the one
+  reduction, 5.41 with it and bfloat16 (compiler ESTIMATES, benchmarks/
+  lev_tpu_estimate.py; leviathan_1.2b, 4,096 rows: 4.22 -> 3.55 -> 2.84 ms; in the
+  whole 200M step with lev.remat the one reduction saves 0.5 ms,
+  benchmarks/maxtext_compare.py). Computing phi
+  or these products on the MXU at lower precision (bfloat16x3 by hand, Precision.HIGH or
+  DEFAULT) made it slower there: phi then goes through HBM.
 
   Equals `lev_modes_from_spline` (and the reference path) up to float32 rounding, values
-  and gradients to t, scale and delta.
+  and gradients to t, scale and delta (with grad_dtype="float32").
 
   Args:
     t_NxHxS: float32 spline inputs in [0, 1].
@@ -446,10 +476,14 @@ def lev_modes_vectorized(t_NxHxS: jax.Array, scale, delta_HxSxJxR: jax.Array,
     delta_HxSxJxR: float32 `spline_delta`.
     basis: "normalized" or "khronos" (config.BASIS_VARIANTS).
     log_eps: eps of the log-space product.
+    grad_dtype: "float32" or "bfloat16", g_phi's dtype in the backward pass
+      (config.lev.phi_grad_dtype).
   Returns:
     float32 [N, H, R] modes.
   """
-  return _vectorized_core(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps)
+  # The platform is a static argument: jax caches the core's trace by its arguments.
+  return _vectorized_core(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps, grad_dtype,
+                          target.platform() != "cpu")
 
 
 def _modes(params: dict, t_NxHxS: jax.Array, cfg: ml_collections.ConfigDict) -> jax.Array:
@@ -459,7 +493,8 @@ def _modes(params: dict, t_NxHxS: jax.Array, cfg: ml_collections.ConfigDict) -> 
   khronos = cfg.basis == "khronos"
   scale_H = params["basis_scale"].astype(f32) if khronos else None
   if cfg.impl == "vectorized":
-    return lev_modes_vectorized(t_NxHxS, scale_H, delta_HxSxJxR, cfg.basis, cfg.log_eps)
+    return lev_modes_vectorized(t_NxHxS, scale_H, delta_HxSxJxR, cfg.basis, cfg.log_eps,
+                                cfg.phi_grad_dtype)
   if cfg.impl == "fused" and target.platform() != "cpu":
     # Off the CPU the windows are recomputed from t inside the core (memory: see
     # `_window`); on the CPU they are materialised first, which keeps the float32 bits

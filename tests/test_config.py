@@ -58,6 +58,11 @@ def test_a_bad_lev_value_is_refused_on_a_model_without_lev():
     ("optim.lev_lr_multiplier", float("inf"), r"config.optim.lev_lr_multiplier = inf"),
     ("lev.out_proj_init", "xavier", r"config.lev.out_proj_init = 'xavier': expected one of "
      r"'paper', 'match_table'"),
+    ("lev.phi_grad_dtype", "bf16", r"^config.lev.phi_grad_dtype = 'bf16': expected one of "
+     r"'float32', 'bfloat16'$"),
+    ("lev.phi_grad_dtype", "bfloat16", r"^config.lev.phi_grad_dtype = 'bfloat16': expected "
+     r"'float32' with lev.impl = 'fused' \(only the vectorized core stores phi's "
+     r"gradient\)$"),
     ("data.source", "hub", r"config.data.source = 'hub'"),
     ("data.tokenizer", "gpt2", r"config.data.tokenizer = 'gpt2'"),
     ("data.validation_fraction", 1.5, r"config.data.validation_fraction = 1.5"),

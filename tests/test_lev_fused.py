@@ -297,3 +297,57 @@ def test_impl_pallas_routes_the_window_basis_to_the_pallas_core(monkeypatch):
   ref = lev_embed(params, ids, tiny_config(impl="fused", log_group=4).lev, lev.base)
   np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
   assert calls == [((10, 2, 8, 3), (10, 2, 8, 3), (2, 8, 6, 4), 1e-6, 4)]
+
+
+
+def test_a_bfloat16_phi_gradient_keeps_the_values_and_rounds_the_gradients_once():
+  """lev.phi_grad_dtype = "bfloat16" (the vectorized core): the same modes, bit for bit,
+  and gradients to t, the KHRONOS scale and delta within the rounding of g_phi to
+  bfloat16, <= 2**-9 of each element: each gradient is a sum of such elements times
+  float32 factors, so its error is <= 2**-9 of the sum of its terms' magnitudes, here
+  within 2x the largest gradient (2**-8 below; measured 5e-4 .. 1e-3)."""
+  from lev_jax.lev import lev_modes_vectorized  # noqa: PLC0415
+  n, h, s, j, r = 24, 2, 8, 6, 4
+  t = jax.random.uniform(jax.random.key(0), (n, h, s))
+  scale = jnp.asarray([2.5, 5.0])
+  delta = 3.0 * jax.random.normal(jax.random.key(1), (h, s, j, r))  # negative factors too
+  g_modes = jax.random.normal(jax.random.key(2), (n, h, r))
+
+  def reference(t, sc, d):
+    basis = bspline_basis(t, j, sc[:, None, None], False)
+    phi = jnp.einsum("nhsj,hsjr->nhsr", basis, d) + basis.sum(-1)[..., None]
+    return signed_log_product(phi, axis=2, eps=1e-6)
+
+  def value_and_grads(core):
+    out, vjp = jax.vjp(core, t, scale, delta)
+    return out, vjp(g_modes)
+
+  vectorized = lambda dtype: jax.jit(lambda: value_and_grads(
+      lambda t, sc, d: lev_modes_vectorized(t, sc, d, "khronos", 1e-6, dtype)))()
+  ref_out, ref_grads = jax.jit(lambda: value_and_grads(reference))()
+  f32_out, f32_grads = vectorized("float32")
+  out, grads = vectorized("bfloat16")
+  np.testing.assert_array_equal(out, f32_out)
+  _assert_close_tree(out, ref_out, 1e-5)
+  _assert_close_tree(f32_grads, ref_grads, 1e-5)
+  _assert_close_tree(grads, ref_grads, 2 ** -8)
+  for g, f32_g in zip(grads, f32_grads):  # rounded: a dtype the core ignored would match
+    assert float(np.abs(g - f32_g).max()) > 0
+
+
+def test_off_the_cpu_the_vectorized_product_is_one_reduction():
+  """Traced for a TPU or GPU, the vectorized core's log-sum and negative count over the
+  seed coordinates are one variadic reduction (XLA:TPU reads phi's inputs once, not
+  twice); on the CPU two sums, whose float32 bits every CPU figure was made with. Same
+  modes to float32 rounding (the backward pass does not use them)."""
+  from lev_jax import target  # noqa: PLC0415
+  from lev_jax.lev import lev_modes_vectorized  # noqa: PLC0415
+  t = jax.random.uniform(jax.random.key(0), (16, 2, 8))
+  delta = 3.0 * jax.random.normal(jax.random.key(1), (2, 8, 6, 4))
+  # A new function per trace: jit and make_jaxpr cache a function's trace.
+  core = lambda: lambda t, d: lev_modes_vectorized(t, None, d, "normalized", 1e-6)
+  cpu_jaxpr, cpu_out = str(jax.make_jaxpr(core())(t, delta)), jax.jit(core())(t, delta)
+  with target.compiling_for("gpu"):
+    gpu_jaxpr, gpu_out = str(jax.make_jaxpr(core())(t, delta)), jax.jit(core())(t, delta)
+  assert (cpu_jaxpr.count(" reduce["), gpu_jaxpr.count(" reduce[")) == (0, 1)
+  _assert_close_tree(gpu_out, cpu_out, 1e-6)
