@@ -280,6 +280,20 @@ def test_workdir_root_and_report_folder_errors(tmp_path, monkeypatch):
       "--report_dir=root/report: holds a lev-ladder report (ladder.csv); expected an empty "
       "folder or this command's own report folder (give another --report_dir)")
   assert common.report_owner_error("--report_dir", "root/report", "ladder.csv") is None
+  # issue 26: a run's folder, an export, or a folder of unrelated files took a report
+  assert common.report_owner_error("--report_dir", "run", "ladder.csv").startswith(
+      "--report_dir=run: is run, a training run's folder")
+  assert common.report_owner_error("--report_dir", "exp", "study.csv").startswith(
+      "--report_dir=exp: is exp, an export")
+  (tmp_path / "mixed").mkdir()
+  (tmp_path / "mixed" / "notes.txt").write_text("mine")
+  assert common.report_owner_error("--report_dir", "mixed", "ladder.csv") == (
+      "--report_dir=mixed: holds files that are not a lev-ladder report (e.g. notes.txt; "
+      "no ladder.csv); expected an empty folder or an earlier lev-ladder report folder "
+      "(give another --report_dir)")
+  (tmp_path / "empty").mkdir()
+  assert common.report_owner_error("--report_dir", "empty", "study.csv") is None
+  assert common.report_owner_error("--report_dir", "new", "study.csv") is None
 
 
 def test_define_path_refuses_an_empty_or_blank_value(capsys):
