@@ -343,6 +343,8 @@ def test_a_missing_ladder_file_is_named_before_the_root(tmp_path):
                                 report_dir=None).RUNGS
   assert not (tmp_path / "no_root").exists()  # issue 26: main creates it after every check
   (tmp_path / "afile").write_text("")  # before hours of training, not after
+  with pytest.raises(ValueError, match=r"^--root=.*afile: is a file; expected a folder"):
+    ladder_cli.load_inputs(smoke, str(tmp_path / "afile"), run=False, report_dir=None)
   with pytest.raises(ValueError, match=r"^--report_dir=.*afile: is a file; expected a "
                      "folder$"):
     ladder_cli.load_inputs(smoke, str(tmp_path / "no_root"), run=True,

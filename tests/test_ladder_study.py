@@ -13,6 +13,7 @@ import pytest
 from conftest import byte_config
 from lev_jax.ladder import study
 from lev_jax.cli import study as study_cli
+from lev_jax.ladder.runs import LadderError
 from lev_jax.ladder.study import StudyError
 
 
@@ -374,3 +375,7 @@ def test_a_piece_of_the_scale_study_runs_alone_with_its_own_report_folder():
   with pytest.raises(StudyError, match=r"has no piece 'folddoc'; expected one of foldoc, "
                      r"debian_books, python_docs"):
     study.load_study_module(f"{path}:folddoc")
+  # issue 26: a file that is not a study was worded for lev-ladder ("ladder ... variant")
+  with pytest.raises(LadderError, match=r"^study .*smoke.py: expected a module-level RUNGS "
+                     r"tuple of run names"):
+    study.load_study_module(str(experiments_dir() / "smoke.py"))

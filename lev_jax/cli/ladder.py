@@ -216,8 +216,8 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
 
   Raises:
     LadderError: the ladder file is missing or not a ladder (runs.load_ladder).
-    ValueError: a remote --root without a local --report_dir; without --run, a --root
-      that is not a folder; a --root that is a training run's folder or an export, or
+    ValueError: a remote --root without a local --report_dir; a --root that is a file;
+      without --run, a missing --root; a --root that is a training run's folder or an export, or
       inside one (`common.run_folder_error`); with --run, a --root that cannot be
       written (`common.folder_output_error`); a --report_dir that is a file or cannot
       be created (`common.folder_output_error`) or holds a lev-study report
@@ -227,6 +227,8 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
   module = ladder_lib.load_ladder(ladder)
   if "://" in root and not report_dir:
     raise ValueError(f"--root={root} is remote: give a local --report_dir for the report")
+  if "://" not in root and Path(root).exists() and not Path(root).is_dir():
+    raise ValueError(f"--root={root}: is a file; expected a folder (one workdir per rung)")
   if not run and "://" not in root and not Path(root).is_dir():
     raise ValueError(f"--root={root}: no such folder (add --run to train the rungs there)")
   report = report_dir or str(Path(root) / REPORT)
