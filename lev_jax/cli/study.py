@@ -45,21 +45,25 @@ from lev_jax.workdir import JAX_CACHE, REPORT, STUDY_CSV
 PROG = "lev-study"
 
 
-def _define_flags():
+def _define_flags(fv: flags.FlagValues = flags.FLAGS):
+  """Defines lev-study's flags in `fv` (tests pass a fresh one)."""
   common.define_path("study", None, "Study file (RUNGS + get_config), e.g. "
                      "experiments/fidelity_study.py, or FILE:PIECE for the runs of its "
-                     "PIECES[PIECE].", what="a study file")
+                     "PIECES[PIECE].", what="a study file", fv=fv)
   common.define_path("root", None, "Folder holding one workdir per run (ROOT/RUN).",
-                     what="the folder holding one workdir per run")
-  flags.DEFINE_boolean("run", False, "Train the runs that are not finished first.")
+                     what="the folder holding one workdir per run", fv=fv)
+  flags.DEFINE_boolean("run", False, "Train the runs that are not finished first.",
+                       flag_values=fv)
   flags.DEFINE_string("train_flags", "", "Extra lev-train flags for every run (the same "
-                      "for all, e.g. \"--config.data.cache_dir=/tmp/c\").")
+                      "for all, e.g. \"--config.data.cache_dir=/tmp/c\").", flag_values=fv)
   flags.DEFINE_integer("eval_batches", 0, "eval.batches of the validation / test "
-                       "evaluation (0: the study's FINAL_EVAL_BATCHES, else each run's).")
+                       "evaluation (0: the study's FINAL_EVAL_BATCHES, else each run's).",
+                       lower_bound=0, flag_values=fv)
   common.define_path("report_dir", None, f"Where the report goes (default ROOT/{REPORT}; "
                      f"ROOT/{REPORT}_PIECE for FILE:PIECE).",
-                     what=f"the report's folder, or leave the flag out for ROOT/{REPORT}")
-  flags.mark_flags_as_required(["study", "root"])
+                     what=f"the report's folder, or leave the flag out for ROOT/{REPORT}",
+                     fv=fv)
+  flags.mark_flags_as_required(["study", "root"], flag_values=fv)
 
 
 def load_study(study) -> tuple[object, dict]:
