@@ -128,6 +128,35 @@ def rung_commands(launcher: str, ladder: str, variants, root: str, *, train_flag
   return out
 
 
+def train_flags_error(config_file: str, variant: str, train_flags) -> str | None:
+  """`--train_flags: <lev-train's one line>` when lev-train would refuse `train_flags`
+  for the rung `variant` of `config_file` (an unknown or misspelt flag or config field, a
+  value of the wrong type, a config that fails validation): parsed here once, as
+  lev-train parses them (a fresh flags.FlagValues), instead of one failed run per rung.
+  None when lev-train accepts them."""
+  import contextlib  # pylint: disable=import-outside-toplevel
+  import io  # pylint: disable=import-outside-toplevel
+  from lev_jax.cli import train  # pylint: disable=import-outside-toplevel
+  from lev_jax.config import ConfigError, validate  # pylint: disable=import-outside-toplevel
+  argv = common.config_first(["lev-train", f"--config={config_file}:{variant}",
+                              *train_flags])
+  fv, err = flags.FlagValues(), io.StringIO()
+  try:
+    with contextlib.redirect_stderr(err):
+      try:
+        train._define_flags(fv, argv)  # pylint: disable=protected-access
+      except Exception as e:  # an unknown --config.<field>: ml_collections raises here
+        common._fail_on_config_error("lev-train", e, argv)  # pylint: disable=protected-access
+      common.flags_parser("lev-train", None, fv)(argv)
+      validate(common.config_or_exit("lev-train", fv))
+  except SystemExit:
+    lines = err.getvalue().strip().splitlines() or ["rejected by lev-train"]
+    return "--train_flags: " + re.sub(r"^lev-train: error: ", "", lines[-1])
+  except ConfigError as e:
+    return f"--train_flags: {e}"
+  return None
+
+
 def check_launcher(commands, runner=subprocess.run) -> None:
   """Runs the first launch/tpu.py or launch/slurm.py command with --dry-run (no
   pre-flight, no --compile) before any rung is launched, so that a mistake in
@@ -263,6 +292,11 @@ def main(argv):
     todo = [r.variant for r in result.rungs if not r.finished]
     commands = rung_commands(f.launcher, f.ladder, todo, f.root, train_flags=train_flags,
                              launcher_flags=launcher_flags) if f.run else []
+    ladder_file = str(Path(f.ladder).expanduser().resolve())
+    problem = (f.run and todo and train_flags
+               and train_flags_error(ladder_file, todo[0], train_flags))
+    if problem:  # before any rung runs: one line, not one failed lev-train per rung
+      raise ValueError(problem)
     if f.launcher in ("tpu", "slurm"):
       check_launcher(commands)
   except (ladder_lib.LadderError, ValueError) as e:

@@ -233,7 +233,7 @@ def main(argv):
   if len(argv) > 1:
     common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
   common.quiet_library_logs()
-  from lev_jax.ladder import runs
+  from lev_jax.ladder import runs, study as study_lib
   from lev_jax.cli import ladder as ladder_cli
   from lev_jax.config import ConfigError
   from lev_jax.ladder.study import StudyError
@@ -246,11 +246,20 @@ def main(argv):
     common.fail(PROG, f"--study={f.study}: no such file; expected a study file with RUNGS and "
                    "get_config(run), e.g. experiments/fidelity_study.py (or FILE:PIECE for "
                    "one piece of its PIECES)")
+  try:  # once, before anything is created: not one failed lev-train per run
+    train_flags = ladder_cli._split("train_flags", f.train_flags)
+    if f.run and train_flags:
+      first = study_lib.load_study_module(f.study).RUNGS[0]
+      problem = ladder_cli.train_flags_error(
+          str(Path(split_spec(f.study)[0]).expanduser().resolve()), first, train_flags)
+      if problem:
+        common.fail(PROG, problem)
+  except (runs.LadderError, StudyError, ValueError) as e:
+    common.fail(PROG, str(e))
   problem = folders_error(f.root, run=f.run, report_dir=f.report_dir, study=f.study)
   if problem:
     common.fail(PROG, problem)
   try:
-    train_flags = ladder_cli._split("train_flags", f.train_flags)
     analysis, paths, failed = run_study(
         f.study, f.root, run=f.run, train_flags=train_flags,
         eval_batches=f.eval_batches or None, report_dir=f.report_dir,
