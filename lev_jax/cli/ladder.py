@@ -20,7 +20,9 @@ that is not finished is trained (resumed when it has a checkpoint), one after an
   slurm   `python launch/slurm.py [launcher_flags] --job_name=lev-VARIANT
           --workdir=ROOT/VARIANT -- --config=LADDER:VARIANT [train_flags]` per rung
           (writes and submits an sbatch script; re-run lev-ladder for the report later)
-Put --dry-run in --launcher_flags to have launch/ print its plan instead. Before any
+--train_flags are parsed once, as lev-train parses them, for the first rung to train: a
+mistake there is one line (exit 2) before anything runs or is written. Put --dry-run in
+--launcher_flags to have launch/ print its plan instead. Before any
 rung is launched, the first rung's tpu / slurm command runs once with --dry-run: a
 mistake in --launcher_flags is one line (exit 2), not one failed launch per rung; a
 rung whose launch fails makes lev-ladder exit 1.
@@ -28,7 +30,7 @@ rung whose launch fails makes lev-ladder exit 1.
 Then it reads every workdir (lev_jax/ladder/runs.py), analyses the ladder
 (lev_jax/ladder/analysis.py: perplexity, token efficiency, power-law fit, effective
 parameters, frequency buckets, downstream), writes the report (lev_jax/ladder/report.py)
-into --report_dir (default ROOT/report) and prints its path and one line per size. Missing or unfinished rungs are listed, never invented.
+into --report_dir (default ROOT/report; empty, or an earlier lev-ladder report) and prints its path and one line per size. Missing or unfinished rungs are listed, never invented.
 Exit status: 0; 1 when a rung trained here failed; 2 for a bad flag or ladder file.
 """
 
