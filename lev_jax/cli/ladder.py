@@ -30,7 +30,9 @@ rung whose launch fails makes lev-ladder exit 1.
 Then it reads every workdir (lev_jax/ladder/runs.py), analyses the ladder
 (lev_jax/ladder/analysis.py: perplexity, token efficiency, power-law fit, effective
 parameters, frequency buckets, downstream), writes the report (lev_jax/ladder/report.py)
-into --report_dir (default ROOT/report; empty, or an earlier lev-ladder report) and prints its path and one line per size. Missing or unfinished rungs are listed, never invented.
+into --report_dir (default ROOT/report; empty, or an earlier lev-ladder report) and
+prints its path and one line per size. Missing or unfinished rungs are listed, never
+invented.
 Exit status: 0; 1 when a rung trained here failed; 2 for a bad flag or ladder file.
 """
 
