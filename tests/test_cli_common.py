@@ -47,7 +47,8 @@ def _first_word(line: str) -> str:
 
 def _parse_only():
   """Stop each command right after its flags are parsed (absl's app.run, lm-eval's CLI;
-  lev-lm-eval's checks of the tasks' data and of the checkpoint folder are skipped)."""
+  lev-lm-eval's checks of the tasks' data, the checkpoint folder and its steps are
+  skipped)."""
   from absl import app
   from lm_eval._cli import harness
   from lev_jax.cli import lm_eval as lm_eval_cli
@@ -59,6 +60,7 @@ def _parse_only():
   harness.HarnessCLI.execute = lambda self, args: None
   lm_eval_cli.data_problem = lambda tasks, include_path: None
   lm_eval_cli._checkpoint_problem = lambda path: None
+  lm_eval_cli._step_problem = lambda path, step: None
 
 
 def _attempt(entry, prog: str, argv: list[str], parse_only: bool,
