@@ -249,6 +249,7 @@ def main(argv):
   try:  # once, before anything is created: not one failed lev-train per run
     train_flags = ladder_cli._split("train_flags", f.train_flags)
     if f.run and train_flags:
+      ladder_cli.rung_commands("local", f.study, [], f.root, train_flags=train_flags)
       first = study_lib.load_study_module(f.study).RUNGS[0]
       problem = ladder_cli.train_flags_error(
           str(Path(split_spec(f.study)[0]).expanduser().resolve()), first, train_flags)
