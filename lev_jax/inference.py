@@ -268,6 +268,31 @@ def source_error(path) -> str | None:
   return _not_a_workdir(root)
 
 
+def step_error(path, step: int | None) -> str | None:
+  """Why `step` cannot be loaded from the local checkpoint `path` (one `source_error`
+  accepts), from its step list alone (what `load` checks before reading anything): an
+  export holding another step, a workdir without that complete step (its steps listed);
+  None when it is there, for step None (the latest), or an export.json `load` will
+  report as unreadable."""
+  if step is None:
+    return None
+  root = _path(path)
+  if (root / EXPORT_JSON).exists():
+    try:
+      saved = json.loads((root / EXPORT_JSON).read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+      return None
+    return None if saved == step else f"{root}: the export holds step {saved}, not step {step}"
+  ckpt_dir = root / CHECKPOINTS
+  with checkpoint.CheckpointReader(ckpt_dir) as reader:  # never saves or deletes
+    steps = reader.all_steps()
+  if not steps:
+    return f"{ckpt_dir}: no complete checkpoint"
+  if step not in steps:
+    return f"{ckpt_dir}: no checkpoint at step {step}; steps: {steps}"
+  return None
+
+
 def lev_to_table(model: Decoder, config: ml_collections.ConfigDict):
   """A Leviathan model -> the same model with LEV replaced by its V x D table.
 

@@ -47,7 +47,8 @@ def _first_word(line: str) -> str:
 
 def _parse_only():
   """Stop each command right after its flags are parsed (absl's app.run, lm-eval's CLI;
-  lev-lm-eval's checks of the tasks' data and of the checkpoint folder are skipped)."""
+  lev-lm-eval's checks of the tasks' data, the checkpoint folder and its steps are
+  skipped)."""
   from absl import app
   from lm_eval._cli import harness
   from lev_jax.cli import lm_eval as lm_eval_cli
@@ -59,6 +60,7 @@ def _parse_only():
   harness.HarnessCLI.execute = lambda self, args: None
   lm_eval_cli.data_problem = lambda tasks, include_path: None
   lm_eval_cli._checkpoint_problem = lambda path: None
+  lm_eval_cli._step_problem = lambda path, step: None
 
 
 def _attempt(entry, prog: str, argv: list[str], parse_only: bool,
@@ -280,6 +282,20 @@ def test_workdir_root_and_report_folder_errors(tmp_path, monkeypatch):
       "--report_dir=root/report: holds a lev-ladder report (ladder.csv); expected an empty "
       "folder or this command's own report folder (give another --report_dir)")
   assert common.report_owner_error("--report_dir", "root/report", "ladder.csv") is None
+  # issue 26: a run's folder, an export, or a folder of unrelated files took a report
+  assert common.report_owner_error("--report_dir", "run", "ladder.csv").startswith(
+      "--report_dir=run: is run, a training run's folder")
+  assert common.report_owner_error("--report_dir", "exp", "study.csv").startswith(
+      "--report_dir=exp: is exp, an export")
+  (tmp_path / "mixed").mkdir()
+  (tmp_path / "mixed" / "notes.txt").write_text("mine")
+  assert common.report_owner_error("--report_dir", "mixed", "ladder.csv") == (
+      "--report_dir=mixed: holds files that are not a lev-ladder report (e.g. notes.txt; "
+      "no ladder.csv); expected an empty folder or an earlier lev-ladder report folder "
+      "(give another --report_dir)")
+  (tmp_path / "empty").mkdir()
+  assert common.report_owner_error("--report_dir", "empty", "study.csv") is None
+  assert common.report_owner_error("--report_dir", "new", "study.csv") is None
 
 
 def test_define_path_refuses_an_empty_or_blank_value(capsys):

@@ -84,6 +84,8 @@ def test_stop_string_cuts_the_completion(export, capsys):
      "--prompt 1 has 1 tokens; + --max_new_tokens=2048 is 2049 > "
      "config.model.max_seq_len = 2048"),
     (["--prompt=a", "--step=3"], "holds step 7, not step 3"),
+    (["--prompt=a", "--temperature=1", "--top_k=100000"],  # issue 26: was accepted
+     "--top_k=100000: above the model's vocabulary of 259 ids"),
 ])
 def test_errors_are_one_line(export, capsys, args, message):
   path, _ = export

@@ -150,6 +150,23 @@ def test_an_output_inside_a_saved_checkpoint_is_refused(tmp_path, capsys):
   eval_cli._check_output_writable(None, str(tmp_path / "run"))  # lev_eval.json: its own
 
 
+def test_an_existing_output_that_is_not_a_lev_eval_result_is_kept(tmp_path, capsys):
+  """Issue 26: `--output=precious.txt` (an unrelated file) was replaced without a word."""
+  (tmp_path / "run").mkdir()
+  precious = tmp_path / "precious.txt"
+  precious.write_text("my notes\n")
+  with pytest.raises(SystemExit) as e:
+    eval_cli._check_output_writable(str(precious), str(tmp_path / "run"))
+  assert e.value.code == 2
+  assert capsys.readouterr().err.strip() == (
+      f"lev-eval: error: --output={precious}: is an existing file that is not a lev-eval "
+      "result (a JSON object with checkpoint, step, split); expected a new path or an "
+      "earlier lev-eval result to replace")
+  assert precious.read_text() == "my notes\n"
+  precious.write_text('{"checkpoint": "run", "step": 3, "split": "validation"}')
+  eval_cli._check_output_writable(str(precious), str(tmp_path / "run"))  # its own: replaced
+
+
 def test_a_checkpoint_that_is_a_file_is_named_as_such(tmp_path, capsys):
   (tmp_path / "afile").write_text("x")
   with pytest.raises(SystemExit) as e:

@@ -365,7 +365,8 @@ def test_local_task_without_its_files_is_one_line_naming_the_file(offline, capsy
   assert "LEV_LM_EVAL_DATA is not set" in err
 
 
-def test_model_args_and_tasks_are_checked_before_the_hub_probe(capsys, monkeypatch, workdir):
+def test_model_args_and_tasks_are_checked_before_the_hub_probe(capsys, monkeypatch, workdir,
+                                                               export):
   """Issue 26: a missing checkpoint, a misspelt key, a bad step, dtype or batch_size, or
   no --tasks read "the Hub is unreachable" (the probe ran first) or came late."""
   import argparse
@@ -388,6 +389,14 @@ def test_model_args_and_tasks_are_checked_before_the_hub_probe(capsys, monkeypat
        ">= 1 or 'auto'"),
       ([f"checkpoint={w}", "--batch_size", "big"], "--batch_size=big: expected an integer "
        ">= 1 or 'auto'"),
+      # issue 26: an unsaved step, max_len=-1 and a missing --include_path came late
+      ([f"checkpoint={w},step=7"], f"--model_args step=7: {w}/checkpoints: no complete "
+       "checkpoint"),
+      ([f"checkpoint={export[0]},step=3"], f"--model_args step=3: {export[0]}: the export "
+       "holds step 7, not step 3"),
+      ([f"checkpoint={w},max_len=-1"], "--model_args max_len=-1: expected an integer >= 1"),
+      ([f"checkpoint={w}", "--include_path", f"{w}/nowhere"], f"--include_path={w}/nowhere: "
+       "no such folder; expected a folder of lm-eval task YAML files"),
   ]:
     err = _run_fails_at_once(["--tasks", "piqa", "--model_args", *args], capsys, monkeypatch)
     assert said in err, err

@@ -343,6 +343,8 @@ def test_a_missing_ladder_file_is_named_before_the_root(tmp_path):
                                 report_dir=None).RUNGS
   assert not (tmp_path / "no_root").exists()  # issue 26: main creates it after every check
   (tmp_path / "afile").write_text("")  # before hours of training, not after
+  with pytest.raises(ValueError, match=r"^--root=.*afile: is a file; expected a folder"):
+    ladder_cli.load_inputs(smoke, str(tmp_path / "afile"), run=False, report_dir=None)
   with pytest.raises(ValueError, match=r"^--report_dir=.*afile: is a file; expected a "
                      "folder$"):
     ladder_cli.load_inputs(smoke, str(tmp_path / "no_root"), run=True,
@@ -386,3 +388,19 @@ def test_the_summary_says_n_a_for_an_infinite_effective_size():
   assert row.split() == ["xs", "10.00", "->", "9.00", "(-10.0", "%)", "2.00x", "n/a"], row
 
 
+
+
+def test_train_flags_are_checked_once_as_lev_train_parses_them():
+  """Issue 26: a misspelt --train_flags field started every rung (each failing with the
+  same lev-train line); --launcher=print said the rungs would be trained."""
+  smoke = str(REPO / "experiments" / "smoke_ladder.py")
+  variant = load_ladder(smoke).RUNGS[0]
+  assert ladder_cli.train_flags_error(smoke, variant, ["--config.train.stpes=5"]) == (
+      "--train_flags: --config.train.stpes: the config has no field 'stpes' (did you mean "
+      "'steps'?)")
+  assert ladder_cli.train_flags_error(smoke, variant, ["--config.train.steps=abc"]) == (
+      "--train_flags: --config.train.steps=abc: expected an integer (config.train.steps is "
+      "300)")
+  assert ladder_cli.train_flags_error(smoke, variant, ["--config.train.steps=-5"]) == (
+      "--train_flags: config.train.steps = -5: expected a positive number")
+  assert ladder_cli.train_flags_error(smoke, variant, ["--config.train.steps=50"]) is None

@@ -13,6 +13,7 @@ import pytest
 from conftest import byte_config
 from lev_jax.ladder import study
 from lev_jax.cli import study as study_cli
+from lev_jax.ladder.runs import LadderError
 from lev_jax.ladder.study import StudyError
 
 
@@ -374,3 +375,23 @@ def test_a_piece_of_the_scale_study_runs_alone_with_its_own_report_folder():
   with pytest.raises(StudyError, match=r"has no piece 'folddoc'; expected one of foldoc, "
                      r"debian_books, python_docs"):
     study.load_study_module(f"{path}:folddoc")
+  # issue 26: a file that is not a study was worded for lev-ladder ("ladder ... variant")
+  with pytest.raises(LadderError, match=r"^study .*smoke.py: expected a module-level RUNGS "
+                     r"tuple of run names"):
+    study.load_study_module(str(experiments_dir() / "smoke.py"))
+
+
+def test_a_negative_eval_batches_is_refused_when_parsed(capsys):
+  """Issue 26: `lev-study --eval_batches=-1` was accepted (exit 0, an empty report)."""
+  from absl import flags
+  from lev_jax.cli import common
+  fv = flags.FlagValues()
+  study_cli._define_flags(fv)
+  parse = common.flags_parser("lev-study", None, fv)
+  assert fv["eval_batches"].value == 0 and parse(
+      ["lev-study", "--study=s.py", "--root=r", "--eval_batches=0"]) == ["lev-study"]
+  with pytest.raises(SystemExit) as e:
+    parse(["lev-study", "--study=s.py", "--root=r", "--eval_batches=-1"])
+  assert e.value.code == 2
+  assert capsys.readouterr().err == (
+      "lev-study: error: flag --eval_batches=-1: -1 is not a non-negative integer\n")

@@ -207,16 +207,29 @@ REPORT_TABLES = {LADDER_CSV: "lev-ladder", STUDY_CSV: "lev-study"}
 
 def report_owner_error(flag: str, path: str, table: str) -> str | None:
   """The one line when the local report folder `path` (of flag `flag`, e.g.
-  "--report_dir") holds another command's report: a command writing `table` (LADDER_CSV
-  or STUDY_CSV, REPORT_TABLES) would replace that report's report.md and analysis.json
-  and leave its other files, two reports mixed. None when it holds none or its own."""
+  "--report_dir") is not a report folder of the command writing `table` (LADDER_CSV or
+  STUDY_CSV, REPORT_TABLES): a training run's folder or an export, or inside one
+  (`run_folder_error`); a folder holding another command's report (that report's
+  report.md and analysis.json would be replaced, its other files left: two reports
+  mixed); a non-empty folder without `table` (the user's own files; hidden files aside).
+  None when it is missing, empty, or holds this command's own report."""
   if "://" in path:
     return None
+  owned = run_folder_error(flag, path)
+  if owned:
+    return owned
   folder = os.path.expanduser(path)
   for other, prog in REPORT_TABLES.items():
     if other != table and os.path.exists(os.path.join(folder, other)):
       return (f"{flag}={path}: holds a {prog} report ({other}); expected an empty folder "
               f"or this command's own report folder (give another --report_dir)")
+  if not os.path.isdir(folder) or os.path.exists(os.path.join(folder, table)):
+    return None
+  names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
+  if names:
+    return (f"{flag}={path}: holds files that are not a {REPORT_TABLES[table]} report "
+            f"(e.g. {names[0]}; no {table}); expected an empty folder or an earlier "
+            f"{REPORT_TABLES[table]} report folder (give another --report_dir)")
   return None
 
 

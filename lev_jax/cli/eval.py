@@ -30,6 +30,7 @@ stops before evaluating or writing anything, unless --allow_different_data.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -110,11 +111,26 @@ def _pm(value: float, stderr: float | None) -> str:
   return f"{value:.4f}" + (f" ± {stderr:.4f}" if stderr is not None else "")
 
 
+# The keys every result lev-eval writes holds (evaluate_checkpoint): what marks one.
+RESULT_KEYS = ("checkpoint", "step", "split")
+
+
+def _is_lev_eval_result(path) -> bool:
+  """Whether the existing file `path` is a result lev-eval wrote (RESULT_KEYS in a JSON
+  object), which a new evaluation may replace; a user's other file is never replaced."""
+  try:
+    data = json.loads(path.read_text())
+  except (OSError, UnicodeDecodeError, ValueError):
+    return False
+  return isinstance(data, dict) and all(k in data for k in RESULT_KEYS)
+
+
 def _check_output_writable(output: str | None, checkpoint: str) -> None:
   """One line, before any evaluation, when the result file cannot be written: a folder
   given as --output, a missing --output folder (e.g. a typo), or a folder that cannot
-  be written (e.g. a read-only checkpoint folder: --output elsewhere), or a path inside
-  a saved checkpoint (common.checkpoint_tree_error)."""
+  be written (e.g. a read-only checkpoint folder: --output elsewhere), a path inside
+  a saved checkpoint (common.checkpoint_tree_error), or an existing file that is not an
+  earlier lev-eval result (`_is_lev_eval_result`)."""
   if "://" not in checkpoint and os.path.exists(checkpoint) and not os.path.isdir(checkpoint):
     common.fail(PROG, f"--checkpoint={checkpoint}: is a file, not a folder (expected a "
              "lev-train workdir or a lev-export folder)")
@@ -129,6 +145,10 @@ def _check_output_writable(output: str | None, checkpoint: str) -> None:
   if path.is_dir():
     common.fail(PROG, f"{flag}: is a folder; expected the result file's path, e.g. "
                 f"{path / LEV_EVAL_JSON}")
+  if path.is_file() and not _is_lev_eval_result(path):
+    common.fail(PROG, f"{flag}: is an existing file that is not a lev-eval result (a JSON "
+                f"object with {', '.join(RESULT_KEYS)}); expected a new path or an earlier "
+                "lev-eval result to replace")
   if not folder.exists():
     if output:  # a missing checkpoint folder is reported by the load, naming it
       common.fail(PROG, f"{flag}: folder {folder} does not exist; expected a file in an "

@@ -20,7 +20,9 @@ that is not finished is trained (resumed when it has a checkpoint), one after an
   slurm   `python launch/slurm.py [launcher_flags] --job_name=lev-VARIANT
           --workdir=ROOT/VARIANT -- --config=LADDER:VARIANT [train_flags]` per rung
           (writes and submits an sbatch script; re-run lev-ladder for the report later)
-Put --dry-run in --launcher_flags to have launch/ print its plan instead. Before any
+--train_flags are parsed once, as lev-train parses them, for the first rung to train: a
+mistake there is one line (exit 2) before anything runs or is written. Put --dry-run in
+--launcher_flags to have launch/ print its plan instead. Before any
 rung is launched, the first rung's tpu / slurm command runs once with --dry-run: a
 mistake in --launcher_flags is one line (exit 2), not one failed launch per rung; a
 rung whose launch fails makes lev-ladder exit 1.
@@ -28,7 +30,9 @@ rung whose launch fails makes lev-ladder exit 1.
 Then it reads every workdir (lev_jax/ladder/runs.py), analyses the ladder
 (lev_jax/ladder/analysis.py: perplexity, token efficiency, power-law fit, effective
 parameters, frequency buckets, downstream), writes the report (lev_jax/ladder/report.py)
-into --report_dir (default ROOT/report) and prints its path and one line per size. Missing or unfinished rungs are listed, never invented.
+into --report_dir (default ROOT/report; empty, or an earlier lev-ladder report) and
+prints its path and one line per size. Missing or unfinished rungs are listed, never
+invented.
 Exit status: 0; 1 when a rung trained here failed; 2 for a bad flag or ladder file.
 """
 
@@ -128,6 +132,35 @@ def rung_commands(launcher: str, ladder: str, variants, root: str, *, train_flag
   return out
 
 
+def train_flags_error(config_file: str, variant: str, train_flags) -> str | None:
+  """`--train_flags: <lev-train's one line>` when lev-train would refuse `train_flags`
+  for the rung `variant` of `config_file` (an unknown or misspelt flag or config field, a
+  value of the wrong type, a config that fails validation): parsed here once, as
+  lev-train parses them (a fresh flags.FlagValues), instead of one failed run per rung.
+  None when lev-train accepts them."""
+  import contextlib  # pylint: disable=import-outside-toplevel
+  import io  # pylint: disable=import-outside-toplevel
+  from lev_jax.cli import train  # pylint: disable=import-outside-toplevel
+  from lev_jax.config import ConfigError, validate  # pylint: disable=import-outside-toplevel
+  argv = common.config_first(["lev-train", f"--config={config_file}:{variant}",
+                              *train_flags])
+  fv, err = flags.FlagValues(), io.StringIO()
+  try:
+    with contextlib.redirect_stderr(err):
+      try:
+        train._define_flags(fv, argv)  # pylint: disable=protected-access
+      except Exception as e:  # an unknown --config.<field>: ml_collections raises here
+        common._fail_on_config_error("lev-train", e, argv)  # pylint: disable=protected-access
+      common.flags_parser("lev-train", None, fv)(argv)
+      validate(common.config_or_exit("lev-train", fv))
+  except SystemExit:
+    lines = err.getvalue().strip().splitlines() or ["rejected by lev-train"]
+    return "--train_flags: " + re.sub(r"^lev-train: error: ", "", lines[-1])
+  except ConfigError as e:
+    return f"--train_flags: {e}"
+  return None
+
+
 def check_launcher(commands, runner=subprocess.run) -> None:
   """Runs the first launch/tpu.py or launch/slurm.py command with --dry-run (no
   pre-flight, no --compile) before any rung is launched, so that a mistake in
@@ -216,8 +249,8 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
 
   Raises:
     LadderError: the ladder file is missing or not a ladder (runs.load_ladder).
-    ValueError: a remote --root without a local --report_dir; without --run, a --root
-      that is not a folder; a --root that is a training run's folder or an export, or
+    ValueError: a remote --root without a local --report_dir; a --root that is a file;
+      without --run, a missing --root; a --root that is a training run's folder or an export, or
       inside one (`common.run_folder_error`); with --run, a --root that cannot be
       written (`common.folder_output_error`); a --report_dir that is a file or cannot
       be created (`common.folder_output_error`) or holds a lev-study report
@@ -227,6 +260,8 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
   module = ladder_lib.load_ladder(ladder)
   if "://" in root and not report_dir:
     raise ValueError(f"--root={root} is remote: give a local --report_dir for the report")
+  if "://" not in root and Path(root).exists() and not Path(root).is_dir():
+    raise ValueError(f"--root={root}: is a file; expected a folder (one workdir per rung)")
   if not run and "://" not in root and not Path(root).is_dir():
     raise ValueError(f"--root={root}: no such folder (add --run to train the rungs there)")
   report = report_dir or str(Path(root) / REPORT)
@@ -261,6 +296,11 @@ def main(argv):
     todo = [r.variant for r in result.rungs if not r.finished]
     commands = rung_commands(f.launcher, f.ladder, todo, f.root, train_flags=train_flags,
                              launcher_flags=launcher_flags) if f.run else []
+    ladder_file = str(Path(f.ladder).expanduser().resolve())
+    problem = (f.run and todo and train_flags
+               and train_flags_error(ladder_file, todo[0], train_flags))
+    if problem:  # before any rung runs: one line, not one failed lev-train per rung
+      raise ValueError(problem)
     if f.launcher in ("tpu", "slurm"):
       check_launcher(commands)
   except (ladder_lib.LadderError, ValueError) as e:

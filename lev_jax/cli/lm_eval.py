@@ -8,7 +8,8 @@
 The model is lev_jax/eval/lm_eval_adapter.py (`--model lev_jax`, added unless --model is
 given). Before lm-eval starts, `model_args_problem` stops in one line a run whose
 --model_args the lev_jax model cannot take (an unknown key, no or a wrong checkpoint,
-a bad step, dtype or batch_size), and `data_problem` one whose task needs an
+a bad or unsaved step, a bad max_len, dtype or batch_size), `include_path_problem`
+a missing --include_path, and `data_problem` one whose task needs an
 uncached Hub dataset while the Hub is offline or unreachable, or whose local files are
 missing. A local `--output_path=NAME.json` gets the results exactly there (lm-eval names
 its file NAME_<time>.json: `place_results` renames it). Library: lm_eval/__main__.py (``cli_evaluate``), lm_eval/tasks/_index.py, lm-eval
@@ -194,6 +195,23 @@ def _checkpoint_problem(path: str) -> str | None:
   return problem and re.sub(r"--(checkpoint|step)\b", r"\1", problem)
 
 
+def _step_problem(path: str, step: int) -> str | None:
+  """The loader's own words (inference.step_error) for a step the local checkpoint
+  `path` does not hold (its steps listed); None for a remote one (the loader's check)."""
+  from lev_jax.inference import step_error  # pylint: disable=import-outside-toplevel
+  return None if "://" in path else step_error(path, step)
+
+
+def include_path_problem(args) -> str | None:
+  """`--include_path=PATH: no such folder ...` for a local --include_path that does not
+  exist (lm-eval only says its tasks are not found); None otherwise."""
+  path = getattr(args, "include_path", None)
+  if not path or "://" in str(path) or os.path.exists(os.path.expanduser(str(path))):
+    return None
+  return (f"--include_path={path}: no such folder; expected a folder of lm-eval task YAML "
+          "files, e.g. lev_jax/lm_eval_tasks")
+
+
 def model_args_problem(args) -> str | None:
   """The one line for the first mistake in the --model_args of a `--model lev_jax` run,
   before the Hub probe and before lm-eval loads anything; None when there is none, for
@@ -201,7 +219,8 @@ def model_args_problem(args) -> str | None:
 
   In order: an unknown key (the adapter's MODEL_ARGS listed; PASSED_BY_LM_EVAL accepted),
   no checkpoint=, a local checkpoint that is no folder or neither a workdir nor an
-  export (`inference.source_error`), step not an integer >= 0, dtype not float32,
+  export (`inference.source_error`), step not an integer >= 0 or not saved in a local
+  checkpoint (`inference.step_error`), max_len not an integer >= 1, dtype not float32,
   bfloat16 or float16, batch_size (model_args, else --batch_size) not an integer >= 1
   or auto. `args`: `_parsed`'s Namespace (model_args: lm-eval's dict, values typed).
   """
@@ -227,6 +246,15 @@ def model_args_problem(args) -> str | None:
   if isinstance(step, bool) or not isinstance(step, int) or step < 0:
     return (f"--model_args step={step}: expected an integer >= 0 (a saved step; leave it "
             "out for the latest)")
+  problem = "step" in given and _step_problem(str(given["checkpoint"]), step)
+  if problem:
+    return f"--model_args step={step}: {problem}"
+  max_len = given.get("max_len", 1)
+  if isinstance(max_len, float) and max_len.is_integer():  # lm-eval reads -1 as -1.0
+    max_len = int(max_len)
+  if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+    return (f"--model_args max_len={max_len}: expected an integer >= 1 (tokens per forward "
+            "pass; leave it out for the config's train.seq_len)")
   if given.get("dtype", DTYPES[0]) not in DTYPES:
     return (f"--model_args dtype={given['dtype']}: expected one of {', '.join(DTYPES)} "
             "(leave it out for the saved dtype)")
@@ -344,7 +372,8 @@ def _run(argv: list[str]) -> None:
   args = _parsed(argv)
   requested = args and args.tasks and (list(args.tasks), args.include_path,
                                        getattr(args, "output_path", None))
-  problem = args and (model_args_problem(args) or _tasks_problem(args))
+  problem = args and (model_args_problem(args) or _tasks_problem(args)
+                      or include_path_problem(args))
   problem = problem or (requested and requested[2] and checkpoint_tree_error(
       "--output_path", requested[2]))
   problem = problem or (requested and data_problem(*requested[:2]))

@@ -143,7 +143,8 @@ def complete(im, labelled, *, max_new_tokens: int = 64, temperature: float = 0.0
     [{"label", "prompt", "completion" (str), "tokens" (ids generated, int),
       "ended": "eos" | "stop <string repr>" | "max_new_tokens"}].
   Raises:
-    ValueError: `check_decoding`'s, a prompt that encodes to no token, or a prompt +
+    ValueError: `check_decoding`'s, a top_k above config.model.vocab_size, a prompt
+      that encodes to no token, or a prompt +
       max_new_tokens longer than config.model.max_seq_len (naming the prompt's label).
   """
   from lev_jax.decode import generate
@@ -151,6 +152,9 @@ def complete(im, labelled, *, max_new_tokens: int = 64, temperature: float = 0.0
   vocab = im.config.model.vocab_size
   limit = im.config.model.max_seq_len
   check_decoding(max_new_tokens, temperature, top_k, top_p, batch_size, stops)
+  if top_k > vocab:
+    raise ValueError(f"--top_k={top_k}: above the model's vocabulary of {vocab} ids "
+                     f"(config.model.vocab_size); expected 0 (off) to {vocab}")
   eos = tok.eos_id
   eos = int(eos) if eos is not None and 0 <= int(eos) < vocab else None
   stop_ids = {eos} - {None}

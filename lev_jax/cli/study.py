@@ -45,21 +45,25 @@ from lev_jax.workdir import JAX_CACHE, REPORT, STUDY_CSV
 PROG = "lev-study"
 
 
-def _define_flags():
+def _define_flags(fv: flags.FlagValues = flags.FLAGS):
+  """Defines lev-study's flags in `fv` (tests pass a fresh one)."""
   common.define_path("study", None, "Study file (RUNGS + get_config), e.g. "
                      "experiments/fidelity_study.py, or FILE:PIECE for the runs of its "
-                     "PIECES[PIECE].", what="a study file")
+                     "PIECES[PIECE].", what="a study file", fv=fv)
   common.define_path("root", None, "Folder holding one workdir per run (ROOT/RUN).",
-                     what="the folder holding one workdir per run")
-  flags.DEFINE_boolean("run", False, "Train the runs that are not finished first.")
+                     what="the folder holding one workdir per run", fv=fv)
+  flags.DEFINE_boolean("run", False, "Train the runs that are not finished first.",
+                       flag_values=fv)
   flags.DEFINE_string("train_flags", "", "Extra lev-train flags for every run (the same "
-                      "for all, e.g. \"--config.data.cache_dir=/tmp/c\").")
+                      "for all, e.g. \"--config.data.cache_dir=/tmp/c\").", flag_values=fv)
   flags.DEFINE_integer("eval_batches", 0, "eval.batches of the validation / test "
-                       "evaluation (0: the study's FINAL_EVAL_BATCHES, else each run's).")
+                       "evaluation (0: the study's FINAL_EVAL_BATCHES, else each run's).",
+                       lower_bound=0, flag_values=fv)
   common.define_path("report_dir", None, f"Where the report goes (default ROOT/{REPORT}; "
                      f"ROOT/{REPORT}_PIECE for FILE:PIECE).",
-                     what=f"the report's folder, or leave the flag out for ROOT/{REPORT}")
-  flags.mark_flags_as_required(["study", "root"])
+                     what=f"the report's folder, or leave the flag out for ROOT/{REPORT}",
+                     fv=fv)
+  flags.mark_flags_as_required(["study", "root"], flag_values=fv)
 
 
 def load_study(study) -> tuple[object, dict]:
@@ -229,7 +233,7 @@ def main(argv):
   if len(argv) > 1:
     common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
   common.quiet_library_logs()
-  from lev_jax.ladder import runs
+  from lev_jax.ladder import runs, study as study_lib
   from lev_jax.cli import ladder as ladder_cli
   from lev_jax.config import ConfigError
   from lev_jax.ladder.study import StudyError
@@ -242,11 +246,21 @@ def main(argv):
     common.fail(PROG, f"--study={f.study}: no such file; expected a study file with RUNGS and "
                    "get_config(run), e.g. experiments/fidelity_study.py (or FILE:PIECE for "
                    "one piece of its PIECES)")
+  try:  # once, before anything is created: not one failed lev-train per run
+    train_flags = ladder_cli._split("train_flags", f.train_flags)
+    if f.run and train_flags:
+      ladder_cli.rung_commands("local", f.study, [], f.root, train_flags=train_flags)
+      first = study_lib.load_study_module(f.study).RUNGS[0]
+      problem = ladder_cli.train_flags_error(
+          str(Path(split_spec(f.study)[0]).expanduser().resolve()), first, train_flags)
+      if problem:
+        common.fail(PROG, problem)
+  except (runs.LadderError, StudyError, ValueError) as e:
+    common.fail(PROG, str(e))
   problem = folders_error(f.root, run=f.run, report_dir=f.report_dir, study=f.study)
   if problem:
     common.fail(PROG, problem)
   try:
-    train_flags = ladder_cli._split("train_flags", f.train_flags)
     analysis, paths, failed = run_study(
         f.study, f.root, run=f.run, train_flags=train_flags,
         eval_batches=f.eval_batches or None, report_dir=f.report_dir,

@@ -60,26 +60,32 @@ DEFAULT_CONFIG = str(experiments_dir() / "smoke.py") + ":leviathan"
 _WORKDIR: list[str] = []
 
 
-def _define_flags():
+def _define_flags(fv: flags.FlagValues = flags.FLAGS, argv: list[str] | None = None):
+  """Defines lev-train's flags in `fv`; `argv` is the command line ml_collections reads
+  the `--config.<field>` overrides from (default sys.argv; lev-ladder and lev-study check
+  their --train_flags with a fresh `fv` and their own argv)."""
   config_flags.DEFINE_config_file(
-      "config", DEFAULT_CONFIG, "Experiment file and variant, e.g. experiments/smoke.py:tied.")
+      "config", DEFAULT_CONFIG, "Experiment file and variant, e.g. experiments/smoke.py:tied.",
+      flag_values=fv, sys_argv=argv)
   common.define_path("workdir", None, "Output directory (default ./runs/<config.name>).",
-                     what="the run's folder, or leave the flag out for ./runs/<config.name>")
+                     what="the run's folder, or leave the flag out for ./runs/<config.name>",
+                     fv=fv)
   flags.DEFINE_integer("stop_at_step", None, "Stop after this step with a checkpoint (for "
                        "time-sliced jobs; the schedule still spans train.steps); at least 1.",
-                       lower_bound=1)
+                       lower_bound=1, flag_values=fv)
   flags.DEFINE_bool("force_unlock", False, f"Remove WORKDIR/{LOCK} when it was left by a run "
                     "on another host that is gone (see lev_jax/lock.py); a lock held on "
-                    "this host is never overridden.")
-  flags.DEFINE_bool("lock", True, workdir_lock.LOCK_FLAG_HELP)
+                    "this host is never overridden.", flag_values=fv)
+  flags.DEFINE_bool("lock", True, workdir_lock.LOCK_FLAG_HELP, flag_values=fv)
   flags.DEFINE_bool("restore_fallback", False, "When the latest checkpoint is corrupt "
                     "(checksum), unreadable or holds NaN/infinite values, resume from the latest "
                     "intact one (step 0 if none is) instead of stopping; a warning names the "
-                    "skipped step, moved to checkpoints_quarantine/.")
+                    "skipped step, moved to checkpoints_quarantine/.", flag_values=fv)
   flags.DEFINE_string("preflight", None, "Check the flags, config and mesh for a job of "
                       "PLATFORM:PROCESSESxDEVICES (cpu|gpu|tpu, devices per process), "
-                      "e.g. gpu:4x8, then exit without training or writing anything.")
-  distributed.define_flags()
+                      "e.g. gpu:4x8, then exit without training or writing anything.",
+                      flag_values=fv)
+  distributed.define_flags(fv)
 
 
 _PREFLIGHT = re.compile(r"^(cpu|gpu|tpu):([0-9]+)x([0-9]+)$")

@@ -47,8 +47,9 @@ class LadderError(ValueError):
 
 # ---------------------------------------------------------------------------- loading
 
-def load_ladder(ladder) -> types.ModuleType:
-  """The ladder module: a module object, or the path of an experiment file.
+def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
+  """The ladder module: a module object, or the path of an experiment file. `kind`
+  ("ladder" or "study") words the errors for lev-ladder or lev-study.
 
   Raises:
     LadderError: no such file, it fails to import, or it lacks `RUNGS` (a non-empty
@@ -62,22 +63,26 @@ def load_ladder(ladder) -> types.ModuleType:
     try:
       module = load_experiment(path)
     except FileNotFoundError:
-      raise LadderError(f"ladder {where}: no such file; expected an experiment file with "
+      raise LadderError(f"{kind} {where}: no such file; expected an experiment file with "
                         "RUNGS and get_config(variant), e.g. experiments/smoke_ladder.py"
                         ) from None
     except ExperimentImportError as e:  # the file's own error, named with the file
       cause = e.__cause__
-      raise LadderError(f"ladder {where}: failed to import: {type(cause).__name__}: "
+      raise LadderError(f"{kind} {where}: failed to import: {type(cause).__name__}: "
                         f"{cause}") from cause
   rungs = getattr(module, "RUNGS", None)
   if not isinstance(rungs, (tuple, list)) or not rungs or not all(
       isinstance(r, str) and r for r in rungs):
-    raise LadderError(f"ladder {where}: expected a module-level RUNGS tuple of variant "
-                      f"names, e.g. RUNGS = ('tied_s', 'leviathan_s', ...); got {rungs!r}")
+    example = ("run names, e.g. RUNGS = ('tied_s0', 'leviathan_s0', ...) (a study file "
+               "such as experiments/smoke_study.py)" if kind == "study" else
+               "variant names, e.g. RUNGS = ('tied_s', 'leviathan_s', ...)")
+    raise LadderError(f"{kind} {where}: expected a module-level RUNGS tuple of {example}; "
+                      f"got {rungs!r}")
   if len(set(rungs)) != len(rungs):
-    raise LadderError(f"ladder {where}: RUNGS names a variant twice: {list(rungs)}")
+    name = "run" if kind == "study" else "variant"
+    raise LadderError(f"{kind} {where}: RUNGS names a {name} twice: {list(rungs)}")
   if not callable(getattr(module, "get_config", None)):
-    raise LadderError(f"ladder {where}: no get_config(variant) function")
+    raise LadderError(f"{kind} {where}: no get_config(variant) function")
   return module
 
 

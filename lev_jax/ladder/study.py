@@ -341,7 +341,7 @@ def load_study_module(spec):
       or one naming a run outside RUNGS.
   """
   path, piece = split_spec(spec)
-  module = runs.load_ladder(path)
+  module = runs.load_ladder(path, kind="study")
   if piece is None:
     return module
   pieces = getattr(module, "PIECES", None)
