@@ -3,6 +3,7 @@ config against this run's, and the quarantine of steps that fail them.
 
   write_manifest(step_dir)     # process 0, as Orbax commits the step (before its rename)
   verify_manifest(step_dir)    # before a restore: True, False (no manifest) or raises
+  verify_manifest(step_dir, checksums=False)  # a finished run: sizes only, no hashing
   config_differences(saved, config, SHAPE_FIELDS)   # ["model.d_model: checkpoint 64, ..."]
   config_differences(saved, config, result_fields(config), stored_only=True)  # finished run
   resume_flags(saved, diffs)   # "--config.data.worker_processes=2": resume as it was saved
@@ -119,26 +120,34 @@ def write_manifest(step_dir, skip=()) -> None:
   write_json_atomic(step_dir / MANIFEST, manifest)
 
 
-def verify_manifest(step_dir) -> bool:
+def verify_manifest(step_dir, checksums: bool = True) -> bool:
   """Checks every file of a step against its manifest.
 
+  Args:
+    step_dir: the step's folder.
+    checksums: hash every file (what a restore does); False compares only each file's
+      size in bytes with the manifest's (no file is read: a finished run's cheap check,
+      which finds a truncated, emptied or deleted file, not a flipped bit).
   Returns:
     True when verified, False when the step has no manifest (unverifiable).
   Raises:
     CheckpointCorruptError: the manifest is unreadable or lists no file, a listed file
-      is missing or its checksum differs, or a file in one of the step's folders is not
-      listed (the first such file is named).
+      is missing or its checksum (or size) differs, or a file in one of the step's
+      folders is not listed (the first such file is named).
   """
   step_dir = epath.Path(step_dir)
   path = step_dir / MANIFEST
   if not path.exists():
     return False
   try:
-    expected = json.loads(path.read_text())["sha256"]
+    manifest = json.loads(path.read_text())
+    expected, sizes = manifest["sha256"], manifest.get("bytes", {})
     if not isinstance(expected, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in expected.items()):
       raise TypeError('"sha256" is not a {file: hex digest} object')
-  except (ValueError, KeyError, TypeError) as e:
+    if not isinstance(sizes, dict):
+      raise TypeError('"bytes" is not a {file: size} object')
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
     raise CheckpointCorruptError(f"{path}: the checksum manifest is unreadable ({e})") from e
   if not expected:
     raise CheckpointCorruptError(f"{path}: the checksum manifest lists no file (expected "
@@ -153,6 +162,12 @@ def verify_manifest(step_dir) -> bool:
     f = step_dir / rel
     if not f.exists():
       raise CheckpointCorruptError(f"checkpoint {step_dir}: {rel} is missing")
+    if not checksums:
+      if rel in sizes and f.stat().length != sizes[rel]:
+        raise CheckpointCorruptError(
+            f"checkpoint {step_dir}: {rel} is {f.stat().length} bytes, its manifest says "
+            f"{sizes[rel]} (the file was cut or changed after the save)")
+      continue
     if _sha256(f) != digest:
       raise CheckpointCorruptError(
           f"checkpoint {step_dir}: {rel} differs from its checksum (the file was changed "

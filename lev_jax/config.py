@@ -340,6 +340,11 @@ def lev_digit_base(base: int, n_coords: int, padded_vocab: int) -> int:
   return b
 
 
+# The largest step a run can reach: the train state's step counter (lev_jax/train.py)
+# and the optimizer's update count are int32.
+MAX_STEPS = 2**31 - 1
+
+
 def _fail(field: str, value, expected: str):
   raise ConfigError(f"config.{field} = {value!r}: expected {expected}")
 
@@ -581,6 +586,9 @@ def validate(c: ml_collections.ConfigDict, *,
     _fail("model.head_dim", m.head_dim, "an even number (RoPE rotates pairs)")
   _positive(c, "train", ["steps", "seq_len", "global_batch_size", "grad_accum_steps",
                          "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"])
+  for n in ("steps", "log_every", "eval_every", "checkpoint_every"):
+    if t[n] > MAX_STEPS:
+      _fail(f"train.{n}", t[n], f"at most {MAX_STEPS} (2**31 - 1: the step counter is int32)")
   _one_of(c, "train", "nan_policy", NAN_POLICIES)
   if (isinstance(t.max_skipped_steps, bool) or not isinstance(t.max_skipped_steps, int)
       or t.max_skipped_steps < 0):

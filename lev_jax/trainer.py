@@ -42,7 +42,8 @@ from tqdm import tqdm
 
 from lev_jax import data as data_lib
 from lev_jax.checkpoint import Checkpointer, CheckpointMismatchError, CheckpointReader
-from lev_jax.checkpoint_checks import config_differences, result_fields
+from lev_jax.checkpoint_checks import (CheckpointCorruptError, config_differences,
+                                       result_fields, verify_manifest)
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import save_tokenizer
@@ -54,9 +55,9 @@ from lev_jax import lock as workdir_lock
 from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
-from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, EVAL_JSON, METRICS, PROFILE,
-                             PROFILE_TRACES, RUN_OUTPUTS, TOKEN_COUNTS, TOKENIZER,
-                             OutputWriteError, loads_json, write_json_atomic)
+from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, ERRORS_LOG, EVAL_JSON, LOCK,
+                             METRICS, PROFILE, PROFILE_TRACES, RUN_OUTPUTS, TOKEN_COUNTS,
+                             TOKENIZER, OutputWriteError, loads_json, write_json_atomic)
 
 
 @contextlib.contextmanager
@@ -277,7 +278,56 @@ def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
       raise ConfigError(f"{p}: is not writable")
 
 
-def finished_run(config: ml_collections.ConfigDict, workdir) -> Finished | None:
+def _check_run_folder(workdir: epath.Path) -> None:
+  """Refuses an existing folder that is not a run to train in, reading only its names
+  (after `_check_workdir`: an output of the wrong kind is named there).
+
+  A run folder holds checkpoints/ (created before any other output, so a run killed
+  before its first save has it, empty); an empty folder (or one holding only a lock)
+  is a new run's.
+
+  Raises:
+    ConfigError: the folder holds a run's outputs (metrics.jsonl, eval.json, ...) but no
+      checkpoints/ to resume from (training would replace them), or entries of its own
+      (not a run's; a few are named).
+  """
+  if not workdir.is_dir() or (workdir / CHECKPOINTS).is_dir():
+    return
+  names = sorted(p.name for p in workdir.iterdir() if p.name != LOCK)
+  outputs = [n for n in names if n in RUN_OUTPUTS and n != ERRORS_LOG]
+  if outputs:
+    raise ConfigError(
+        f"--workdir={workdir}: holds a run's outputs ({', '.join(outputs[:4])}) but no "
+        f"{CHECKPOINTS}/ to resume from; training would replace them. Nothing was "
+        "changed: move them aside, or use another --workdir")
+  foreign = [n for n in names if n != ERRORS_LOG]
+  if foreign:
+    more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    raise ConfigError(
+        f"--workdir={workdir}: is a folder of other files ({', '.join(foreign[:3])}{more}), "
+        "not a run's; expected a new or empty folder, or a run's own to resume. Nothing "
+        "was changed: use another --workdir")
+
+
+def _check_finished_step(step_dir: epath.Path, step: int) -> None:
+  """Checks a finished run's last checkpoint cheaply: its manifest parses and lists
+  files, each present with its recorded size (verify_manifest(checksums=False): no file
+  is hashed; a restore hashes them).
+
+  Raises:
+    CheckpointCorruptError: one line naming the step, the damaged file and what to do.
+  """
+  try:
+    verify_manifest(step_dir, checksums=False)
+  except CheckpointCorruptError as e:
+    raise CheckpointCorruptError(
+        f"{e}. The run finished at step {step} but that checkpoint is damaged; nothing was "
+        "changed: re-run with --restore_fallback to train again from the latest intact "
+        "step, or evaluate an earlier step (lev-eval --step=N)") from None
+
+
+def finished_run(config: ml_collections.ConfigDict, workdir,
+                 restore_fallback: bool = False) -> Finished | None:
   """A finished run in `workdir`, read without writing anything (no lock needed).
 
   Finished: its latest checkpoint is at or past config.train.steps. Its stored config
@@ -289,10 +339,14 @@ def finished_run(config: ml_collections.ConfigDict, workdir) -> Finished | None:
     `Finished(step, eval.json)` when the configs agree and eval.json is that step's;
     None when the run is not finished, or finished but not evaluated (killed during its
     final evaluation: training completes it), or the latest step's config cannot be
-    read (the restore then says why).
+    read (the restore then says why), or its latest checkpoint is damaged and
+    `restore_fallback` is set (training resumes from the latest intact one).
   Raises:
     CheckpointMismatchError: finished with another config, in one line naming every
       differing field (e.g. train.steps 20 vs 4, eval.batches); nothing was changed.
+    CheckpointCorruptError: finished, but a file of its latest checkpoint is missing or
+      of another size than its manifest records, or the manifest is unreadable (without
+      `restore_fallback`); the step and file are named.
     ConfigError: a gs:// workdir without Google Cloud Storage support.
   """
   _check_gcs_support(config, workdir)
@@ -322,7 +376,15 @@ def finished_run(config: ml_collections.ConfigDict, workdir) -> Finished | None:
         "Nothing was changed: use a new --workdir, or the run's own config (lev-eval "
         "evaluates it under other data or eval settings, into its own file)")
   finished = _finished_eval(workdir / EVAL_JSON, step)
-  return None if finished is None else Finished(step, finished)
+  if finished is None:
+    return None
+  try:
+    _check_finished_step(checkpoints / str(step), step)
+  except CheckpointCorruptError:
+    if restore_fallback:  # the restore skips and quarantines it
+      return None
+    raise
+  return Finished(step, finished)
 
 
 # (workdir, finished step, new train.steps) of the extensions warned about: lev-train
@@ -587,13 +649,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   workdir = epath.Path(workdir).expanduser()
   if "://" not in str(workdir):
     workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative
-  finished = finished_run(config, workdir)  # also on a read-only copy of a run
+  finished = finished_run(config, workdir, restore_fallback)  # also on a read-only copy
   if finished is not None:
     logging.info("the run already finished at step %d; its evaluation is %s",
                  finished.step, workdir / EVAL_JSON)
     return finished
   t = config.train
   _check_workdir(workdir, profile=bool(t.profile_steps) and t.profile_steps[1] > 0)
+  _check_run_folder(workdir)
   bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree
   bundle.eval_data()  # DataError now, not after training, if validation is too small
   part = partition(config)

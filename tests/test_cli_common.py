@@ -343,6 +343,9 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
 
 @pytest.mark.parametrize("argv,error", [
     (["--config=NOGET"], "--config=NOGET: defines no get_config(variant) function"),
+    # issue 26: a .py file holding NUL bytes was a 58-line traceback
+    (["--config=BINARY"], "--config=BINARY: not Python source (source code string cannot "
+     "contain null bytes)"),
     # issue 26: README.md as the config was "README.md:11: leading zeros ... (a Python
     # syntax error in the config file)"
     (["--config=README.md"], "--config=README.md: not a Python file (expected a .py "
@@ -375,17 +378,20 @@ def test_config_flag_mistakes_are_one_line_naming_the_field(monkeypatch, capsys,
   for a value of the wrong type, and a config field given as a flag of its own."""
   noget = tmp_path / "noget.py"
   noget.write_text("x = 1\n")
+  (tmp_path / "binary.py").write_bytes(b"x = 1\n\0\0")
   # ml_collections loads every --config file as the module "config_config" and
   # re-executes a file into the module already there: an earlier test's get_config
   # would survive in it.
   monkeypatch.delitem(sys.modules, "config_config", raising=False)
-  argv = ["lev-x", *(a.replace("NOGET", str(noget)) for a in argv)]
+  argv = ["lev-x", *(a.replace("NOGET", str(noget)).replace("BINARY", str(tmp_path / "binary.py"))
+                     for a in argv)]
   with pytest.raises(SystemExit) as e:
     fv, parse = _config_command(monkeypatch, argv)
     parse(argv)
   err = capsys.readouterr().err
   assert e.value.code == 2 and err.count("\n") == 1, err
-  assert err.startswith("lev-x: error: " + error.replace("NOGET", str(noget))), err
+  error = error.replace("NOGET", str(noget)).replace("BINARY", str(tmp_path / "binary.py"))
+  assert err.startswith("lev-x: error: " + error), err
 
 
 def test_an_override_without_a_config_to_change_says_so(monkeypatch, capsys):

@@ -280,6 +280,16 @@ def test_stop_at_step_below_one_is_refused_before_anything_runs(step, tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_stop_at_step_past_the_runs_end_is_refused():
+  """Issue 26: --stop_at_step=50 with train.steps=20 was ignored silently."""
+  from lev_jax.cli import train as train_cli
+  assert train_cli.stop_at_step_error(50, 20) == (
+      "flag --stop_at_step=50: past the run's end, train.steps = 20; expected a step in "
+      "[1, 20] (or leave the flag out to train to the end)")
+  assert train_cli.stop_at_step_error(20, 20) is None
+  assert train_cli.stop_at_step_error(None, 20) is None
+
+
 def test_invalid_config_writes_nothing_not_even_the_workdir(tmp_path):
   proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path / 'run'}", *TINY,
              "--config.train.steps=2", "--config.optim.lr=nan")

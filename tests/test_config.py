@@ -23,6 +23,11 @@ def test_a_bad_lev_value_is_refused_on_a_model_without_lev():
 
 @pytest.mark.parametrize("field,value,match", [
     ("train.steps", -5, r"config.train.steps = -5: expected a positive number"),
+    # issue 26: 1e20 steps (beyond int64) was accepted and trained until killed
+    ("train.steps", 10**20, r"^config.train.steps = 100000000000000000000: expected at most "
+     r"2147483647 \(2\*\*31 - 1: the step counter is int32\)$"),
+    ("train.checkpoint_every", 2**31, r"^config.train.checkpoint_every = 2147483648: expected "
+     r"at most 2147483647"),
     ("train.seq_len", 4096, r"config.train.seq_len = 4096: expected <= model.max_seq_len = 2048"),
     ("model.embedding", "hashed", r"config.model.embedding = 'hashed': expected one of 'tied'"),
     ("model.n_kv_heads", 3, r"config.model.n_kv_heads = 3: expected a divisor of model.n_heads"),

@@ -1,6 +1,7 @@
 """The whole trainer on the embedded data: learning, exact resume, outputs, bad input."""
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -310,6 +311,52 @@ def test_a_streamed_run_reports_its_counts_at_every_checkpoint(tmp_path, caplog)
   assert last["counted_at_step"] == 4 and last["counted"]["train"] == "complete"
   assert last["train"]["documents"] == 6 and last["train"]["skipped"]["bad_json"] == 1
   assert last["train"]["tokens"] == sum(map(len, docs)) and last["train_tokens"] == 6 * 23
+
+
+def test_a_finished_run_with_a_damaged_last_checkpoint_or_none_is_refused(finished_tied_run,
+                                                                         tmp_path):
+  """Issue 26: a finished run whose step-4 checkpoint was damaged (a truncated state
+  file or checksums.json, an emptied state/_METADATA, state/ deleted) said "already
+  finished ... nothing to do"; one whose checkpoints/ was removed was trained again from
+  scratch over its metrics.jsonl and eval.json; a folder of other files (notes.txt) got
+  a run mixed into it. Each is now refused, naming the step and file or the entries,
+  and nothing is written."""
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  step = workdir / "checkpoints" / "4"
+  state_file = max((p for p in (step / "state").rglob("*") if p.is_file()),
+                   key=lambda p: p.stat().st_size)
+  for path, damage, named in [
+      (state_file, lambda b: b[:len(b) // 2], f"{state_file.relative_to(step)} is "),
+      (step / "checksums.json", lambda b: b[:20], "the checksum manifest is unreadable"),
+      (step / "state" / "_METADATA", lambda b: b"", "state/_METADATA is 0 bytes")]:
+    intact = path.read_bytes()
+    path.write_bytes(damage(intact))
+    before = files_of(workdir)
+    with pytest.raises(CheckpointMismatchError, match=f"^.*{named}.*The run finished at "
+                       "step 4 but that checkpoint is damaged; nothing was changed: re-run "
+                       "with --restore_fallback"):
+      train_and_evaluate(c, workdir)
+    assert finished_run(c, workdir, restore_fallback=True) is None  # the restore skips it
+    assert files_of(workdir) == before
+    path.write_bytes(intact)
+  assert finished_run(c, workdir) is not None
+  shutil.rmtree(step / "state")
+  with pytest.raises(CheckpointMismatchError, match=r"checkpoint .*/4: state/\S+ is missing"):
+    finished_run(c, workdir)
+  shutil.rmtree(workdir / "checkpoints")
+  before = files_of(workdir)
+  with pytest.raises(ConfigError, match=f"^--workdir={workdir}: holds a run's outputs "
+                     r"\(data_report.json, eval.json, metrics.jsonl, tensorboard\) but no "
+                     "checkpoints/ to resume from"):
+    train_and_evaluate(c, workdir)
+  assert files_of(workdir) == before
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "notes.txt").write_text("mine")
+  with pytest.raises(ConfigError, match=f"^--workdir={notes}: is a folder of other files "
+                     r"\(notes.txt\), not a run's"):
+    train_and_evaluate(c, notes)
+  assert [p.name for p in notes.iterdir()] == ["notes.txt"]
 
 
 def test_eval_json_records_what_was_evaluated(finished_tied_run):

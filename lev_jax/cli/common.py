@@ -787,7 +787,9 @@ def config_file_error(error: BaseException, argv) -> str | None:
   """`FILE:LINE: ...` for an error raised while loading the config file, else None.
 
   A SyntaxError (in the file or a module it imports) names its own file and line;
-  any other error names the deepest line of the `--config` file in its traceback.
+  one without a file (Python refuses a source holding NUL bytes before parsing it)
+  names the `--config` file; any other error names the deepest line of the `--config`
+  file in its traceback.
   """
   if isinstance(error, SyntaxError) and error.filename:
     return (f"{error.filename}:{error.lineno}: {error.msg} (a Python syntax error in "
@@ -795,6 +797,8 @@ def config_file_error(error: BaseException, argv) -> str | None:
   path = _config_file(argv)
   if not path:
     return None
+  if isinstance(error, SyntaxError):
+    return f"--config={path}: not Python source ({first_line(error)})"
   real = os.path.realpath(os.path.expanduser(path))
   line = None
   tb = error.__traceback__

@@ -132,6 +132,15 @@ def workdir_error(workdir: str) -> str | None:
           or common.export_folder_error("--workdir", workdir))
 
 
+def stop_at_step_error(stop_at_step: int | None, steps: int) -> str | None:
+  """The one line when --stop_at_step is past config.train.steps (`steps`; the run ends
+  there, so the flag would be ignored); None when it is not given or within the run."""
+  if stop_at_step is None or stop_at_step <= steps:
+    return None
+  return (f"flag --stop_at_step={stop_at_step}: past the run's end, train.steps = {steps}; "
+          f"expected a step in [1, {steps}] (or leave the flag out to train to the end)")
+
+
 def main(argv):
   if len(argv) > 1:
     common.fail("lev-train", f"unexpected arguments: {' '.join(argv[1:])}")
@@ -149,6 +158,9 @@ def main(argv):
     validate(config)  # before the workdir or its lock is created
   except ConfigError as e:
     common.fail("lev-train", str(e))
+  beyond = stop_at_step_error(flags.FLAGS.stop_at_step, config.train.steps)
+  if beyond:
+    common.fail("lev-train", beyond)
   workdir = flags.FLAGS.workdir or default_workdir(config.name)
   inside = workdir_error(workdir)
   if inside:
@@ -157,7 +169,7 @@ def main(argv):
   logging.info("config %s -> workdir %s", config.name, workdir)
   try:
     # A finished run is only read: before the lock, so nothing at all is written.
-    result = trainer.finished_run(config, workdir)
+    result = trainer.finished_run(config, workdir, flags.FLAGS.restore_fallback)
     if result is None:
       lock = (workdir_lock.hold(workdir, prog="lev-train",
                                 force_unlock=flags.FLAGS.force_unlock,
