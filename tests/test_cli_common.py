@@ -231,15 +231,21 @@ def test_checkpoint_tree_error_names_a_path_in_a_saved_checkpoint(tmp_path, monk
     assert common.checkpoint_tree_error("--output", fine) is None, fine
 
 
-def test_checkpoint_tree_error_names_every_file_a_run_or_export_owns(tmp_path, monkeypatch):
-  """`lev-eval --output=runs/cb3/metrics.jsonl` replaced the run's training metrics."""
-  from lev_jax.cli import common
+def _a_run_and_an_export(tmp_path, run_file: str, text: str):
+  """tmp_path/run: a run's folder (checkpoints/ and `run_file` holding `text`);
+  tmp_path/exp: an export (export.json, and a run's tokenizer/ and token_counts.npy)."""
   (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-  (tmp_path / "run" / "metrics.jsonl").write_text("")
+  (tmp_path / "run" / run_file).write_text(text)
   (tmp_path / "exp").mkdir()
   (tmp_path / "exp" / "export.json").write_text("{}")
   (tmp_path / "exp" / "tokenizer").mkdir()  # a run's outputs too
   (tmp_path / "exp" / "token_counts.npy").write_text("")
+
+
+def test_checkpoint_tree_error_names_every_file_a_run_or_export_owns(tmp_path, monkeypatch):
+  """`lev-eval --output=runs/cb3/metrics.jsonl` replaced the run's training metrics."""
+  from lev_jax.cli import common
+  _a_run_and_an_export(tmp_path, "metrics.jsonl", "")
   monkeypatch.chdir(tmp_path)
   assert common.checkpoint_tree_error("--output", "run/metrics.jsonl") == (
       "--output=run/metrics.jsonl: is run/metrics.jsonl, a run's own file (only that "
@@ -259,12 +265,7 @@ def test_workdir_root_and_report_folder_errors(tmp_path, monkeypatch):
   """lev-train into an export, lev-ladder/lev-study with a run as --root, and a study
   report written over a ladder's, were all silent."""
   from lev_jax.cli import common
-  (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-  (tmp_path / "run" / "eval.json").write_text("{}")
-  (tmp_path / "exp").mkdir()
-  (tmp_path / "exp" / "export.json").write_text("{}")
-  (tmp_path / "exp" / "tokenizer").mkdir()  # a run's outputs too
-  (tmp_path / "exp" / "token_counts.npy").write_text("")
+  _a_run_and_an_export(tmp_path, "eval.json", "{}")
   (tmp_path / "root" / "report").mkdir(parents=True)
   (tmp_path / "root" / "report" / "ladder.csv").write_text("")
   monkeypatch.chdir(tmp_path)
