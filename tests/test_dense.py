@@ -56,13 +56,14 @@ from lev_jax import train
 from lev_jax.experiments import experiments_dir, load_experiment
 for variant in sys.argv[1:]:
   config = load_experiment(experiments_dir() / "smoke.py").get_config(variant)
-  part, state = train.create_train_state(config)
+  part = train.partition(config)
+  params = train.abstract_state(part, config)["params"]  # shapes only: nothing to run
   b, l = config.train.global_batch_size, config.train.seq_len
   ids = np.zeros((b, l + 1), np.int32)
   batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": np.ones((b, l), np.float32)}
   grad = jax.jit(jax.grad(lambda p: train._sum_loss(p, part.graphdef, batch)[0]))
   print(f"=== {variant}")
-  print(grad.lower(state["params"]).compile().as_text())
+  print(grad.lower(params).compile().as_text())
 """
 VARIANTS = ("tied", "leviathan")  # leviathan has untied's head
 
