@@ -48,9 +48,14 @@ runs trained are seed 0 of every ablation, and a study cut short still pairs eac
 finished ablation seed with its baselines.
 
 Budget: experiments/scale_study.py's exactly (64 steps x 16 x 128 = 131,072 tokens per
-run, lr warm-up 8, evaluation every 16 steps, FINAL_EVAL_BATCHES = 12). 33 new runs; a
-d192-L3 Leviathan run took ~2-4 min there on the shared 2-core CPU (0.7-1.3 s per step
-plus start-up and evaluation): ~1.5-2 h for the whole study, each run resumable.
+run, lr warm-up 8, evaluation every 16 steps, FINAL_EVAL_BATCHES = 12). 33 new runs
+(the 9 baselines are the scale study's); measured there on the shared 2-core CPU, a
+d192-L3 Leviathan run takes ~2 min from start to its final evaluation (seeds 0 and 1:
+73-102 s between the first and last logged step), plus ~10 s of lev-study's evaluation:
+~1-1.5 h for the 33, more under load; each run resumes, so the study can be stopped
+and restarted at any time. Run it when the scale study is not training in the same ROOT
+(two lev-trains on one run: the second fails at once on the run's lock, and is retried
+by the next lev-study).
 """
 
 from pathlib import Path
