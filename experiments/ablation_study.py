@@ -81,12 +81,9 @@ ABLATIONS = {
 }
 
 
-def _scale():
-  """experiments/scale_study.py (beside this file): the baselines' configs and the budget."""
-  return load_experiment(Path(__file__).with_name("scale_study.py"))
-
-
-FINAL_EVAL_BATCHES = _scale().FINAL_EVAL_BATCHES
+# experiments/scale_study.py (beside this file): the baselines' configs and the budget.
+_SCALE = load_experiment(Path(__file__).with_name("scale_study.py"))
+FINAL_EVAL_BATCHES = _SCALE.FINAL_EVAL_BATCHES
 RUNGS = tuple([f"{kind}_{CELL}_s{s}" for kind in KINDS]
               + [f"leviathan_{CELL}_{a}_s{s}" for a in ABLATIONS] for s in SEEDS)
 RUNGS = tuple(run for group in RUNGS for run in group)
@@ -101,9 +98,9 @@ def get_config(run: str = f"leviathan_{CELL}_rank32_s0"):
                      f"{', '.join(ABLATIONS)}; seed in {SEEDS}")
   prefix, seed = run.rsplit("_s", 1)
   if prefix in (f"{kind}_{CELL}" for kind in KINDS):  # a baseline: the scale study's run
-    return _scale().get_config(run)
+    return _SCALE.get_config(run)
   ablation = prefix.removeprefix(f"leviathan_{CELL}_")
-  c = _scale().get_config(f"leviathan_{CELL}_s{seed}")
+  c = _SCALE.get_config(f"leviathan_{CELL}_s{seed}")
   c.name = f"ablation_{run}"
   for field, value in ABLATIONS[ablation].items():
     section, key = field.split(".")
