@@ -38,7 +38,7 @@ LEV's d_seed and heads are not ablated here: lev-study does not take them as fac
 Baselines: `tied_`, `untied_` and `leviathan_d192_debian_books_s<seed>`, whose configs are
 experiments/scale_study.py's exactly (same names, same `name` field), so with
 --root=runs/scale the scale study's finished runs are reused, not retrained (lev-train
-refuses a finished run under other settings; tests/test_experiments.py checks the
+refuses a finished run under other settings; tests/test_ladder_study.py checks the
 equality). The report must then go elsewhere than ROOT/report (the scale study's):
 --report_dir as above.
 
