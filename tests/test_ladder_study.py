@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import byte_config
@@ -395,3 +396,114 @@ def test_a_negative_eval_batches_is_refused_when_parsed(capsys):
   assert e.value.code == 2
   assert capsys.readouterr().err == (
       "lev-study: error: flag --eval_batches=-1: -1 is not a non-negative integer\n")
+
+
+def test_issue25_ablation_options_are_factors_and_lev_shape_is_labelled_vs_the_study():
+  """Issue 25.3: each ablation option is a factor; LEV's n_knots and rank are named
+  against the value most of the study's Leviathan runs hold (the small studies' LEV is
+  not base_config's), LEV-only options not at all for a tied run; LEV's d_seed and any
+  other field are still refused."""
+  changes = {"id": ("lev.id_permutation", True), "norm": ("lev.output_norm", "rmsnorm"),
+             "warm": ("optim.lev_warmup_steps", 32), "wd": ("optim.lev_weight_decay", 0.0),
+             "knots": ("lev.n_knots", 32), "rank": ("lev.rank", 32)}
+  configs = {"tied": byte_config("tied"), "lev": byte_config("lev"),
+             "lev_again": byte_config("lev")}
+  configs["lev_again"].seed = 1
+  configs["tied"].lev.rank = 32  # a model without LEV: not in its label
+  for run, (field, value) in changes.items():
+    c = configs[run] = byte_config("lev")
+    section, key = field.split(".")
+    c[section][key] = value
+  study.check_factors(configs)
+  labels = {run: f.options for run, f in study.cells_of(configs).items()}
+  assert labels == {"tied": "default", "lev": "default", "lev_again": "default",
+                    "id": "id_permutation=True", "norm": "output_norm=rmsnorm",
+                    "warm": "lev_warmup_steps=32", "wd": "lev_weight_decay=0.0",
+                    "knots": "n_knots=32", "rank": "rank=32"}
+  configs["lev_again"].optim.lr = 1e-2
+  with pytest.raises(StudyError, match=r"1 field\(s\) that are not factors: optim.lr"):
+    study.check_factors(configs)
+
+
+def _gap_study(ppl, metrics):
+  """(LadderResult, factors, evals) of tied, untied, Leviathan and Leviathan [rank=32]
+  at one size and corpus, seeds 0 and 1: ppl[cell][seed] on both splits, metrics[cell]
+  each run's group_metrics."""
+  from lev_jax.ladder import runs
+  factors, rungs, evals = {}, [], {}
+  for cell, per_seed in ppl.items():
+    variant, _, options = cell.partition(":")
+    for seed, p in enumerate(per_seed):
+      run = f"{cell}_s{seed}"
+      factors[run] = study.Factors(variant, 259, "d32-L2", "x", options or "default", seed)
+      rungs.append(runs.Rung(
+          variant=run, kind=variant, size="d32-L2", workdir=run, status="finished",
+          reason=None, steps=4, step=4, tokens_per_step=8, params={"total": 1, "backbone": 1},
+          config_source="ladder", train_curve={"tokens": [], "loss": []},
+          eval_curve={"tokens": [], "loss": []}, final={"loss": 1.0},
+          group_metrics=metrics.get(cell, {})))
+      log = {"loss": math.log(p), "perplexity": p, "bucket_edges": [], "buckets": []}
+      evals[run] = {split: {"log": log, "equal_mass": None} for split in study.SPLITS}
+  return runs.LadderResult("fake.py", "root", rungs), factors, evals
+
+
+def test_issue25_gap_closed_per_seed_with_its_interval_and_lev_dynamics_in_the_report():
+  """(ppl_default - ppl_option) / (ppl_default - ppl_untied) per seed, t-interval over
+  seeds; None with the reason where the default does not trail untied; LEV's last
+  logged grad norm and update ratio per cell, mean over seeds."""
+  from lev_jax.ladder import runs, study_report
+  gap = study.gap_closed([120.0, 130.0, 125.0], [110.0, 110.0, 120.0], [100.0, 110.0, 100.0])
+  assert gap["values"] == pytest.approx([0.5, 1.0, 0.2]) and gap["reason"] is None
+  half = 4.3026527 * float(np.std([0.5, 1.0, 0.2], ddof=1)) / math.sqrt(3)
+  assert (gap["lo"], gap["hi"]) == pytest.approx((1.7 / 3 - half, 1.7 / 3 + half), rel=1e-6)
+  level = study.gap_closed([120.0, 99.0], [110.0, 98.0], [100.0, 100.0], seeds=[3, 4])
+  assert level["mean"] is None and level["reason"] == (
+      "the Leviathan default does not trail untied at seed 4 (99.00 vs 100.00): no gap "
+      "to close")
+  assert runs.last_values([{"step": 2, "train/grad_norm/lev": 0.5}, {"step": 1, "x": 1},
+                           {"step": 2, "train/grad_norm/lev": "nan"}],
+                          runs.GROUP_METRICS) == {"train/grad_norm/lev": 0.5}
+  lev = {"train/grad_norm/lev": 0.25, "train/update_ratio/lev": 0.002}
+  analysis = study.analyse(*_gap_study(
+      {"tied": [150.0, 160.0], "untied": [100.0, 110.0], "leviathan": [120.0, 130.0],
+       "leviathan:rank=32": [110.0, 125.0]}, {"leviathan:rank=32": lev}))
+  comp = {c["label"]: c for c in analysis["comparisons_vs_untied"]}
+  assert comp["leviathan V=259"]["gap_closed"] is None
+  assert comp["leviathan V=259 [rank=32]"]["gap_closed"]["test"]["values"] == (
+      pytest.approx([0.5, 0.25]))
+  cell = next(c for c in analysis["cells"] if c["options"] == "rank=32")
+  assert cell["group_metrics"]["train/update_ratio/lev"]["mean"] == 0.002
+  text = "\n".join(study_report._gap_section(analysis))
+  assert "| leviathan V=259 [rank=32] | 117.50 ± 7.50 (n=2) | +11.8 % " in text
+  assert ("| +37.5 % [-121.3, +196.3] | +37.5 % [-121.3, +196.3] | 0.2500 ± 0.0000 (n=2) "
+          "| 0.0020 ± 0.0000 (n=2) |") in text
+  assert "| leviathan V=259 | 125.00 ± 5.00 (n=2) |  | reference | reference | n/a | n/a |" in text
+
+
+def test_issue25_ablation_study_reuses_the_scale_studys_runs_and_changes_one_field_each():
+  """experiments/ablation_study.py: its baselines are scale_study's runs, config for
+  config (so runs/scale's finished runs are reused: lev-train refuses a finished run
+  under other settings); each ablation is scale_study's Leviathan + one option; seed 0
+  of every ablation before any seed 1; an unknown run is one line with the grammar."""
+  from lev_jax.experiments import experiments_dir, load_experiment
+  ablation = load_experiment(experiments_dir() / "ablation_study.py")
+  scale = load_experiment(experiments_dir() / "scale_study.py")
+  configs = {run: ablation.get_config(run) for run in ablation.RUNGS}
+  study.check_factors(configs)
+  assert len({f.cell for f in study.cells_of(configs).values()}) == 3 + 11
+  seeds = [int(run.rsplit("_s", 1)[1]) for run in ablation.RUNGS]
+  assert seeds == sorted(seeds) and len(ablation.RUNGS) == 42
+  for run, c in configs.items():
+    kind, rest = run.split("_", 1)
+    if rest.count("_") == 3:  # <kind>_d192_debian_books_s<seed>
+      assert c.to_dict() == scale.get_config(run).to_dict()
+      continue
+    name, seed = rest.rsplit("_", 2)[1:]
+    flat = study.flatten(c)
+    base = study.flatten(scale.get_config(f"{kind}_d192_debian_books_{seed}"))
+    changed = {f: flat[f] for f in flat if f != "name" and flat[f] != base[f]}
+    assert changed == ablation.ABLATIONS[name] and set(changed) <= set(study.OPTION_FIELDS)
+  with pytest.raises(ValueError, match=r"unknown run 'leviathan_d192_debian_books_rank_s0'"
+                     r"; expected <kind>_d192_debian_books_s<seed> .* with ablation in "
+                     r"idperm, .*; seed in \(0, 1, 2\)$"):
+    ablation.get_config("leviathan_d192_debian_books_rank_s0")

@@ -9,8 +9,9 @@ intervals.
 
 The study file is a ladder file (RUNGS: one name per run, get_config(run)) whose runs
 differ only in the factors of lev_jax/ladder/study.py (variant, vocab, backbone size,
-corpus, seed, LEV optimiser options); anything else (steps, batch, seq_len, data
-pipeline, LEV's shape) is refused before a run starts, with the differing fields named
+corpus, seed, options: LEV optimiser options and issue 25's ablations); anything else
+(steps, batch, seq_len, data pipeline, LEV's d_seed or heads) is refused before a run
+starts, with the differing fields named
 (exit status 2). `--study=FILE:PIECE` runs and reports only the runs of the file's
 PIECES[PIECE] (report in ROOT/report_PIECE); the same ROOT holds every piece, so the
 whole study's report (`--study=FILE`) reads them all.
@@ -161,7 +162,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   evals, errors = evaluate_finished(result, eval_batches=eval_batches, evaluate=evaluate,
                                     out=out)
   failed.update({run_name: f"evaluation failed: {e}" for run_name, e in errors.items()})
-  factors = {run_name: study_lib.cell_of(c) for run_name, c in configs.items()}
+  factors = study_lib.cells_of(configs)
   analysis = study_lib.analyse(result, factors, evals)
   for m in analysis["missing"]:
     if m["run"] in failed:

@@ -40,6 +40,10 @@ from etils import epath
 from lev_jax.experiments import ExperimentImportError, load_experiment
 from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS, loads_json
 
+# Per-group optimizer figures of metrics.jsonl (lev_jax/trainer.py) kept at their last value.
+GROUP_METRICS = ("train/grad_norm/", "train/update_ratio/")
+
+
 class LadderError(ValueError):
   """A ladder file or root that cannot be read; the message names it and what was
   expected."""
@@ -108,6 +112,8 @@ class Rung:
     params: lev-params counts {"embedding", "lev", "backbone", "head", "total"}.
     config_source: "checkpoint" (the config stored with the latest checkpoint) or "ladder".
     train_curve, eval_curve: {"tokens": [...], "loss": [...]}, tokens increasing.
+    group_metrics: {"train/grad_norm/<group>" or "train/update_ratio/<group>": its last
+      finite logged value} (the optimizer groups: lev, backbone, head, ...).
     final: eval.json (finished rungs); lev_eval: lev_eval.json or None.
     notes: things worth knowing that do not stop the analysis.
   """
@@ -128,6 +134,7 @@ class Rung:
   final: dict | None = None
   lev_eval: dict | None = None
   notes: list = dataclasses.field(default_factory=list)
+  group_metrics: dict = dataclasses.field(default_factory=dict)
 
   @property
   def finished(self) -> bool:
@@ -223,6 +230,22 @@ def _curve(rows: list[dict], key: str, tokens_of) -> tuple[dict, int]:
   return {"tokens": tokens, "loss": losses}, dropped
 
 
+def last_values(rows: list[dict], prefixes: tuple[str, ...]) -> dict:
+  """{key: its value in the last row (highest step; the later of a repeated step) where
+  it is finite} for the keys starting with one of `prefixes`."""
+  out = {}
+  for row in sorted(rows, key=lambda r: r["step"]):  # stable: a resumed step's later row wins
+    for key, value in row.items():
+      if key.startswith(prefixes):
+        try:
+          number = _as_number(value)
+        except (TypeError, ValueError):
+          continue
+        if math.isfinite(number):
+          out[key] = number
+  return out
+
+
 def _read_json(path: epath.Path, what: str) -> dict:
   try:
     value = loads_json(path.read_text())
@@ -293,6 +316,7 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
       if n:
         rung.notes.append(f"{n} non-finite {what} value(s) left out of the curve")
     rung.step = max((r["step"] for r in rows), default=None)
+    rung.group_metrics = last_values(rows, GROUP_METRICS)
     eval_path = workdir / EVAL_JSON
     final = _read_json(eval_path, EVAL_JSON) if eval_path.exists() else None
     if final is not None:

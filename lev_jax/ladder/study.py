@@ -11,12 +11,17 @@ experiments/scale_study.py). Its runs may differ only in the factors (`FACTOR_FI
 the variant (model.embedding), the vocabulary (model.vocab_size), the backbone size (the
 shape: model.d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff; labelled
 "d<d_model>-L<n_layers>", which must name one shape), the corpus (data.corpus), the
-seed (seed, data.seed) and the LEV optimiser options (optim.lev_lr_multiplier,
-optim.clip_mode, lev.out_proj_init); `check_factors` refuses anything else (steps,
-batch, seq_len, data pipeline, LEV's shape, ...) before a run starts, naming the
-fields. A cell is (variant, vocab, size, corpus, options); its runs are its seeds.
-Cell labels name the size and the corpus only in a study with several of them, so the
-reports of one-size, one-corpus studies (fidelity_study, smoke_study) read as before.
+seed (seed, data.seed) and the options (`OPTION_FIELDS`: issue 25's ablations:
+optim.lev_lr_multiplier, clip_mode, lev_warmup_steps, lev_weight_decay,
+lev.out_proj_init, id_permutation, permutation_seed, output_norm, n_knots, rank);
+`check_factors` refuses anything else (steps, batch, seq_len, data pipeline, LEV's
+d_seed or heads, ...) before a run starts, naming the fields. A cell is (variant, vocab,
+size, corpus, options); its runs are its seeds. The options label names each option that
+differs from base_config's (LEV's n_knots and rank: from the value most of the study's
+Leviathan runs hold), e.g. "[rank=32]"; options that act on LEV only are not named for a
+model without LEV. Cell labels name the size and the corpus only in a study with several
+of them, so the reports of one-size, one-corpus studies (fidelity_study, smoke_study)
+read as before.
 
 Each finished run is evaluated once more (`evaluate_run` -> WORKDIR/study_eval.json) on
 the validation split and on the held-out test split (lev_jax/cli/eval.py: `lev-eval
@@ -37,6 +42,12 @@ What `analyse` computes:
     per-seed changes against log10 of the backbone (non-embedding) parameter count, the
     slope (change per decade) with a Student-t interval (`linear_fit`, n - 2 degrees
     of freedom)
+  gap closed (a Leviathan option cell with an untied cell): per seed the fraction of the
+    Leviathan-default-vs-untied perplexity gap the option closes, (ppl_default -
+    ppl_option) / (ppl_default - ppl_untied), mean with its Student-t interval
+    (`gap_closed`; None with the reason where the default does not trail untied)
+  dynamics: per cell, the last logged train/grad_norm/<group> and
+    train/update_ratio/<group> of metrics.jsonl (runs.Rung.group_metrics), mean ± se
   selection (validation only): per (vocab, size, corpus) with several Leviathan option
     cells, the one with the lowest mean validation perplexity; the final table reports
     the test split for tied, untied, Leviathan with default options (or a variant's only
@@ -48,6 +59,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -65,16 +77,24 @@ from lev_jax.workdir import STUDY_EVAL_JSON, loads_json, write_json_atomic
 # The backbone's shape: the size factor (lev_jax/model.py reads these six fields).
 SIZE_FIELDS = ("model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads",
                "model.head_dim", "model.d_ff")
-FACTOR_FIELDS = {
-    "name": "label", "model.embedding": "variant", "model.vocab_size": "vocab",
-    "seed": "seed", "data.seed": "seed", "optim.lev_lr_multiplier": "options",
-    "optim.clip_mode": "options", "lev.out_proj_init": "options",
-    **dict.fromkeys(SIZE_FIELDS, "size"), "data.corpus": "corpus",
-}
-OPTION_FIELDS = ("optim.lev_lr_multiplier", "optim.clip_mode", "lev.out_proj_init")
+# Options (issue 25's ablations), in the order a label names them: the LEV optimiser
+# options, LEV's init, id map and output norm, and LEV's capacity (LEV_SHAPE_OPTIONS).
+OPTION_FIELDS = ("optim.lev_lr_multiplier", "optim.clip_mode", "lev.out_proj_init",
+                 "lev.id_permutation", "lev.permutation_seed", "lev.output_norm",
+                 "optim.lev_warmup_steps", "optim.lev_weight_decay", "lev.n_knots",
+                 "lev.rank")
+# LEV's capacity: labelled against the study's own LEV shape (`option_reference`), not
+# base_config's (every small study sets its own). lev.d_seed and lev.n_heads are not
+# factors (a study varying them is refused).
+LEV_SHAPE_OPTIONS = ("lev.n_knots", "lev.rank")
 # Options that act on LEV's parameters only: a model without LEV ignores them, so they
 # do not enter its label (a tied baseline stays "default" whatever they are set to).
-LEV_ONLY_OPTIONS = ("optim.lev_lr_multiplier", "lev.out_proj_init")
+LEV_ONLY_OPTIONS = tuple(f for f in OPTION_FIELDS if f != "optim.clip_mode")
+FACTOR_FIELDS = {
+    "name": "label", "model.embedding": "variant", "model.vocab_size": "vocab",
+    "seed": "seed", "data.seed": "seed", **dict.fromkeys(OPTION_FIELDS, "options"),
+    **dict.fromkeys(SIZE_FIELDS, "size"), "data.corpus": "corpus",
+}
 VARIANTS = {"tied": "tied", "lev": "leviathan", "untied": "untied"}
 SPLITS = ("validation", "test")
 SCHEMES = ("log", "equal_mass")
@@ -101,16 +121,38 @@ def flatten(config) -> dict:
   return out
 
 
-def options_label(flat: dict) -> str:
-  """"default", or the LEV optimiser options that differ from base_config's, e.g.
-  "lev_lr_multiplier=3, clip_mode=per_group" (LEV_ONLY_OPTIONS only for LEV models)."""
+def options_label(flat: dict, reference: dict | None = None) -> str:
+  """"default", or the options (OPTION_FIELDS) that differ from their reference, e.g.
+  "lev_lr_multiplier=3, clip_mode=per_group" (LEV_ONLY_OPTIONS only for LEV models).
+
+  Args:
+    flat: one run's `flatten`ed config.
+    reference: {LEV_SHAPE_OPTIONS field: the study's value} (`option_reference`); the
+      other options' reference is base_config's value. None: LEV's shape is not named.
+  """
   from lev_jax.config import base_config
   defaults = flatten(base_config())
+  defaults.update(reference if reference is not None
+                  else {f: flat.get(f, defaults[f]) for f in LEV_SHAPE_OPTIONS})
   fields = [f for f in OPTION_FIELDS
             if flat.get("model.embedding") == "lev" or f not in LEV_ONLY_OPTIONS]
   changed = [f"{f.rsplit('.', 1)[1]}={flat.get(f)!s}" for f in fields
              if flat.get(f, defaults[f]) != defaults[f]]
   return ", ".join(changed) or "default"
+
+
+def option_reference(flats: Sequence[dict]) -> dict:
+  """{LEV_SHAPE_OPTIONS field: the value most of the study's LEV runs hold} (a tie: the
+  first run's in order); base_config's value in a study without LEV runs.
+
+  Args:
+    flats: every run's `flatten`ed config, in RUNGS order.
+  """
+  from lev_jax.config import base_config
+  defaults = flatten(base_config())
+  levs = [f for f in flats if f.get("model.embedding") == "lev"]
+  return {field: Counter(f.get(field, defaults[field]) for f in levs).most_common(1)[0][0]
+          if levs else defaults[field] for field in LEV_SHAPE_OPTIONS}
 
 
 class Factors(NamedTuple):
@@ -132,12 +174,21 @@ def size_label(flat: dict) -> str:
   return f"d{flat['model.d_model']}-L{flat['model.n_layers']}"
 
 
-def cell_of(config) -> Factors:
-  """(variant, vocab, size, corpus, options, seed) of one run's config."""
+def cell_of(config, reference: dict | None = None) -> Factors:
+  """(variant, vocab, size, corpus, options, seed) of one run's config; `reference` as
+  in `options_label` (None: LEV's shape is not named; `cells_of` gives the study's)."""
   flat = flatten(config)
   variant = VARIANTS.get(flat["model.embedding"], flat["model.embedding"])
   return Factors(variant, int(flat["model.vocab_size"]), size_label(flat),
-                 str(flat.get("data.corpus", "")), options_label(flat), int(flat["seed"]))
+                 str(flat.get("data.corpus", "")), options_label(flat, reference),
+                 int(flat["seed"]))
+
+
+def cells_of(configs: dict) -> dict:
+  """{run: Factors} of a study's {run: config}, LEV's shape labelled against the study's
+  own (`option_reference`)."""
+  reference = option_reference([flatten(c) for c in configs.values()])
+  return {run: cell_of(c, reference) for run, c in configs.items()}
 
 
 def check_factors(configs: dict) -> None:
@@ -175,8 +226,7 @@ def check_factors(configs: dict) -> None:
         "seed, LEV options): equal tokens and data pipeline in every cell")
   _check_sizes(flat)
   seen = {}
-  for run, c in configs.items():
-    key = cell_of(c)
+  for run, key in cells_of(configs).items():
     if key in seen:
       raise StudyError(f"runs {seen[key]} and {run} are the same cell and seed {key}")
     seen[key] = run
@@ -240,6 +290,42 @@ def paired_changes(baseline: Sequence[float], other: Sequence[float]) -> list[fl
   if any(b <= 0 for b in baseline):
     raise StudyError(f"baseline values must be positive; got {list(baseline)}")
   return [o / b - 1.0 for b, o in zip(baseline, other)]
+
+
+def gap_closed(default: Sequence[float], option: Sequence[float], untied: Sequence[float],
+               seeds: Sequence[int] | None = None, confidence: float = CONFIDENCE) -> dict:
+  """The fraction of the Leviathan-vs-untied gap that a Leviathan option closes: per seed
+  i, (default_i - option_i) / (default_i - untied_i) (1 = level with untied, 0 = no better
+  than the default, < 0 = worse), as a `t_interval` over the seeds.
+
+  Args:
+    default, option, untied: per-seed perplexities of the Leviathan default cell, the
+      option cell and the untied cell, seed i of each paired.
+    seeds: the seeds, to name in a reason (default 0, 1, ...).
+    confidence: coverage of the interval, in (0, 1).
+
+  Returns:
+    `t_interval`'s dict with "reason": None; or mean, se, lo, hi None, values [] and the
+    reason when the default does not trail untied at some seed (no gap to close there).
+
+  Raises:
+    StudyError: lengths differ.
+  """
+  if not len(default) == len(option) == len(untied):
+    raise StudyError(f"gap_closed needs equal lengths; got {len(default)}, {len(option)} "
+                     f"and {len(untied)}")
+  seeds = list(range(len(default))) if seeds is None else list(seeds)
+  level = [f"{s} ({d:.2f} vs {u:.2f})" for s, d, u in zip(seeds, default, untied) if d <= u]
+  if level:
+    out = t_interval([])
+    out.update(n=len(default), reason=(
+        "the Leviathan default does not trail untied at seed " + ", ".join(level)
+        + ": no gap to close"))
+    return out
+  out = t_interval([(d - o) / (d - u) for d, o, u in zip(default, option, untied)],
+                   confidence)
+  out["reason"] = None
+  return out
 
 
 def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = CONFIDENCE
@@ -370,7 +456,7 @@ def collect(study, root) -> tuple[runs.LadderResult, dict]:
   configs = {run: module.get_config(run) for run in module.RUNGS}
   check_factors(configs)
   result = runs.collect(module, root)
-  return result, {run: cell_of(c) for run, c in configs.items()}
+  return result, cells_of(configs)
 
 
 # ---------------------------------------------------------------------------- analysis
@@ -454,6 +540,34 @@ def _comparison(cell, base, runs_by_cell, result, evals, shown, kind="tied") -> 
   return out
 
 
+def _gap_closed(comp, runs_by_cell, evals, shown) -> dict | None:
+  """{split: `gap_closed`} of a Leviathan option cell vs untied (seeds evaluated in the
+  option, default and untied cells); None for any other comparison, or without an untied
+  or a default Leviathan cell of the same vocab, size and corpus."""
+  cell = (comp["variant"], comp["vocab"], comp["size"], comp["corpus"])
+  if (comp["variant"] != "leviathan" or comp["options"] == "default" or comp["reason"]
+      or (*cell, "default") not in runs_by_cell):
+    return None
+  default, option = runs_by_cell[(*cell, "default")], runs_by_cell[(*cell, comp["options"])]
+  untied = runs_by_cell[("untied", *cell[1:], "default")]
+  seeds = [s for s in comp["seeds"] if s in default and default[s] in evals]
+  if not seeds:
+    reason = (f"no seed evaluated in {_label((*cell, 'default'), shown)}, "
+              f"{_label((*cell, comp['options']), shown)} and "
+              f"{_label(('untied', *cell[1:], 'default'), shown)}")
+    return {split: {**t_interval([]), "reason": reason} for split in SPLITS}
+  def ppl(of_seed, split):
+    return [evals[of_seed[s]][split]["log"]["perplexity"] for s in seeds]
+  return {split: gap_closed(ppl(default, split), ppl(option, split), ppl(untied, split),
+                            seeds) for split in SPLITS}
+
+
+def _group_metrics(rows: list[dict]) -> dict:
+  """{metrics.jsonl key: mean_se over the rows} of each key of their group_metrics."""
+  keys = sorted({k for row in rows for k in row["group_metrics"]})
+  return {k: mean_se([row["group_metrics"].get(k) for row in rows]) for k in keys}
+
+
 def _label(cell, shown=(False, False)) -> str:
   """"leviathan V=8192 [options]"; with shown = (size varies, corpus varies) the size and
   the corpus after the vocab: "leviathan V=8192 d256-L4 foldoc"."""
@@ -472,7 +586,7 @@ def _run_row(rung, factors, ev) -> dict:
          "tokens": rung.steps * rung.tokens_per_step, "params": rung.params["total"],
          "backbone_params": rung.params["backbone"],
          "train_curve": rung.train_curve, "eval_curve": rung.eval_curve,
-         "evaluated": ev is not None}
+         "group_metrics": rung.group_metrics, "evaluated": ev is not None}
   for split in SPLITS:
     r = (ev or {}).get(split, {}).get("log") or {}
     row[f"{split}_loss"], row[f"{split}_ppl"] = r.get("loss"), r.get("perplexity")
@@ -538,14 +652,19 @@ def analyse(result: runs.LadderResult, factors: dict, evals: dict) -> dict:
               validation_/test_ loss and ppl],
      "missing": [{"run", "status", "reason"}] (not finished, or not evaluated),
      "cells": [{"variant", "vocab", "size", "corpus", "options", "label", "seeds",
-                "validation", "test": {"loss", "perplexity": {"mean", "se", "n"}}}],
+                "validation", "test": {"loss", "perplexity": {"mean", "se", "n"}},
+                "group_metrics": {"train/grad_norm/<group>", "train/update_ratio/<group>":
+                mean_se over the seeds of the run's last logged value}}],
      "comparisons": [per non-tied cell vs the tied cell with default options of its
                      vocab, size and corpus: {"label", "baseline", "seeds", "reason",
                      "perplexity": {split: t_interval}, "buckets": {split: {scheme:
                      {"rows": [{"range", "targets", "ids", "tied_ppl", "other_ppl",
                      "change": t_interval}], "reason"}}}, "efficiency"}],
      "comparisons_vs_untied": [the same per cell that is neither tied nor untied, vs
-                     the untied cell with default options of its vocab, size and corpus],
+                     the untied cell with default options of its vocab, size and corpus;
+                     with "gap_closed": {split: `gap_closed`} for a Leviathan option
+                     cell (the seeds also evaluated in the Leviathan default cell),
+                     None for other cells or without a Leviathan default cell],
      "trend": [per (vocab, corpus, series, baseline) over >= 2 sizes: `_trend`],
      "selection": [per (vocab, size, corpus) with >= 2 Leviathan cells: {"vocab",
                    "size", "corpus", "candidates", "selected", "criterion"}],
@@ -556,6 +675,7 @@ def analyse(result: runs.LadderResult, factors: dict, evals: dict) -> dict:
   for run, f in factors.items():
     runs_by_cell.setdefault(Factors(*f).cell, {})[f[-1]] = run
   rows = [_run_row(r, factors[r.variant], evals.get(r.variant)) for r in result.rungs]
+  by_run = {row["run"]: row for row in rows}
   backbone = {}
   for row in rows:
     backbone.setdefault(row["size"], row["backbone_params"])
@@ -571,6 +691,7 @@ def analyse(result: runs.LadderResult, factors: dict, evals: dict) -> dict:
              "n_runs": len(seeds)}
     for split in SPLITS:
       entry[split] = _split_figures([evals[seeds[s]] for s in done], split)
+    entry["group_metrics"] = _group_metrics([by_run[seeds[s]] for s in done])
     cells.append(entry)
   comparisons = {"tied": [], "untied": []}
   for cell in runs_by_cell:
@@ -580,6 +701,8 @@ def analyse(result: runs.LadderResult, factors: dict, evals: dict) -> dict:
       base = (kind, *cell[1:4], "default")
       comparisons[kind].append(_comparison(cell, base if base in runs_by_cell else None,
                                            runs_by_cell, result, evals, shown, kind))
+  for comp in comparisons["untied"]:
+    comp["gap_closed"] = _gap_closed(comp, runs_by_cell, evals, shown)
   selection, final = _select(cells, runs_by_cell, sizes, corpora)
   return {
       "study": result.ladder, "root": result.root, "confidence": CONFIDENCE,

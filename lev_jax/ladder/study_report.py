@@ -16,6 +16,9 @@ Writes into out_dir (created if needed):
                       ± se bars, each seed faint
   freq_buckets.png    relative perplexity change per bucket on the test split with the
                       95 % intervals, per vocabulary and scheme
+A study with Leviathan option cells and an untied cell also gets a "gap closed" section
+(per option cell: its change vs untied, the fraction of the Leviathan default's gap to
+untied it closes on validation and test, LEV's final grad_norm/lev and update_ratio/lev).
 A study over several backbone sizes or corpora (e.g. experiments/scale_study.py) also
 gets a "Scale trend" section (per corpus x size: test perplexity, change vs tied and vs
 untied; the fitted slope per decade of backbone parameters), and with several sizes:
@@ -187,6 +190,53 @@ def _trend_section(analysis) -> list[str]:
   return out
 
 
+def gap_text(gap: dict | None) -> str:
+  """'+45.0 % [+10.2, +79.8]' of a gap_closed dict (percent of the gap); 'n/a (why)'."""
+  if not gap or gap.get("mean") is None:
+    return f"n/a ({gap['reason']})" if gap and gap.get("reason") else "n/a"
+  return interval(gap)
+
+
+def _dynamics_text(cell: dict, key: str) -> str:
+  ms = cell.get("group_metrics", {}).get(key)
+  return pm(ms, 4) if ms else "n/a"
+
+
+def _gap_section(analysis) -> list[str]:
+  """Per Leviathan option cell: the change vs untied and the fraction of the Leviathan
+  default's gap to untied it closes, with LEV's final gradient norm and update ratio.
+  Empty without a Leviathan option cell that has an untied cell."""
+  gaps = [c for c in analysis.get("comparisons_vs_untied", []) if c.get("gap_closed")]
+  if not gaps:
+    return []
+  cells, _ = _by_label(analysis)
+  conf = f"{100 * analysis['confidence']:.0f} %"
+  out = ["## Leviathan options vs untied: the gap closed", "",
+         "Per Leviathan option cell: the change vs the untied cell (as in the scale trend) "
+         "and the fraction of the Leviathan default's gap to untied that the option closes, "
+         "per seed (ppl(default) - ppl(option)) / (ppl(default) - ppl(untied)) (100 % = "
+         f"level with untied, 0 = no better than the default), mean with its {conf} "
+         "Student-t interval over the seeds; n/a where the default does not trail untied. "
+         "LEV's dynamics: the last logged train/grad_norm/lev and train/update_ratio/lev "
+         "(metrics.jsonl), mean ± se over seeds.", ""]
+  rows = []
+  for comp in gaps:
+    default_label = comp["label"].replace(f" [{comp['options']}]", "")
+    if default_label in cells and not any(r[0] == default_label for r in rows):
+      d = cells[default_label]
+      rows.append([default_label, pm(d["validation"]["perplexity"]), "", "reference",
+                   "reference", _dynamics_text(d, "train/grad_norm/lev"),
+                   _dynamics_text(d, "train/update_ratio/lev")])
+    c = cells[comp["label"]]
+    rows.append([comp["label"], pm(c["validation"]["perplexity"]),
+                 _change_text(comp, "validation"), gap_text(comp["gap_closed"]["validation"]),
+                 gap_text(comp["gap_closed"]["test"]), _dynamics_text(c, "train/grad_norm/lev"),
+                 _dynamics_text(c, "train/update_ratio/lev")])
+  return out + table(["cell", "validation ppl", f"vs untied, validation ({conf} CI)",
+                       "gap closed, validation", "gap closed, test", "grad_norm/lev",
+                       "update_ratio/lev"], rows) + [""]
+
+
 def _selection_section(analysis) -> list[str]:
   out = ["## Selection of the LEV optimiser options (validation split)", ""]
   if not analysis["selection"]:
@@ -307,6 +357,7 @@ def markdown(analysis, produced: dict) -> str:
            "Figures that cannot be computed read n/a with the reason.", ""]
   lines += _final_section(analysis)
   lines += _trend_section(analysis)
+  lines += _gap_section(analysis)
   lines += _selection_section(analysis)
   lines += _validation_section(analysis)
   lines += _bucket_section(analysis)
