@@ -89,7 +89,12 @@ class _StopSignals:
   inside a long compiled call (an XLA compile) they wait for its end, and runs a handler
   once for signals that arrived meanwhile; each arrival is counted all the same, from
   the bytes the C-level handler writes to a wakeup pipe (signal.set_wakeup_fd): two
-  Ctrl-C 20 ms apart are two.
+  Ctrl-C 20 ms apart are two. The C-level handler may run on another thread (the kernel
+  delivers a process's signal to any thread: XLA's, a test's) and writes its byte after
+  it flags the signal, so a handler call can come before its own byte: each call is also
+  an arrival of its signal (CPython calls a handler only for a signal flagged since its
+  last call), and a signal's arrivals are the larger of its bytes read and its calls,
+  never more than the signals sent.
   """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -99,6 +104,10 @@ class _StopSignals:
     self._previous = {}
     self._pipe = None  # (read, write) fds of the wakeup pipe while installed
     self._previous_wakeup = -1
+    # Per signal number: wakeup-pipe bytes read, handler calls, arrivals acted on.
+    self._bytes = dict.fromkeys(self.SIGNALS, 0)
+    self._calls = dict.fromkeys(self.SIGNALS, 0)
+    self._counted = dict.fromkeys(self.SIGNALS, 0)
 
   def install(self):
     try:
@@ -125,15 +134,29 @@ class _StopSignals:
       self._pipe = None
 
   def _arrived(self, signum: int) -> list[int]:
-    """Our signals delivered since the last handler call, in order of arrival (a byte
-    each in the wakeup pipe); without the pipe, `signum` alone."""
+    """Our signals delivered since the last handler call and not yet acted on, in order
+    of arrival (a byte each in the wakeup pipe), then `signum` when this call is an
+    arrival whose byte has not been written yet; without the pipe, `signum` alone."""
     if self._pipe is None:
       return [signum]
     got = b""
     with contextlib.suppress(BlockingIOError):
       while chunk := os.read(self._pipe[0], 512):
         got += chunk
-    return [n for n in got if n in self.SIGNALS]  # empty: counted by an earlier call
+    new = [n for n in got if n in self.SIGNALS and self._count(n, "_bytes")]
+    if signum in self._calls and self._count(signum, "_calls"):
+      new.append(signum)
+    return new
+
+  def _count(self, sig: int, evidence: str) -> bool:
+    """One more arrival of `sig` seen by `evidence` (bytes read / handler calls); True
+    when that makes it an arrival not acted on yet (each evidence alone undercounts)."""
+    seen = getattr(self, evidence)
+    seen[sig] += 1
+    if seen[sig] <= self._counted[sig]:
+      return False  # an arrival the other evidence already counted
+    self._counted[sig] += 1
+    return True
 
   def _handle(self, signum, frame):
     del frame

@@ -414,6 +414,46 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line():
     stop.uninstall()
 
 
+def test_a_handler_call_before_its_wakeup_byte_still_counts(monkeypatch):
+  """The C-level handler flags a signal, then writes its wakeup byte; run on another
+  thread (a loaded machine showed it), Python's handler can come first and find the
+  pipe empty. Two Ctrl-C whose bytes each come late: the second still aborts, and a
+  late byte is not counted twice."""
+  import os
+  import signal
+  from lev_jax import trainer
+
+  class Exit(Exception):
+    pass
+
+  def exit_(code):
+    raise Exit(code)
+  monkeypatch.setattr(trainer.os, "_exit", exit_)
+  stop = trainer._StopSignals()
+  with ctrl_c_not_ignored():
+    stop.install()
+    try:
+      stop._handle(signal.SIGINT, None)  # the first Ctrl-C, its byte not written yet
+      assert stop.requested == "SIGINT"
+      os.write(stop._pipe[1], bytes([signal.SIGINT]))  # the first one's byte, late
+      with pytest.raises(Exit) as e:
+        stop._handle(signal.SIGINT, None)  # the second: reads only the first's byte
+    finally:
+      stop.uninstall()
+  assert e.value.args == (130,)
+  stop = trainer._StopSignals()
+  with ctrl_c_not_ignored():
+    stop.install()
+    try:
+      stop._handle(signal.SIGTERM, None)
+      os.write(stop._pipe[1], bytes([signal.SIGTERM, signal.SIGINT]))
+      with pytest.raises(Exit):
+        stop._handle(signal.SIGINT, None)  # SIGTERM's late byte is not a new arrival
+      assert stop._counted == {signal.SIGTERM: 1, signal.SIGINT: 1}
+    finally:
+      stop.uninstall()
+
+
 @pytest.mark.parametrize("first", ["SIGINT", "SIGTERM"])
 def test_each_signal_counts_and_the_first_decides_the_status(first, monkeypatch, capfd):
   """Issue 26.17: a Ctrl-C 20 ms after the first signal, both inside one long C call
