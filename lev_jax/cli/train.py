@@ -39,15 +39,13 @@ from absl import flags, logging
 from etils import epath
 from ml_collections import config_flags
 
+# Only modules without jax at the top: --help and a bad flag, config or workdir answer
+# before jax, Orbax and grain are imported (~2 s of CPU); main imports them after its checks.
 from lev_jax import distributed
 from lev_jax import lock as workdir_lock
-from lev_jax.checkpoint import CheckpointMismatchError, CheckpointWriteError
 from lev_jax.cli import common
 from lev_jax.config import ConfigError, validate
-from lev_jax.data import DataError
-from lev_jax.eval.evaluate import coverage
 from lev_jax.experiments import experiments_dir
-from lev_jax.sharding import ShardingError
 from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LOCK, OutputWriteError, default_workdir
 
 # 128 + SIGTERM: the shell's status for a process ended by SIGTERM; schedulers read it
@@ -97,6 +95,7 @@ def preflight(spec: str) -> None:
   Exits with status 2 and one line on a bad spec, config, mesh or batch.
   """
   from lev_jax import train  # jax and flax; no backend is touched
+  from lev_jax.sharding import ShardingError
   m = _PREFLIGHT.match(spec)
   if not m or int(m.group(2)) < 1 or int(m.group(3)) < 1:
     common.fail("lev-train", f"--preflight={spec}: expected PLATFORM:PROCESSESxDEVICES with "
@@ -144,15 +143,10 @@ def stop_at_step_error(stop_at_step: int | None, steps: int) -> str | None:
 def main(argv):
   if len(argv) > 1:
     common.fail("lev-train", f"unexpected arguments: {' '.join(argv[1:])}")
-  common.quiet_library_logs()
   if flags.FLAGS.preflight is not None:
+    common.quiet_library_logs()
     preflight(flags.FLAGS.preflight)
     return
-  try:  # multi-host: flags, else LEV_JAX_* env, else JAX's cluster detection, else nothing
-    distributed.initialize_from_flags()
-  except ValueError as e:
-    common.fail("lev-train", str(e))
-  from lev_jax import trainer  # after flags: keeps --help fast
   config = common.config_or_exit("lev-train")
   try:
     validate(config)  # before the workdir or its lock is created
@@ -165,6 +159,19 @@ def main(argv):
   inside = workdir_error(workdir)
   if inside:
     common.fail("lev-train", inside)
+  common.quiet_library_logs()  # imports jax (before any backend starts)
+  try:  # multi-host: flags, else LEV_JAX_* env, else JAX's cluster detection, else nothing
+    distributed.initialize_from_flags()
+  except ValueError as e:
+    common.fail("lev-train", str(e))
+  # After the checks above: jax, Orbax and grain.
+  # pylint: disable=import-outside-toplevel
+  from lev_jax import trainer
+  from lev_jax.checkpoint import CheckpointMismatchError, CheckpointWriteError
+  from lev_jax.data import DataError
+  from lev_jax.eval.evaluate import coverage
+  from lev_jax.sharding import ShardingError
+  # pylint: enable=import-outside-toplevel
   _WORKDIR[:] = [workdir]  # for the line a Ctrl-C before the first step prints
   logging.info("config %s -> workdir %s", config.name, workdir)
   try:
