@@ -9,10 +9,16 @@ if not os.environ.get("JAX_PLATFORMS"):  # unset or empty: an empty value made j
 # XLA:CPU spends seconds optimising each tiny test program; level 0 compiles ~3x faster
 # and the tests' models are too small for the run time to matter. Without the fusion
 # emitters (XLA's newer MLIR code generator for fusions) a tiny train step compiles
-# ~2x faster again (5.4 s -> 2.7 s for the tiny Leviathan step, measured here).
+# ~2x faster again (5.4 s -> 2.7 s for the tiny Leviathan step, measured here). One
+# LLVM module per program instead of XLA's parallel code-generation split: each split
+# repeats LLVM's set-up, and the test workers already use every core (tests/test_loss.py
+# + test_model.py: 74-78 -> 54 CPU-s on the 2-core machine). At level 0 the split
+# changes last bits of some results (not at XLA's default level, which lev-train uses):
+# every comparison here runs both sides under these same flags.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
                       "--xla_llvm_disable_expensive_passes=true "
-                      "--xla_cpu_use_fusion_emitters=false")
+                      "--xla_cpu_use_fusion_emitters=false "
+                      "--xla_cpu_parallel_codegen_split_count=1")
 
 import contextlib
 import shutil
