@@ -33,7 +33,7 @@ def test_tiny_cpu_mode_writes_every_section(tmp_path):
   proc = subprocess.run(
       [sys.executable, str(SCRIPT), "--tiny", "--platform", "cpu", "--out", str(tmp_path),
        "--layers", "1"],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   data = loads_json((tmp_path / "device_check.json").read_text())
 
