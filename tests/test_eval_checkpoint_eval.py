@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -90,6 +91,14 @@ def test_bad_input_names_what_is_wrong(kwargs, message, workdirs):
   kwargs = dict(dict(checkpoint=workdirs / "lev"), **kwargs)
   with pytest.raises(ValueError, match=message):
     checkpoint_eval.evaluate_checkpoint(**kwargs)
+
+
+def test_nothing_to_evaluate_is_refused(tmp_path):
+  """Newcomer pass 4: --noperplexity without a task wrote a result of nothing."""
+  im = types.SimpleNamespace(config=eval_config("tied", tmp_path))
+  with pytest.raises(ConfigError, match=r"^--noperplexity and no downstream task \(every "
+                     r"config.eval.downstream.<task> file is empty\): nothing to evaluate"):
+    checkpoint_eval.evaluate_model(im, perplexity_too=False)
 
 
 def test_cli_error_is_one_line_and_exit_2():

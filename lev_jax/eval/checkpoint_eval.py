@@ -274,7 +274,8 @@ def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | N
   `perplexity`); `im.config` is not changed.
 
   Raises:
-    ConfigError, DataError, DownstreamError: as `evaluate_checkpoint`.
+    ConfigError, DataError, DownstreamError: as `evaluate_checkpoint`; ConfigError for
+      nothing to evaluate (no perplexity_too and no config.eval.downstream file).
   """
   overrides = dict(overrides or {})
   # Other validation files are read straight from disk (see _eval_batches): they need
@@ -291,7 +292,11 @@ def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | N
     with config.unlocked():
       config.data.validation_files = tuple(validation_files)
   validation_override = validation_files is not None
-  _downstream_files(config)  # a ConfigError now, not after the perplexity
+  if not _downstream_files(config) and not perplexity_too:  # a ConfigError now, not after
+    raise ConfigError("--noperplexity and no downstream task (every "
+                      "config.eval.downstream.<task> file is empty): nothing to evaluate; "
+                      "give one, e.g. --config.eval.downstream.piqa=piqa/valid.jsonl, or "
+                      "leave out --noperplexity")
   base = (_read_baseline(baseline, allow_different_data) if baseline and perplexity_too
           else None)
   check = (None if base is None else
