@@ -363,7 +363,9 @@ def clean_stale(out_dir) -> list[str]:
   earlier export being replaced) is removed when NAME exists (the new one was renamed in
   place), else renamed back to NAME (the kill came between the two renames: nothing is
   lost). Those of a live process, of another host or without an owner in the name (made
-  by an earlier lev_jax) are left alone.
+  by an earlier lev_jax) are left alone. A `.NAME.old-*` that is a symbolic link (an
+  earlier lev_jax set aside a linked NAME, then failed to remove it) is unlinked, its
+  target untouched.
   """
   out = _path(out_dir)
   done = []
@@ -379,6 +381,9 @@ def clean_stale(out_dir) -> list[str]:
         folder.rename(out)
         done.append(f"restored {out} from {folder.name}, left aside by a killed export "
                     f"(pid {pid}) that was replacing it")
+      elif os.path.islink(os.fspath(folder)):  # a link an older lev_jax set aside: only it
+        folder.unlink()
+        done.append(f"removed {folder}, a symbolic link left by an export (pid {pid})")
       else:
         folder.rmtree(missing_ok=True)
         done.append(f"removed {folder}, left by a killed export (pid {pid})")
@@ -408,7 +413,8 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
     materialized_lev, params (count), bytes (of the parameters), created (UTC); with
     `also`, its result under "also" (not in export.json).
   Raises:
-    InferenceError: bad dtype, `out_dir` exists without `overwrite`, `out_dir` is the
+    InferenceError: bad dtype, `out_dir` exists without `overwrite`, `out_dir` is a
+      symbolic link (local), `out_dir` is the
       source, inside it or holds it (`check_not_source`), or materialising a non-LEV
       model.
     checkpoint.CheckpointWriteError: the parameters cannot be written (e.g. disk full;
@@ -420,6 +426,9 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
   clean_stale(out)  # exports killed midway: their temporaries, an export left aside
   if out.exists() and not overwrite:
     raise InferenceError(f"{out} exists; choose another output folder or overwrite")
+  if os.path.islink(os.fspath(out)):  # the renames below would move the link, not write in it
+    raise InferenceError(f"{out} is a symbolic link to {os.readlink(out)}; expected a "
+                         f"folder: give {os.path.realpath(out)}")
   if im.source:
     check_not_source(im.source, out_dir)
   model, config = im.model, ml_collections.ConfigDict(im.config.to_dict())

@@ -165,6 +165,14 @@ def test_an_output_path_in_a_saved_checkpoint_is_one_line(tmp_path, monkeypatch,
       f"lev-lm-eval: error: --output_path={out}: is inside {tmp_path / 'run' / 'checkpoints'}"
       ", a run's saved checkpoints (only that run's lev-train writes there); expected a "
       "path outside it\n")
+  (tmp_path / "r.json").symlink_to(tmp_path / "gone")  # newcomer pass 4: link replaced
+  for out, said in ((tmp_path / "r.json", f"is a symbolic link to {tmp_path / 'gone'}, "
+                     "which does not exist; expected a new path or a regular file"),
+                    ("/dev/zero", "is a file; expected a folder")):  # exit 0, nothing
+    with pytest.raises(SystemExit):
+      lm_eval_cli.run(["--model_args", f"checkpoint={tmp_path / 'run'}", "--tasks", "piqa",
+                       "--output_path", str(out)])
+    assert capsys.readouterr().err == f"lev-lm-eval: error: --output_path={out}: {said}\n"
 
 
 def test_simple_evaluate_on_a_local_task_offline(export, tmp_path, monkeypatch):

@@ -212,6 +212,18 @@ def include_path_problem(args) -> str | None:
           "files, e.g. lev_jax/lm_eval_tasks")
 
 
+def output_path_problem(output_path: str) -> str | None:
+  """The one line for a local --output_path lm-eval's results cannot go to, before it
+  starts: NAME.json (`place_results` renames the results onto it) a device such as
+  /dev/full, a dangling symbolic link, or in a folder where no file can be created
+  (common.output_file_error); a folder path that is a file or cannot be created
+  (common.folder_output_error). None otherwise, or for a remote one."""
+  from lev_jax.cli import common  # pylint: disable=import-outside-toplevel
+  if output_path.endswith(".json"):
+    return common.output_file_error(f"--output_path={output_path}", output_path)
+  return common.folder_output_error("--output_path", output_path)
+
+
 def model_args_problem(args) -> str | None:
   """The one line for the first mistake in the --model_args of a `--model lev_jax` run,
   before the Hub probe and before lm-eval loads anything; None when there is none, for
@@ -374,8 +386,8 @@ def _run(argv: list[str]) -> None:
                                        getattr(args, "output_path", None))
   problem = args and (model_args_problem(args) or _tasks_problem(args)
                       or include_path_problem(args))
-  problem = problem or (requested and requested[2] and checkpoint_tree_error(
-      "--output_path", requested[2]))
+  problem = problem or (requested and requested[2] and (checkpoint_tree_error(
+      "--output_path", requested[2]) or output_path_problem(requested[2])))
   problem = problem or (requested and data_problem(*requested[:2]))
   if problem:  # before lm-eval indexes its tasks and loads the model
     print(f"lev-lm-eval: error: {problem}", file=sys.stderr)
