@@ -439,8 +439,8 @@ def test_model_args_and_tasks_are_checked_before_the_hub_probe(capsys, monkeypat
       ([f"checkpoint={w}", "--batch_size", "big"], "--batch_size=big: expected an integer "
        ">= 1 or 'auto'"),
       # issue 26: an unsaved step, max_len=-1 and a missing --include_path came late
-      ([f"checkpoint={w},step=7"], f"--model_args step=7: {w}/checkpoints: no complete "
-       "checkpoint"),
+      ([f"checkpoint={w},step=7"], f"--model_args step=7: {w}: a training run with no "
+       "complete checkpoint yet (none in checkpoints/;"),
       ([f"checkpoint={export[0]},step=3"], f"--model_args step=3: {export[0]}: the export "
        "holds step 7, not step 3"),
       ([f"checkpoint={w},max_len=-1"], "--model_args max_len=-1: expected an integer >= 1"),
