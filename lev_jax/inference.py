@@ -54,7 +54,8 @@ from lev_jax.embeddings import input_table
 from lev_jax.lock import _pid_running
 from lev_jax.model import Decoder
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, LOCK,
-                             RUN_OUTPUTS, TOKEN_COUNTS, TOKENIZER, write_json_atomic)
+                             RUN_OUTPUTS, TOKEN_COUNTS, TOKENIZER, read_small_text,
+                             write_json_atomic)
 
 EXPORT_FORMAT = "lev_jax.inference/1"
 
@@ -146,18 +147,31 @@ def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict)
 def _not_a_workdir(root: epath.Path) -> str:
   """Why `root` (an existing folder with no checkpoints/ and no export.json) cannot be
   loaded: a step folder or the checkpoints/ folder itself (name the workdir and --step),
-  a training run that has saved no checkpoint yet, or neither a workdir nor an export."""
+  an export whose export.json is missing (its params/; what it holds named), a training
+  run that has saved no checkpoint yet, or neither a workdir nor an export."""
   if root.name.isdigit() and root.parent.name == CHECKPOINTS:
     return (f"{root}: a checkpoint step folder; give the run's folder and the step: "
             f"--checkpoint={root.parent.parent} --step={root.name}")
   if root.name == CHECKPOINTS:
     return (f"{root}: the checkpoints folder; give the run's folder: "
             f"--checkpoint={root.parent} (--step for a step other than the latest)")
+  if (root / EXPORT_PARAMS).exists():  # only lev-export writes params/
+    held = sorted(p.name + "/" * p.is_dir() for p in root.iterdir()
+                  if not p.name.startswith("."))
+    return (f"{root}: looks like an export missing its {EXPORT_JSON} (it holds "
+            f"{', '.join(held)}; lev-export writes {EXPORT_JSON} last: the export did not "
+            "finish or the file was deleted); export the checkpoint again")
   if any((root / name).exists() for name in (LOCK, *RUN_OUTPUTS)):
-    return (f"{root}: a training run with no checkpoint yet (no {CHECKPOINTS}/; it is "
-            "still starting or compiling, or stopped before its first save)")
+    return _no_checkpoint_yet(root, f"no {CHECKPOINTS}/")
   return (f"{root}: neither a training workdir (no {CHECKPOINTS}/) nor an inference "
           f"export (no {EXPORT_JSON})")
+
+
+def _no_checkpoint_yet(root: epath.Path, detail: str) -> str:
+  """The line for a training run `root` with no complete checkpoint (`detail`: no
+  checkpoints/, or none complete in it)."""
+  return (f"{root}: a training run with no complete checkpoint yet ({detail}; it is still "
+          "starting or compiling, or stopped before its first save)")
 
 
 def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
@@ -167,7 +181,7 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
   with checkpoint.CheckpointReader(ckpt_dir) as reader:  # never saves or deletes
     steps = reader.all_steps()
     if not steps:
-      raise InferenceError(f"{ckpt_dir}: no complete checkpoint")
+      raise InferenceError(_no_checkpoint_yet(root, f"none in {CHECKPOINTS}/"))
     if step is None:
       step = steps[-1]
     elif step not in steps:
@@ -199,12 +213,25 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
                         os.fspath(root), dtype or config.model.param_dtype)
 
 
-def _load_export(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
+def _read_json(path: epath.Path):
+  """The JSON in an export's small file `path` (workdir.read_small_text).
+
+  Raises:
+    InferenceError: `PATH: unreadable export file (why)`: missing, too large, not UTF-8,
+      not JSON.
+  """
   try:
-    info = json.loads((root / EXPORT_JSON).read_text())
-    saved = json.loads((root / EXPORT_CONFIG).read_text())
-  except (OSError, json.JSONDecodeError) as e:
-    raise InferenceError(f"{root}: unreadable export ({e})") from e
+    return json.loads(read_small_text(path))
+  except (OSError, ValueError) as e:
+    raise InferenceError(f"{path}: unreadable export file ({e})") from e
+
+
+def _load_export(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
+  info = _read_json(root / EXPORT_JSON)
+  saved = _read_json(root / EXPORT_CONFIG)
+  if not isinstance(info, dict):
+    raise InferenceError(f"{root / EXPORT_JSON}: holds no JSON object; expected "
+                         "lev-export's record")
   if info.get("format") != EXPORT_FORMAT:
     raise InferenceError(f"{root / EXPORT_JSON}: format = {info.get('format')!r}; "
                          f"expected {EXPORT_FORMAT!r}")
@@ -279,7 +306,7 @@ def step_error(path, step: int | None) -> str | None:
   root = _path(path)
   if (root / EXPORT_JSON).exists():
     try:
-      saved = json.loads((root / EXPORT_JSON).read_text()).get("step")
+      saved = json.loads(read_small_text(root / EXPORT_JSON)).get("step")
     except (OSError, ValueError, AttributeError):
       return None
     return None if saved == step else f"{root}: the export holds step {saved}, not step {step}"
@@ -287,7 +314,7 @@ def step_error(path, step: int | None) -> str | None:
   with checkpoint.CheckpointReader(ckpt_dir) as reader:  # never saves or deletes
     steps = reader.all_steps()
   if not steps:
-    return f"{ckpt_dir}: no complete checkpoint"
+    return _no_checkpoint_yet(root, f"none in {CHECKPOINTS}/")
   if step not in steps:
     return f"{ckpt_dir}: no checkpoint at step {step}; steps: {steps}"
   return None
@@ -363,7 +390,9 @@ def clean_stale(out_dir) -> list[str]:
   earlier export being replaced) is removed when NAME exists (the new one was renamed in
   place), else renamed back to NAME (the kill came between the two renames: nothing is
   lost). Those of a live process, of another host or without an owner in the name (made
-  by an earlier lev_jax) are left alone.
+  by an earlier lev_jax) are left alone. A `.NAME.old-*` that is a symbolic link (an
+  earlier lev_jax set aside a linked NAME, then failed to remove it) is unlinked, its
+  target untouched.
   """
   out = _path(out_dir)
   done = []
@@ -379,6 +408,9 @@ def clean_stale(out_dir) -> list[str]:
         folder.rename(out)
         done.append(f"restored {out} from {folder.name}, left aside by a killed export "
                     f"(pid {pid}) that was replacing it")
+      elif os.path.islink(os.fspath(folder)):  # a link an older lev_jax set aside: only it
+        folder.unlink()
+        done.append(f"removed {folder}, a symbolic link left by an export (pid {pid})")
       else:
         folder.rmtree(missing_ok=True)
         done.append(f"removed {folder}, left by a killed export (pid {pid})")
@@ -408,7 +440,8 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
     materialized_lev, params (count), bytes (of the parameters), created (UTC); with
     `also`, its result under "also" (not in export.json).
   Raises:
-    InferenceError: bad dtype, `out_dir` exists without `overwrite`, `out_dir` is the
+    InferenceError: bad dtype, `out_dir` exists without `overwrite`, `out_dir` is a
+      symbolic link (local), `out_dir` is the
       source, inside it or holds it (`check_not_source`), or materialising a non-LEV
       model.
     checkpoint.CheckpointWriteError: the parameters cannot be written (e.g. disk full;
@@ -420,6 +453,9 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
   clean_stale(out)  # exports killed midway: their temporaries, an export left aside
   if out.exists() and not overwrite:
     raise InferenceError(f"{out} exists; choose another output folder or overwrite")
+  if os.path.islink(os.fspath(out)):  # the renames below would move the link, not write in it
+    raise InferenceError(f"{out} is a symbolic link to {os.readlink(out)}; expected a "
+                         f"folder: give {os.path.realpath(out)}")
   if im.source:
     check_not_source(im.source, out_dir)
   model, config = im.model, ml_collections.ConfigDict(im.config.to_dict())

@@ -160,6 +160,51 @@ def loads_json(text: str):
   return back(json.loads(text))
 
 
+# Most bytes read from a small file a user names or lev_jax wrote (a lev_eval.json, an
+# export's export.json and config.json, a prompts file): kilobytes each, so a device
+# (/dev/zero), a pipe or a mistaken huge file is refused, never read whole.
+SMALL_FILE_LIMIT = 16 << 20
+
+
+def read_small(path, limit: int = SMALL_FILE_LIMIT) -> bytes:
+  """The bytes of the file `path` (str or path-like, local or URL), at most `limit`.
+
+  Raises:
+    FileTooLargeError (a ValueError): it holds more than `limit` bytes (only `limit` + 1
+      are read: /dev/zero too ends).
+    OSError: it cannot be opened or read (e.g. a folder).
+  """
+  from etils import epath
+  with epath.Path(path).open("rb") as f:
+    data = f.read(limit + 1)
+  if len(data) > limit:
+    size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
+    raise FileTooLargeError(f"holds more than {size}")
+  return data
+
+
+def read_small_text(path, limit: int = SMALL_FILE_LIMIT) -> str:
+  """The UTF-8 text of the file `path` (`read_small`).
+
+  Raises:
+    ValueError: more than `limit` bytes (FileTooLargeError), or not UTF-8; the message
+      gives the reason without the file's name, e.g. "not UTF-8 text (byte 0xff at
+      offset 0)".
+    OSError: it cannot be opened or read.
+  """
+  data = read_small(path, limit)
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                     f"{e.start})") from None
+
+
+class FileTooLargeError(ValueError):
+  """`read_small`: a file longer than its limit; the message ("holds more than N MiB")
+  names no file: the caller names it."""
+
+
 def json_text(value, *, default=None, indent: int | None = 1) -> str:
   """Strict JSON of `value` (non-finite floats as text, `finite_json`).
 

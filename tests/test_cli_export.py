@@ -213,6 +213,34 @@ def test_the_next_export_cleans_up_after_one_killed_midway(source, tmp_path, cap
   assert f"restored {out} from {aside.name}" in caplog.text
 
 
+def test_a_symlinked_output_is_refused_before_writing(source, tmp_path, capsys):
+  """Newcomer pass 4: --overwrite of a link to an earlier export wrote the export, then
+  stopped on "Cannot call rmtree on a symbolic link", leaving .OUT.old-* (a link) that
+  broke every later export; a dangling link was replaced after the whole export."""
+  import socket
+  path, _ = source
+  earlier, gone = tmp_path / "earlier", tmp_path / "gone"
+  earlier.mkdir()
+  (earlier / "export.json").write_text("{}")
+  (tmp_path / "link").symlink_to(earlier)
+  (tmp_path / "dangling").symlink_to(gone)
+  for name, target, what in (("link", earlier, ""),
+                             ("dangling", gone, ", which does not exist")):
+    with pytest.raises(SystemExit) as e:
+      lev_export(f"--checkpoint={path}", f"--output={tmp_path / name}", "--overwrite")
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        f"lev-export: error: --output={tmp_path / name} is a symbolic link to {target}"
+        f"{what}; expected a folder (the export is renamed into place, which would "
+        f"replace the link): give --output={target}\n")
+  assert sorted(os.listdir(tmp_path)) == ["dangling", "earlier", "link"]
+  aside = tmp_path / f".link.old-{_dead_pid()}@{socket.gethostname()}-0123abcd"
+  aside.symlink_to(earlier)  # what that export left: the link set aside, a new folder in place
+  (tmp_path / "link").unlink()
+  (tmp_path / "link").mkdir()
+  inference.clean_stale(tmp_path / "link")
+  assert not os.path.lexists(aside) and (earlier / "export.json").exists()
+
+
 def test_an_export_that_cannot_be_written_is_one_line_naming_the_details(
     source, tmp_path, capsys, monkeypatch):
   """Issue 26.14's sibling: a failed parameter write printed Orbax's tracebacks."""

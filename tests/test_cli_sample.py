@@ -120,6 +120,18 @@ def test_missing_checkpoint_or_prompts_file_is_named(tmp_path, capsys):
     assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
 
 
+def test_a_prompts_file_is_read_up_to_a_limit(tmp_path, capsys, monkeypatch):
+  """Newcomer pass 4: --prompts_file=/dev/zero was read until a MemoryError."""
+  monkeypatch.setattr(sample, "PROMPTS_FILE_LIMIT", 8)
+  (tmp_path / "p.txt").write_text("one\ntwo\nthree\n")
+  for path in ("/dev/zero", tmp_path / "p.txt"):
+    with pytest.raises(SystemExit) as e:
+      lev_sample(f"--checkpoint={tmp_path / 'not_loaded'}", f"--prompts_file={path}")
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        f"lev-sample: error: --prompts_file={path}: holds more than 8 bytes; expected a "
+        "UTF-8 text file, one prompt per line\n")
+
+
 def test_bytes_that_are_not_utf8_are_named_by_file_and_line(tmp_path, capsys):
   """Invalid UTF-8 in --prompts_file (or in a --prompt: Python keeps such argv bytes
   as lone surrogates) is one line naming where, before any loading; not the text

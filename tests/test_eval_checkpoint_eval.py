@@ -4,11 +4,12 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
 from conftest import byte_config, write_workdir
-from lev_jax import inference
+from lev_jax import inference, workdir
 from lev_jax.cli import eval as eval_cli
 from lev_jax.eval import checkpoint_eval
 from lev_jax.config import ConfigError
@@ -92,6 +93,14 @@ def test_bad_input_names_what_is_wrong(kwargs, message, workdirs):
     checkpoint_eval.evaluate_checkpoint(**kwargs)
 
 
+def test_nothing_to_evaluate_is_refused(tmp_path):
+  """Newcomer pass 4: --noperplexity without a task wrote a result of nothing."""
+  im = types.SimpleNamespace(config=eval_config("tied", tmp_path))
+  with pytest.raises(ConfigError, match=r"^--noperplexity and no downstream task \(every "
+                     r"config.eval.downstream.<task> file is empty\): nothing to evaluate"):
+    checkpoint_eval.evaluate_model(im, perplexity_too=False)
+
+
 def test_cli_error_is_one_line_and_exit_2():
   run = subprocess.run([sys.executable, "-m", "lev_jax.cli.eval", "--checkpoint=/nonexistent"],
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
@@ -165,6 +174,54 @@ def test_an_existing_output_that_is_not_a_lev_eval_result_is_kept(tmp_path, caps
   assert precious.read_text() == "my notes\n"
   precious.write_text('{"checkpoint": "run", "step": 3, "split": "validation"}')
   eval_cli._check_output_writable(str(precious), str(tmp_path / "run"))  # its own: replaced
+
+
+@pytest.mark.parametrize("output, expected", [
+    # newcomer pass 4: read whole to see whether it was a result (23 GB, OOM-killed)
+    ("/dev/full", "--output=/dev/full: is a character device, not a regular file; "
+     "expected a new path or a regular file"),
+    # the whole evaluation ran, then a FileNotFoundError traceback (root: no EACCES)
+    ("/proc/r.json", "--output=/proc/r.json: cannot create a file in /proc (No such file "
+     "or directory); expected a folder you can write to"),
+    # the link was replaced by a file
+    ("{tmp}/dangling", "--output={tmp}/dangling: is a symbolic link to {tmp}/gone, which "
+     "does not exist; expected a new path or a regular file"),
+])
+def test_an_output_that_cannot_be_replaced_by_a_file_is_refused_unread(
+    tmp_path, capsys, monkeypatch, output, expected):
+  (tmp_path / "run").mkdir()
+  (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+  monkeypatch.setattr(eval_cli, "_is_lev_eval_result", lambda path: pytest.fail("read"))
+  with pytest.raises(SystemExit) as e:
+    eval_cli._check_output_writable(output.format(tmp=tmp_path), str(tmp_path / "run"))
+  assert e.value.code == 2
+  assert capsys.readouterr().err.strip() == "lev-eval: error: " + expected.format(
+      tmp=tmp_path)
+  assert not (tmp_path / "gone").exists() and not list((tmp_path / "run").iterdir())
+
+
+def test_an_existing_output_is_read_up_to_a_limit(tmp_path, monkeypatch):
+  """A large file is not an earlier result (it is not read whole)."""
+  result = tmp_path / "r.json"
+  result.write_text('{"checkpoint": "run", "step": 3, "split": "validation"}')
+  assert eval_cli._is_lev_eval_result(result)
+  monkeypatch.setattr(workdir.read_small_text, "__defaults__", (16,))
+  assert not eval_cli._is_lev_eval_result(result)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, r"^--baseline=/dev/zero: /dev/zero is not a regular file; expected another "
+     r"run's lev_eval.json, or the folder holding it$"),  # was a MemoryError
+    (b"\xff{}", r"^--baseline=.*b.json: cannot read a lev_eval.json \(not UTF-8 text \(byte "
+     r"0xff at offset 0\)\); run lev-eval on the baseline first$"),  # a bare codec line
+])
+def test_a_baseline_that_is_no_small_utf8_file_is_one_line(tmp_path, content, expected):
+  path = "/dev/zero"
+  if content is not None:
+    path = tmp_path / "b.json"
+    path.write_bytes(content)
+  with pytest.raises(ConfigError, match=expected):
+    checkpoint_eval._read_baseline(path)
 
 
 def test_a_checkpoint_that_is_a_file_is_named_as_such(tmp_path, capsys):

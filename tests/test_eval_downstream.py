@@ -194,6 +194,9 @@ def test_bad_files_name_file_and_line(tmp_path, name, content, pattern):
 def test_missing_files_and_piqa_label_errors(tmp_path):
   with pytest.raises(DownstreamError, match=r"nope\.jsonl: no such file"):
     read_task("arc_easy", tmp_path / "nope.jsonl")
+  with pytest.raises(DownstreamError, match=r"^/dev/zero: not a regular file; expected a "
+                     "benchmark's JSONL file$"):  # newcomer pass 4: "no such file"
+    read_task("arc_easy", "/dev/zero")
   with pytest.raises(DownstreamError, match="unknown task 'mmlu'"):
     read_task("mmlu", tmp_path / "x")
   f = write_jsonl(tmp_path / "valid.jsonl", [{"goal": "g", "sol1": "a", "sol2": "b"}] * 2)

@@ -109,8 +109,49 @@ def test_run_adds_the_model_and_calls_lm_evals_cli(monkeypatch, workdir):
   monkeypatch.setattr(os.sys, "argv", ["x"])
   lm_eval_cli.run(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa"])
   lm_eval_cli.run(["ls", "tasks"])
+  lm_eval_cli.run(["--model_args", f"checkpoint={workdir},batch_size=3", "--tasks", "piqa"])
+  lm_eval_cli.run(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa", "-b", "2"])
+  # newcomer pass 4: lm-eval passed (and printed) its own default, 1; --help says 8
   assert seen == [["lm-eval", "--model_args", f"checkpoint={workdir}", "--tasks", "piqa",
-                   "--model", "lev_jax"], ["lm-eval", "ls", "tasks"]]
+                   "--model", "lev_jax", "--batch_size", "8"], ["lm-eval", "ls", "tasks"],
+                  ["lm-eval", "--model_args", f"checkpoint={workdir},batch_size=3",
+                   "--tasks", "piqa", "--model", "lev_jax", "--batch_size", "3"],
+                  ["lm-eval", "--model_args", f"checkpoint={workdir}", "--tasks", "piqa",
+                   "-b", "2", "--model", "lev_jax"]]
+
+
+def test_only_the_pools_fork_warning_is_silenced():
+  """Newcomer pass 4: every lev-lm-eval run printed JAX's os.fork() warning (lm-eval's
+  bootstrap Pool; why it is safe there: quiet_pool_fork_warning)."""
+  import warnings
+  said = ("os.fork() was called. os.fork() is incompatible with multithreaded code, and "
+          "JAX is multithreaded, so this will likely lead to a deadlock.")
+  with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    lm_eval_cli.quiet_pool_fork_warning()
+    for module in ("multiprocessing.popen_fork", "mine"):
+      warnings.warn_explicit(said, RuntimeWarning, f"{module}.py", 66, module=module)
+  assert [w.filename for w in seen] == ["mine.py"]
+
+
+@pytest.mark.parametrize("flags, said", [
+    # newcomer pass 4: an islice error after half a minute of loading
+    (["--limit", "-3"], "--limit=-3: expected an integer >= 1 (documents per task) or a "
+     "fraction in (0, 1) of each task's documents"),
+    (["--limit", "2.5"], "--limit=2.5: expected an integer >= 1"),
+    (["--num_fewshot", "-1"], "--num_fewshot=-1: expected an integer >= 0 (examples in the "
+     "context)"),
+])
+def test_a_bad_limit_or_num_fewshot_is_one_line_before_loading(monkeypatch, capsys, workdir,
+                                                               flags, said):
+  import lm_eval.__main__ as cli
+  monkeypatch.setattr(cli, "cli_evaluate", lambda: pytest.fail("lm-eval ran"))
+  monkeypatch.setattr(lm_eval_cli, "data_problem", lambda tasks, include_path: None)
+  with pytest.raises(SystemExit) as e:
+    lm_eval_cli.run(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa", *flags])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith(f"lev-lm-eval: error: {said}"), err
+  assert err.count("\n") == 1
 
 
 def test_an_error_keeps_its_closing_quote(monkeypatch, capsys, workdir):
@@ -165,6 +206,14 @@ def test_an_output_path_in_a_saved_checkpoint_is_one_line(tmp_path, monkeypatch,
       f"lev-lm-eval: error: --output_path={out}: is inside {tmp_path / 'run' / 'checkpoints'}"
       ", a run's saved checkpoints (only that run's lev-train writes there); expected a "
       "path outside it\n")
+  (tmp_path / "r.json").symlink_to(tmp_path / "gone")  # newcomer pass 4: link replaced
+  for out, said in ((tmp_path / "r.json", f"is a symbolic link to {tmp_path / 'gone'}, "
+                     "which does not exist; expected a new path or a regular file"),
+                    ("/dev/zero", "is a file; expected a folder")):  # exit 0, nothing
+    with pytest.raises(SystemExit):
+      lm_eval_cli.run(["--model_args", f"checkpoint={tmp_path / 'run'}", "--tasks", "piqa",
+                       "--output_path", str(out)])
+    assert capsys.readouterr().err == f"lev-lm-eval: error: --output_path={out}: {said}\n"
 
 
 def test_simple_evaluate_on_a_local_task_offline(export, tmp_path, monkeypatch):
@@ -390,8 +439,8 @@ def test_model_args_and_tasks_are_checked_before_the_hub_probe(capsys, monkeypat
       ([f"checkpoint={w}", "--batch_size", "big"], "--batch_size=big: expected an integer "
        ">= 1 or 'auto'"),
       # issue 26: an unsaved step, max_len=-1 and a missing --include_path came late
-      ([f"checkpoint={w},step=7"], f"--model_args step=7: {w}/checkpoints: no complete "
-       "checkpoint"),
+      ([f"checkpoint={w},step=7"], f"--model_args step=7: {w}: a training run with no "
+       "complete checkpoint yet (none in checkpoints/;"),
       ([f"checkpoint={export[0]},step=3"], f"--model_args step=3: {export[0]}: the export "
        "holds step 7, not step 3"),
       ([f"checkpoint={w},max_len=-1"], "--model_args max_len=-1: expected an integer >= 1"),

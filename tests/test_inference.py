@@ -103,14 +103,30 @@ def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
                            f"run's folder and the step: --checkpoint={path} "
                            f"--step={step_dir.name}"),
                           (path / "checkpoints", f"--checkpoint={path} "),
-                          (tmp_path / "young", "a training run with no checkpoint yet")):
+                          (tmp_path / "young", "a training run with no complete "
+                           "checkpoint yet (no checkpoints/; it is still starting")):
     (tmp_path / "young").mkdir(exist_ok=True)
     (tmp_path / "young" / ".lock").touch()
     with pytest.raises(inference.InferenceError, match=re.escape(message)):
       inference.load(folder)
-  (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
-  with pytest.raises(inference.InferenceError, match="no complete checkpoint"):
+  (tmp_path / "empty" / "checkpoints").mkdir(parents=True)  # newcomer pass 4: as above
+  said = (f"{tmp_path / 'empty'}: a training run with no complete checkpoint yet (none in "
+          "checkpoints/; it is still starting or compiling, or stopped before its first save)")
+  with pytest.raises(inference.InferenceError, match=f"^{re.escape(said)}$"):
     inference.load(tmp_path / "empty")
+  assert inference.step_error(tmp_path / "empty", 3) == said
+  # newcomer pass 4: an export without export.json was "a training run with no checkpoint"
+  (tmp_path / "exp" / "params").mkdir(parents=True)
+  (tmp_path / "exp" / "config.json").write_text("{}")
+  with pytest.raises(inference.InferenceError, match=re.escape(
+      f"{tmp_path / 'exp'}: looks like an export missing its export.json (it holds "
+      "config.json, params/; lev-export writes export.json last")):
+    inference.load(tmp_path / "exp")
+  (tmp_path / "exp" / "export.json").write_bytes(b"\xff{}")  # was a bare codec line
+  with pytest.raises(inference.InferenceError, match=re.escape(
+      f"{tmp_path / 'exp' / 'export.json'}: unreadable export file (not UTF-8 text (byte "
+      "0xff at offset 0))")):
+    inference.load(tmp_path / "exp")
 
 
 # Orbax reads the arrays of a step in one asyncio.gather (jax_array_handlers), which

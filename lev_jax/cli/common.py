@@ -16,6 +16,7 @@ import logging as std_logging
 import os
 import re
 import shlex
+import stat
 import sys
 import textwrap
 from collections.abc import Callable
@@ -84,6 +85,49 @@ def output_path_error(name: str, output: str, error: OSError) -> str | None:
     return None
   return (f"{name}={output}: cannot write in {parent} ({error.strerror or error}); "
           "expected a folder you can write to")
+
+
+def _kind(path: str) -> str:
+  """What the existing path `path` is, as a phrase: "a character device", "a pipe", ..."""
+  mode = os.stat(path).st_mode
+  for test, what in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                     (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"),
+                     (stat.S_ISDIR, "a folder")):
+    if test(mode):
+      return what
+  return "not a regular file"
+
+
+def output_file_error(label: str, path: str) -> str | None:
+  """The one line when the local file `path` (shown as `label`, e.g. "--output=r.json"),
+  which a command writes through a temporary beside it and a rename, cannot be written
+  there: a dangling symbolic link (the rename would replace the link, not write where it
+  points), something other than a regular file or a folder (a device such as /dev/full,
+  a pipe, a socket: never read, never replaced), or an existing folder in which no file
+  can be created (probed by creating and removing the write's own temporary name,
+  .NAME.tmp-<pid>: the permission bits do not tell for root, a read-only mount or
+  /proc). A folder at `path`, or a missing parent folder, is the caller's to name. None
+  when it can be written, or for a remote URL (left to the write)."""
+  if "://" in path:
+    return None
+  local = os.path.abspath(os.path.expanduser(path))
+  if os.path.islink(local) and not os.path.exists(local):
+    return (f"{label}: is a symbolic link to {os.readlink(local)}, which does not exist; "
+            "expected a new path or a regular file")
+  if os.path.exists(local) and not (os.path.isfile(local) or os.path.isdir(local)):
+    return (f"{label}: is {_kind(local)}, not a regular file; expected a new path or a "
+            "regular file")
+  folder, name = os.path.split(local)
+  if not os.path.isdir(folder):
+    return None
+  probe = os.path.join(folder, f".{name}.tmp-{os.getpid()}")  # write_bytes_atomic's
+  try:
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT, 0o600))
+    os.unlink(probe)
+  except OSError as e:
+    return (f"{label}: cannot create a file in {folder} ({e.strerror or e}); expected a "
+            "folder you can write to")
+  return None
 
 
 # What lev-export writes in its folder (EXPORT_JSON marks one): only lev-export writes these.

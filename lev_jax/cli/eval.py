@@ -41,7 +41,7 @@ from ml_collections import config_flags
 from lev_jax.cli import common
 from lev_jax.config import DTYPES, base_config
 from lev_jax.eval.checkpoint_eval import evaluate_checkpoint
-from lev_jax.workdir import LEV_EVAL_JSON, write_json_atomic
+from lev_jax.workdir import LEV_EVAL_JSON, read_small_text, write_json_atomic
 
 PROG = "lev-eval"
 
@@ -117,10 +117,11 @@ RESULT_KEYS = ("checkpoint", "step", "split")
 
 def _is_lev_eval_result(path) -> bool:
   """Whether the existing file `path` is a result lev-eval wrote (RESULT_KEYS in a JSON
-  object), which a new evaluation may replace; a user's other file is never replaced."""
+  object), which a new evaluation may replace; a user's other file is never replaced.
+  At most workdir.SMALL_FILE_LIMIT bytes are read (a larger file is not one)."""
   try:
-    data = json.loads(path.read_text())
-  except (OSError, UnicodeDecodeError, ValueError):
+    data = json.loads(read_small_text(path))
+  except (OSError, ValueError):  # not UTF-8, not JSON, too large
     return False
   return isinstance(data, dict) and all(k in data for k in RESULT_KEYS)
 
@@ -129,8 +130,10 @@ def _check_output_writable(output: str | None, checkpoint: str) -> None:
   """One line, before any evaluation, when the result file cannot be written: a folder
   given as --output, a missing --output folder (e.g. a typo), or a folder that cannot
   be written (e.g. a read-only checkpoint folder: --output elsewhere), a path inside
-  a saved checkpoint (common.checkpoint_tree_error), or an existing file that is not an
-  earlier lev-eval result (`_is_lev_eval_result`)."""
+  a saved checkpoint (common.checkpoint_tree_error), an existing file that is not an
+  earlier lev-eval result (`_is_lev_eval_result`), or what common.output_file_error
+  refuses (a device such as /dev/full, a dangling symbolic link, a folder such as /proc
+  in which no file can be created)."""
   if "://" not in checkpoint and os.path.exists(checkpoint) and not os.path.isdir(checkpoint):
     common.fail(PROG, f"--checkpoint={checkpoint}: is a file, not a folder (expected a "
              "lev-train workdir or a lev-export folder)")
@@ -145,6 +148,9 @@ def _check_output_writable(output: str | None, checkpoint: str) -> None:
   if path.is_dir():
     common.fail(PROG, f"{flag}: is a folder; expected the result file's path, e.g. "
                 f"{path / LEV_EVAL_JSON}")
+  problem = common.output_file_error(flag, os.fspath(path))  # /dev/full, a dangling link
+  if problem:  # before reading it (a device never ends), or the folder's missing-line
+    common.fail(PROG, problem)
   if path.is_file() and not _is_lev_eval_result(path):
     common.fail(PROG, f"{flag}: is an existing file that is not a lev-eval result (a JSON "
                 f"object with {', '.join(RESULT_KEYS)}); expected a new path or an earlier "

@@ -73,7 +73,8 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
       run's checkpoints or export's parameters (common.checkpoint_tree_error); OUTPUT is
       a file; OUTPUT is a non-empty folder that is not an earlier export (no
       EXPORT_JSON in it: a training run, the user's files), `overwrite` or not; OUTPUT
-      is an earlier export and not `overwrite`.
+      is an earlier export and not `overwrite`; a local OUTPUT is a symbolic link
+      (dangling or not: the rename into place would replace the link; its target named).
   """
   from lev_jax.inference import check_not_source
   check_not_source(checkpoint, output)
@@ -87,6 +88,11 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
     held = {p.name for p in path.iterdir()} if nonempty else set()
   else:
     path = os.path.expanduser(output)
+    if os.path.islink(path):  # the rename into place would replace the link itself
+      gone = "" if os.path.exists(path) else ", which does not exist"
+      raise ValueError(f"--output={output} is a symbolic link to {os.readlink(path)}{gone}; "
+                       "expected a folder (the export is renamed into place, which would "
+                       f"replace the link): give --output={os.path.realpath(path)}")
     if os.path.exists(path) and not os.path.isdir(path):
       raise ValueError(f"--output={output} is a file; expected a folder")
     nonempty = os.path.isdir(path) and bool(os.listdir(path))

@@ -8,8 +8,8 @@
 The model is lev_jax/eval/lm_eval_adapter.py (`--model lev_jax`, added unless --model is
 given). Before lm-eval starts, `model_args_problem` stops in one line a run whose
 --model_args the lev_jax model cannot take (an unknown key, no or a wrong checkpoint,
-a bad or unsaved step, a bad max_len, dtype or batch_size), `include_path_problem`
-a missing --include_path, and `data_problem` one whose task needs an
+a bad or unsaved step, a bad max_len, dtype or batch_size), `run_flags_problem` a
+bad --limit or --num_fewshot, `include_path_problem` a missing --include_path, and `data_problem` one whose task needs an
 uncached Hub dataset while the Hub is offline or unreachable, or whose local files are
 missing. A local `--output_path=NAME.json` gets the results exactly there (lm-eval names
 its file NAME_<time>.json: `place_results` renames it). Library: lm_eval/__main__.py (``cli_evaluate``), lm_eval/tasks/_index.py, lm-eval
@@ -202,6 +202,34 @@ def _step_problem(path: str, step: int) -> str | None:
   return None if "://" in path else step_error(path, step)
 
 
+def run_flags_problem(args) -> str | None:
+  """The one line for an lm-eval flag lm-eval itself checks only after loading the model
+  and the tasks (a `--limit -3` failed in itertools.islice half a minute in): --limit
+  not an integer >= 1 or a fraction in (0, 1) (lm-eval reads both as a float), or
+  --num_fewshot < 0. None otherwise. `args`: `_parsed`'s Namespace."""
+  limit = getattr(args, "limit", None)
+  if limit is not None and not (0 < limit < 1 or (limit >= 1 and limit.is_integer())):
+    return (f"--limit={limit:g}: expected an integer >= 1 (documents per task) or a "
+            "fraction in (0, 1) of each task's documents")
+  shots = getattr(args, "num_fewshot", None)
+  if shots is not None and shots < 0:
+    return f"--num_fewshot={shots}: expected an integer >= 0 (examples in the context)"
+  return None
+
+
+def batch_size_args(args) -> list[str]:
+  """["--batch_size", B] for a `--model lev_jax` run given no --batch_size: B is the
+  model_args' batch_size, else the model's default (lm_eval_adapter.DEFAULT_BATCH_SIZE,
+  8, as --help says). lm-eval would pass the model its own default, 1, and print it.
+  [] for a run given --batch_size or a --config YAML file, another model, or None."""
+  if (args is None or args.model != MODEL_NAME or getattr(args, "config", None)
+      or getattr(args, "batch_size", None) is not None):
+    return []
+  from lev_jax.eval.lm_eval_adapter import DEFAULT_BATCH_SIZE  # pylint: disable=import-outside-toplevel
+  return ["--batch_size", str(dict(args.model_args or {}).get("batch_size",
+                                                               DEFAULT_BATCH_SIZE))]
+
+
 def include_path_problem(args) -> str | None:
   """`--include_path=PATH: no such folder ...` for a local --include_path that does not
   exist (lm-eval only says its tasks are not found); None otherwise."""
@@ -210,6 +238,18 @@ def include_path_problem(args) -> str | None:
     return None
   return (f"--include_path={path}: no such folder; expected a folder of lm-eval task YAML "
           "files, e.g. lev_jax/lm_eval_tasks")
+
+
+def output_path_problem(output_path: str) -> str | None:
+  """The one line for a local --output_path lm-eval's results cannot go to, before it
+  starts: NAME.json (`place_results` renames the results onto it) a device such as
+  /dev/full, a dangling symbolic link, or in a folder where no file can be created
+  (common.output_file_error); a folder path that is a file or cannot be created
+  (common.folder_output_error). None otherwise, or for a remote one."""
+  from lev_jax.cli import common  # pylint: disable=import-outside-toplevel
+  if output_path.endswith(".json"):
+    return common.output_file_error(f"--output_path={output_path}", output_path)
+  return common.folder_output_error("--output_path", output_path)
 
 
 def model_args_problem(args) -> str | None:
@@ -321,6 +361,24 @@ def place_results(output_path: str, before: set[str]) -> None:
     os.replace(os.path.join(os.path.dirname(path), new[-1]), path)
 
 
+def quiet_pool_fork_warning() -> None:
+  """Silences JAX's "os.fork() was called ... will likely lead to a deadlock" warning
+  for the forks of a multiprocessing Pool only (the warning names
+  multiprocessing.popen_fork as its caller), not for any other fork.
+
+  lm-eval computes its standard errors in a Pool (lm_eval/api/metrics.py,
+  `bootstrap_stderr`), whose workers Linux forks from this process, where JAX's threads
+  run. The workers only run lm-eval's pure-Python statistics (`_bootstrap_internal`:
+  random.choices, sum, math.exp) and never call into JAX or XLA, so no lock a JAX thread
+  may hold is taken in them, and Python re-creates its own locks (the GIL, imports,
+  logging) in a forked child: the deadlock JAX warns of cannot happen there. (Turning
+  the Pool off, DISABLE_MULTIPROC, would run the bootstrap on one core.)
+  """
+  import warnings  # pylint: disable=import-outside-toplevel
+  warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                          category=RuntimeWarning, module=r"multiprocessing\.popen_fork")
+
+
 def usage() -> str:
   """`lev-lm-eval --help`: examples and the lm-eval flags that matter here."""
   from lev_jax.cli.common import help_row  # pylint: disable=import-outside-toplevel
@@ -373,9 +431,9 @@ def _run(argv: list[str]) -> None:
   requested = args and args.tasks and (list(args.tasks), args.include_path,
                                        getattr(args, "output_path", None))
   problem = args and (model_args_problem(args) or _tasks_problem(args)
-                      or include_path_problem(args))
-  problem = problem or (requested and requested[2] and checkpoint_tree_error(
-      "--output_path", requested[2]))
+                      or run_flags_problem(args) or include_path_problem(args))
+  problem = problem or (requested and requested[2] and (checkpoint_tree_error(
+      "--output_path", requested[2]) or output_path_problem(requested[2])))
   problem = problem or (requested and data_problem(*requested[:2]))
   if problem:  # before lm-eval indexes its tasks and loads the model
     print(f"lev-lm-eval: error: {problem}", file=sys.stderr)
@@ -383,7 +441,8 @@ def _run(argv: list[str]) -> None:
   output = requested and requested[2]
   exact = bool(output) and "://" not in output and output.endswith(".json")
   before = stamped_results(output) if exact else set()
-  sys.argv = ["lm-eval", *argv]
+  sys.argv = ["lm-eval", *argv, *batch_size_args(args)]
+  quiet_pool_fork_warning()
   try:
     cli_evaluate()
     if exact:

@@ -26,8 +26,12 @@ from absl import flags
 
 from lev_jax.cli import common
 from lev_jax.config import DTYPES
+from lev_jax.workdir import SMALL_FILE_LIMIT, FileTooLargeError, read_small
 
 PROG = "lev-sample"
+# Most bytes read from --prompts_file (workdir.read_small): far more prompts than one
+# run decodes; a device such as /dev/zero is refused, not read until memory runs out.
+PROMPTS_FILE_LIMIT = SMALL_FILE_LIMIT
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -60,8 +64,8 @@ def read_prompts(prompts, prompts_file: str | None) -> list[tuple[str, str]]:
 
   Labels name the source for messages: "--prompt 2", "FILE:3" (1-based).
   Raises:
-    ValueError: no prompt at all, an empty --prompt, a blank line, an unreadable or empty
-      file, or bytes that are not UTF-8 (the file and line, or the --prompt, named: never
+    ValueError: no prompt at all, an empty --prompt, a blank line, an unreadable, empty
+      or too long file (more than PROMPTS_FILE_LIMIT bytes), or bytes that are not UTF-8 (the file and line, or the --prompt, named: never
       passed on as the text "\\xff\\xfe").
   """
   out = [(f"--prompt {i}", p) for i, p in enumerate(prompts or (), 1)]
@@ -74,9 +78,11 @@ def read_prompts(prompts, prompts_file: str | None) -> list[tuple[str, str]]:
       raise ValueError(f"{label} is not valid UTF-8 (character {e.start + 1}); expected "
                        "UTF-8 text") from None
   if prompts_file:
-    try:
-      with open(prompts_file, "rb") as f:
-        data = f.read()
+    try:  # a pipe (<(...), /dev/stdin) is read too, up to the limit: /dev/zero ends
+      data = read_small(prompts_file, PROMPTS_FILE_LIMIT)
+    except FileTooLargeError as e:
+      raise ValueError(f"--prompts_file={prompts_file}: {e}; expected a UTF-8 text file, "
+                       "one prompt per line") from None
     except OSError as e:
       raise ValueError(f"--prompts_file={prompts_file}: cannot read it ({e})") from e
     if not data.strip():

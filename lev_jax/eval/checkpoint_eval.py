@@ -14,14 +14,13 @@ A baseline is compared only when it was evaluated on the same batches (equal
 from __future__ import annotations
 
 import copy
-import json
 import os
 
 from etils import epath
 
 from lev_jax.checkpoint_checks import SHAPE_FIELDS
 from lev_jax.config import ConfigError, validate
-from lev_jax.workdir import LEV_EVAL_JSON, TOKEN_COUNTS, loads_json
+from lev_jax.workdir import LEV_EVAL_JSON, TOKEN_COUNTS, loads_json, read_small_text
 
 
 def apply_overrides(config, overrides: dict):
@@ -131,8 +130,9 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
   """(the baseline's lev_eval.json, its path), read before any evaluation.
 
   Raises:
-    ConfigError: no such file or folder, no lev_eval.json in the folder, unreadable,
-      or holding no validation result; or (unless
+    ConfigError: no such file or folder, not a regular file (a device, a pipe), no
+      lev_eval.json in the folder, unreadable (more than workdir.SMALL_FILE_LIMIT
+      bytes, not UTF-8, not JSON), or holding no validation result; or (unless
       allow_different_data) not recording the data it was evaluated on.
   """
   path = epath.Path(baseline_path)
@@ -141,9 +141,13 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
                       f"another run's {LEV_EVAL_JSON}, or the folder holding it)")
   if path.is_dir():
     path = path / LEV_EVAL_JSON
+  local = "://" not in os.fspath(path)
+  if local and os.path.exists(path) and not os.path.isfile(path):  # /dev/zero never ends
+    raise ConfigError(f"--baseline={baseline_path}: {path} is not a regular file; expected "
+                      f"another run's {LEV_EVAL_JSON}, or the folder holding it")
   try:
-    base = loads_json(path.read_text())
-  except (OSError, json.JSONDecodeError) as e:
+    base = loads_json(read_small_text(path))
+  except (OSError, ValueError) as e:  # too large, not UTF-8, not JSON
     raise ConfigError(f"--baseline={baseline_path}: cannot read a {LEV_EVAL_JSON} ({e}); "
                       "run lev-eval on the baseline first") from e
   if not isinstance(base, dict) or "validation" not in base:
@@ -270,7 +274,8 @@ def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | N
   `perplexity`); `im.config` is not changed.
 
   Raises:
-    ConfigError, DataError, DownstreamError: as `evaluate_checkpoint`.
+    ConfigError, DataError, DownstreamError: as `evaluate_checkpoint`; ConfigError for
+      nothing to evaluate (no perplexity_too and no config.eval.downstream file).
   """
   overrides = dict(overrides or {})
   # Other validation files are read straight from disk (see _eval_batches): they need
@@ -287,7 +292,11 @@ def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | N
     with config.unlocked():
       config.data.validation_files = tuple(validation_files)
   validation_override = validation_files is not None
-  _downstream_files(config)  # a ConfigError now, not after the perplexity
+  if not _downstream_files(config) and not perplexity_too:  # a ConfigError now, not after
+    raise ConfigError("--noperplexity and no downstream task (every "
+                      "config.eval.downstream.<task> file is empty): nothing to evaluate; "
+                      "give one, e.g. --config.eval.downstream.piqa=piqa/valid.jsonl, or "
+                      "leave out --noperplexity")
   base = (_read_baseline(baseline, allow_different_data) if baseline and perplexity_too
           else None)
   check = (None if base is None else

@@ -51,6 +51,7 @@ import numpy as np
 from tqdm import tqdm
 
 from lev_jax import progress as progress_logs
+from lev_jax.workdir import read_small_text
 
 
 class DownstreamError(ValueError):
@@ -82,13 +83,26 @@ def _item(context: str, choices: Sequence[str], gold: int, line: int) -> Item:
 
 # --- reading ---------------------------------------------------------------------
 
+# Most bytes read from a benchmark file (the released ones are 1 to 12 MB): a mistaken
+# huge file is refused, not read whole.
+TASK_FILE_LIMIT = 256 << 20
+
+
 def _open_lines(path) -> list[str]:
+  """The lines of the UTF-8 file `path`, at most TASK_FILE_LIMIT bytes.
+
+  Raises:
+    DownstreamError: no such file, not a regular file (a device such as /dev/zero, a
+      folder), too large, unreadable, not UTF-8 (the file named).
+  """
   p = Path(path)
-  if not p.is_file():
+  if not p.exists():
     raise DownstreamError(f"{p}: no such file")
+  if not p.is_file():
+    raise DownstreamError(f"{p}: not a regular file; expected a benchmark's JSONL file")
   try:
-    return p.read_text(encoding="utf-8").splitlines()
-  except (OSError, UnicodeDecodeError) as e:
+    return read_small_text(p, TASK_FILE_LIMIT).splitlines()
+  except (OSError, ValueError) as e:  # too large, not UTF-8
     raise DownstreamError(f"{p}: cannot read as UTF-8 text ({e})") from e
 
 
