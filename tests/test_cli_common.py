@@ -351,6 +351,10 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
     # syntax error in the config file)"
     (["--config=README.md"], "--config=README.md: not a Python file (expected a .py "
      "config file defining get_config(variant)"),
+    # newcomer pass 4: /dev/zero was read until memory ran out (/dev/null: "defines no
+    # get_config"), then called "no such file"
+    (["--config=/dev/null"], "--config=/dev/null: is a character device, not a regular "
+     "file (expected a Python config file and variant"),
     (["--config.train.steps=abc"],
      "--config.train.steps=abc: expected an integer (config.train.steps is 300)"),
     (["--config.lev.remat=maybe"],

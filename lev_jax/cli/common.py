@@ -25,6 +25,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from lev_jax.cli import interrupt
+from lev_jax.experiments import file_problem
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF,
                              LADDER_CSV, LOCK, RUN_OUTPUTS, STUDY_CSV, TOKEN_COUNTS,
                              TOKENIZER)
@@ -478,6 +479,11 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
       print(command_help(prog, module, fv))
       sys.exit(0)
     argv = config_first(argv)
+    if "config" in fv and isinstance(fv["config"].parser,
+                                     config_flags.config_flags.ConfigFileFlagParser):
+      unreadable = _not_a_config_file(_config_file(argv))  # before ml_collections reads
+      if unreadable:  # it: /dev/zero would be read until memory runs out
+        fail(prog, unreadable)
     try:
       rest = fv(argv)
     except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
@@ -812,13 +818,13 @@ def config_file_error(error: BaseException, argv) -> str | None:
 
 
 def _not_a_config_file(path: str | None) -> str | None:
-  """`--config=PATH: no such file (...)` (or `is a folder`) when PATH is not a file;
-  None when it is one, or no path was given."""
+  """`--config=PATH: no such file (...)` when PATH is not a regular file (`is a folder`,
+  `is a character device, not a regular file`, ...: experiments.file_problem); None
+  when it is one, or no path was given."""
   if not path or os.path.isfile(os.path.expanduser(path)):
     return None
-  what = "is a folder" if os.path.isdir(os.path.expanduser(path)) else "no such file"
-  return (f"--config={path}: {what} (expected a Python config file and variant, "
-          "e.g. experiments/smoke.py:leviathan)")
+  return (f"--config={path}: {file_problem(path)} (expected a Python config file and "
+          "variant, e.g. experiments/smoke.py:leviathan)")
 
 
 def _not_a_python_file(path: str | None) -> str | None:
