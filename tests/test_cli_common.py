@@ -506,3 +506,30 @@ def test_a_bad_boolean_or_a_missing_required_flag_is_one_plain_line(capsys):
 
 if __name__ == "__main__":
   print(json.dumps(_drive()))
+
+
+@pytest.mark.parametrize("platforms,raised,reason", [
+    ("cuda", AssertionError(), "no NVIDIA GPU is visible"),
+    ("foo", RuntimeError("Unable to initialize backend 'foo': Backend 'foo' is not in the "
+                         "list of known backends: ['cpu', 'tpu']. (set JAX_PLATFORMS='' to "
+                         "automatically choose an available backend)"),
+     "Unable to initialize backend 'foo': Backend 'foo' is not in the list of known "
+     "backends: ['cpu', 'tpu']"),
+])
+def test_a_backend_jax_cannot_start_is_one_line(monkeypatch, capsys, platforms, raised, reason):
+  """Newcomer pass 4: JAX_PLATFORMS=tpu/foo/gpu was a 40-65 line traceback in lev-eval,
+  lev-sample, lev-export and lev-lm-eval; cuda without a GPU a bare AssertionError."""
+  import jax
+  from lev_jax.cli import common
+  monkeypatch.setenv("JAX_PLATFORMS", platforms)
+  def devices():
+    raise raised
+  monkeypatch.setattr(jax, "devices", devices)
+  with pytest.raises(SystemExit) as e:
+    common.backend_or_exit("lev-x")
+  assert e.value.code == 2 and capsys.readouterr().err == (
+      f"lev-x: error: JAX_PLATFORMS={platforms}: jax cannot start that backend here "
+      f"({reason}); expected a platform this machine has, e.g. JAX_PLATFORMS=cpu, or leave "
+      "it unset for jax to choose\n")
+  monkeypatch.setattr(jax, "devices", lambda: ["cpu"])
+  assert common.backend_error() is None

@@ -929,6 +929,53 @@ def quiet_library_logs():
   skip_tpu_backend_without_chips()
 
 
+# jax's own advice after a backend's failure: the one line gives its own.
+_JAX_HINT = re.compile(r"\s*\((set JAX_PLATFORMS|you may need to uninstall)[^()]*\)\.?$")
+
+
+def backend_error() -> str | None:
+  """Starts jax's backends; the one line when they cannot start, else None.
+
+  JAX_PLATFORMS naming a platform this machine lacks (tpu off a TPU VM, cuda or gpu
+  without a GPU, a misspelt name) makes jax raise on its first use of a device: a
+  RuntimeError or JaxRuntimeError ("Unable to initialize backend 'tpu': ..."), or, for
+  cuda without a visible NVIDIA GPU, a bare AssertionError (jax 0.10.2's
+  xla_bridge.backends() skips cuda then, starts nothing, and asserts it has a default
+  backend). Call it where a command first needs devices, after its flag checks and after
+  jax.distributed.initialize (which must come before any backend starts).
+
+  Returns:
+    e.g. "JAX_PLATFORMS=cuda: jax cannot start that backend here (no NVIDIA GPU is
+    visible); expected a platform this machine has, e.g. JAX_PLATFORMS=cpu, or leave it
+    unset for jax to choose".
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  try:
+    jax.devices()
+    return None
+  except Exception as e:  # pylint: disable=broad-except  # any failure to start one
+    reason = _JAX_HINT.sub("", first_line(e)).rstrip(".") if str(e).strip() else None
+  platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+  if not reason:
+    asked = (platforms or "").replace("gpu", "cuda").split(",")
+    reason = ("no NVIDIA GPU is visible" if "cuda" in asked
+              else "jax started none of its backends")
+  if not platforms:
+    return (f"jax cannot start its backends here ({reason}); expected JAX_PLATFORMS naming "
+            "a platform this machine has, e.g. JAX_PLATFORMS=cpu")
+  return (f"JAX_PLATFORMS={platforms}: jax cannot start that backend here ({reason}); "
+          "expected a platform this machine has, e.g. JAX_PLATFORMS=cpu, or leave it unset "
+          "for jax to choose")
+
+
+def backend_or_exit(prog: str) -> None:
+  """Ends the program with `<prog>: error: <backend_error()>` when jax's backends cannot
+  start (exit 2); returns once they have."""
+  problem = backend_error()
+  if problem:
+    fail(prog, problem)
+
+
 def skip_tpu_backend_without_chips() -> bool:
   """Makes jax's TPU backend fail at once, without loading libtpu, when JAX_PLATFORMS
   leaves the choice to jax and no TPU chip is attached; returns whether it did.

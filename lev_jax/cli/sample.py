@@ -211,6 +211,7 @@ def main(argv, fv: flags.FlagValues | None = None):
                    fv.stop or ())
   except ValueError as e:
     common.fail(PROG, str(e))
+  common.backend_or_exit(PROG)  # JAX_PLATFORMS naming a backend this machine lacks
   from lev_jax import inference  # after the flags: keeps errors and --help fast
   try:
     im = inference.load(fv.checkpoint, step=fv.step, dtype=fv.dtype)

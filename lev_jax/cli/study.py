@@ -101,6 +101,7 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
   """({run: study_eval.json}, {run: error}) for every finished run; a run whose file is
   current (same step and eval.batches) is read, the others are evaluated."""
   from lev_jax.ladder import study as study_lib
+  on_device = evaluate is None  # in this process: jax's backends must start
   evaluate = evaluate or study_lib.evaluate_run
   evals, errors = {}, {}
   for rung in result.rungs:
@@ -109,6 +110,8 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
     ev = study_lib.read_eval(rung.workdir)
     wanted = eval_batches or ev and ev.get("eval_batches")
     if ev is None or ev.get("step") != rung.steps or ev.get("eval_batches") != wanted:
+      if on_device:  # JAX_PLATFORMS naming a backend this machine lacks: one line
+        common.backend_or_exit(PROG)
       print(f"{PROG}: {rung.variant}: evaluating validation and test", file=out, flush=True)
       try:
         ev = evaluate(rung.workdir, eval_batches=eval_batches)

@@ -164,6 +164,7 @@ def main(argv):
     distributed.initialize_from_flags()
   except ValueError as e:
     common.fail("lev-train", str(e))
+  common.backend_or_exit("lev-train")  # JAX_PLATFORMS=cuda without a GPU: one line
   # After the checks above: jax, Orbax and grain.
   # pylint: disable=import-outside-toplevel
   from lev_jax import trainer
