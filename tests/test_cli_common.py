@@ -533,3 +533,18 @@ def test_a_backend_jax_cannot_start_is_one_line(monkeypatch, capsys, platforms, 
       "it unset for jax to choose\n")
   monkeypatch.setattr(jax, "devices", lambda: ["cpu"])
   assert common.backend_error() is None
+
+
+def test_a_sampling_seed_beyond_64_bits_is_refused_when_parsed(capsys):
+  """Newcomer pass 4: lev-sample --seed=99999999999999999999 was an OverflowError."""
+  from absl import flags
+  from lev_jax.cli import common, sample
+  fv = flags.FlagValues()
+  sample.define_flags(fv)
+  parse = common.flags_parser("lev-sample", None, fv)
+  assert parse(["lev-sample", f"--seed={-2**63}"]) == ["lev-sample"]
+  with pytest.raises(SystemExit) as e:
+    parse(["lev-sample", "--seed=99999999999999999999"])
+  assert e.value.code == 2 and capsys.readouterr().err.startswith(
+      "lev-sample: error: flag --seed=99999999999999999999: 99999999999999999999 is not an "
+      "integer in the range [-9223372036854775808, ")

@@ -49,7 +49,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        flag_values=fv)
   flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1]; 1 = off.",
                      flag_values=fv)
-  flags.DEFINE_integer("seed", 0, "Sampling seed.", flag_values=fv)
+  flags.DEFINE_integer("seed", 0, "Sampling seed (jax.random.key: signed 64-bit; batch i uses "
+                       "seed + i).", lower_bound=-2**63, upper_bound=2**63 - 2**32, flag_values=fv)
   flags.DEFINE_multi_string("stop", None, "Cut each completion at this string "
                             "(repeatable); generation always ends at eos.", flag_values=fv)
   flags.DEFINE_integer("batch_size", 8, "Prompts decoded together.", flag_values=fv)
