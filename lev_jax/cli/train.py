@@ -20,7 +20,8 @@ multi-host run), and a second lev-train on it stops at once naming the holder. A
 left by a killed run is taken over; --force_unlock removes one recorded by a run on
 another host that is gone (a network filesystem can keep its lock); on a filesystem
 without flock (some GPFS / NFS mounts) the run is refused before anything is written,
-and --nolock runs without the lock (the user makes sure no other run uses the workdir).
+and --nolock runs without the lock (the user makes sure no other run uses the workdir;
+a lock a live process holds, where flock works, is still refused).
 
 `--preflight=PLATFORM:PROCESSESxDEVICES` (e.g. gpu:4x8: 4 nodes of 8 GPUs) checks the
 flags, the config and its mesh, parameter splits and batches for such a job, prints one
