@@ -366,7 +366,10 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
     `restore_fallback` is set (training resumes from the latest intact one).
   Raises:
     CheckpointMismatchError: finished with another config, in one line naming every
-      differing field (e.g. train.steps 20 vs 4, eval.batches); nothing was changed.
+      differing field (e.g. train.steps 20 vs 4, eval.batches); or stopped short of its
+      own train.steps at a step this config's train.steps does not pass (an unfinished
+      run: its checkpoints and train.steps named, and how to resume it); nothing was
+      changed.
     CheckpointCorruptError: finished, but a file of its latest checkpoint is missing or
       of another size than its manifest records, or the manifest is unreadable (without
       `restore_fallback`); the step and file are named.
@@ -392,6 +395,9 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
     except Exception:  # a deleted or damaged config item (any Orbax error type)
       return None
   diffs = config_differences(saved, config, result_fields(config), stored_only=True)
+  unfinished = _unfinished_line(workdir, step, saved, config.train.steps, diffs)
+  if unfinished:
+    raise CheckpointMismatchError(unfinished)
   if diffs or step > config.train.steps:
     raise CheckpointMismatchError(
         f"{workdir} holds a run finished at step {step} with other settings: "
@@ -408,6 +414,25 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
       return None
     raise
   return Finished(step, finished)
+
+
+def _unfinished_line(workdir, step: int, saved: dict, steps: int, diffs) -> str | None:
+  """The one line when the run in `workdir` stopped (interrupted, --stop_at_step) at its
+  latest checkpoint `step`, short of its stored train.steps, and this run's train.steps
+  (`steps`) is at or below `step`: it is not finished, and resuming it needs its own
+  train.steps. `diffs`: config_differences' lines (its train.steps line is reworded
+  here). None for a run that reached its own train.steps (or one whose is unreadable)."""
+  stored = (saved.get("train") or {}).get("steps") if isinstance(saved, dict) else None
+  if not isinstance(stored, int) or step >= stored:
+    return None
+  others = [d for d in diffs if not d.startswith("train.steps:")]
+  also = f" (other settings differ too: {'; '.join(others)})" if others else ""
+  return (f"{workdir} holds an unfinished run: checkpoints up to step {step}, trained "
+          f"toward train.steps = {stored}; this run's train.steps = {steps} is not past "
+          f"step {step}{also}. Nothing was changed: re-run with the run's own config "
+          f"(--config.train.steps={stored}) to resume it (--stop_at_step=N stops it "
+          f"earlier with a checkpoint), evaluate step {step} with lev-eval "
+          f"--checkpoint={workdir} --step={step}, or use a new --workdir")
 
 
 # (workdir, finished step, new train.steps) of the extensions warned about: lev-train
