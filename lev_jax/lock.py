@@ -305,6 +305,11 @@ def hold(folder, *, prog: str, inside: bool = True, force_unlock: bool = False,
   try:
     os.makedirs(where, exist_ok=True)
   except OSError as e:  # a file on the way, no permission, read-only filesystem
+    link = next((d for d in [*created, where] if os.path.islink(d)), None)
+    if link:  # makedirs' "File exists" for a symbolic link to nothing
+      raise WorkdirLockError(f"{link}: is a dangling symbolic link to {os.readlink(link)}; "
+                             "expected a folder (create the folder it points to, or remove "
+                             "the link)") from e
     raise WorkdirLockError(f"{where}: cannot create the folder ({e.strerror or e})") from e
   try:
     fd = _acquire(text, path, prog, force_unlock)

@@ -548,3 +548,25 @@ def test_a_sampling_seed_beyond_64_bits_is_refused_when_parsed(capsys):
   assert e.value.code == 2 and capsys.readouterr().err.startswith(
       "lev-sample: error: flag --seed=99999999999999999999: 99999999999999999999 is not an "
       "integer in the range [-9223372036854775808, ")
+
+
+def test_a_dangling_symbolic_link_as_a_folder_is_named(tmp_path):
+  """Newcomer pass 4: --workdir=<dangling link> was "cannot create the folder (File
+  exists)"; the same for lev-ladder's and lev-study's --root and --report_dir."""
+  import re
+  from lev_jax import lock
+  from lev_jax.cli import common, study as study_cli, train
+  (tmp_path / "dl").symlink_to(tmp_path / "gone")
+  dl = str(tmp_path / "dl")
+  line = (f"is a dangling symbolic link to {tmp_path / 'gone'}; expected a folder (create "
+          "the folder it points to, or remove the link)")
+  assert train.workdir_error(dl) == f"--workdir={dl}: {line}"
+  assert common.dangling_link_error("--root", f"{dl}/sub") == (
+      f"--root={dl}/sub: {dl}, a folder on its way, {line}")
+  assert common.created_folder_error("--root", dl) == f"--root={dl}: {line}"
+  assert study_cli.folders_error(dl, run=False, report_dir=None) == f"--root={dl}: {line}"
+  assert common.folder_output_error("--report_dir", dl) == f"--report_dir={dl}: {line}"
+  assert common.dangling_link_error("--root", str(tmp_path / "new" / "sub")) is None
+  with pytest.raises(lock.WorkdirLockError, match=f"^{dl}: {re.escape(line)}$"):
+    with lock.hold(dl, prog="lev-train"):
+      pass

@@ -234,15 +234,41 @@ def report_owner_error(flag: str, path: str, table: str) -> str | None:
   return None
 
 
+def dangling_link_error(flag: str, path: str) -> str | None:
+  """The one line when the local folder `path` (of flag `flag`, e.g. "--workdir"), or a
+  missing folder on its way, is a symbolic link to nothing: creating it would fail with
+  a bare "File exists". None otherwise, or for a remote URL.
+
+  Returns:
+    e.g. "--workdir=runs/x: is a dangling symbolic link to /gone/x; expected a folder
+    (create the folder it points to, or remove the link)".
+  """
+  if "://" in path:
+    return None
+  given = os.path.abspath(os.path.expanduser(path))
+  folder = given
+  while not os.path.exists(folder):
+    if os.path.islink(folder):
+      where = "is" if folder == given else f"{folder}, a folder on its way, is"
+      return (f"{flag}={path}: {where} a dangling symbolic link to {os.readlink(folder)}; "
+              "expected a folder (create the folder it points to, or remove the link)")
+    parent = os.path.dirname(folder)
+    if parent == folder:
+      return None
+    folder = parent
+  return None
+
+
 def folder_output_error(flag: str, path: str) -> str | None:
   """The one line when the local folder `path` (of flag `flag`, e.g. "--report_dir") can
   be neither used nor created: a file is there, it is in a saved checkpoint
-  (`checkpoint_tree_error`), or its nearest existing ancestor is not a folder this
+  (`checkpoint_tree_error`), it or a folder on its way is a dangling symbolic link
+  (`dangling_link_error`), or its nearest existing ancestor is not a folder this
   process can write. None when it can be written, or for a remote URL (left to the
   write). Checked before the long work whose result goes there."""
   if "://" in path:
     return None
-  inside = checkpoint_tree_error(flag, path)
+  inside = checkpoint_tree_error(flag, path) or dangling_link_error(flag, path)
   if inside:
     return inside
   folder = os.path.abspath(os.path.expanduser(path))
@@ -265,7 +291,7 @@ def created_folder_error(flag: str, path: str) -> str | None:
   for a remote URL (left to the write)."""
   if "://" in path:
     return None
-  inside = checkpoint_tree_error(flag, path)
+  inside = checkpoint_tree_error(flag, path) or dangling_link_error(flag, path)
   if inside:
     return inside
   try:

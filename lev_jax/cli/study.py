@@ -223,6 +223,9 @@ def folders_error(root: str, *, run: bool, report_dir: str | None,
   path = Path(root)
   if path.exists() and not path.is_dir():
     return f"--root={root}: is a file; expected a folder (one workdir per run)"
+  dangling = common.dangling_link_error("--root", root)
+  if dangling:
+    return dangling
   if not run and not path.is_dir():
     return f"--root={root}: no such folder (add --run to train the runs there)"
   report = report_dir or str(default_report_dir(path, study))
