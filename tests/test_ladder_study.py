@@ -168,7 +168,8 @@ def test_command_refuses_a_missing_study_or_a_file_root_before_any_run(
     root.write_text("")
   study_file = tmp_path / (study_arg or "study.py")
   if study_arg is None:
-    study_file.write_text("RUNGS = ('a',)\ndef get_config(run):\n  raise AssertionError\n")
+    study_file.write_text("from lev_jax.config import base_config\nRUNGS = ('a',)\n"
+                          "def get_config(run):\n  return base_config()\n")
   proc = subprocess.run(
       [sys.executable, "-m", "lev_jax.cli.study", f"--study={study_file}", f"--root={root}",
        "--run"], capture_output=True, text=True, timeout=120)
