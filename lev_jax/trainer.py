@@ -462,14 +462,22 @@ def _warn_if_extending(reader, step: int, config, workdir: epath.Path) -> None:
         EVAL_JSON, config.train.steps)
 
 
+# (eval.json, step) of the unreadable eval.json files warned about: lev-train reads the
+# run before its lock (`finished_run`), then train_and_evaluate reads it again.
+_UNREADABLE_WARNED: set[tuple[str, int]] = set()
+
+
 def _finished_eval(path: epath.Path, step: int) -> dict | None:
-  """eval.json's result when it is readable and for `step`; else None (re-evaluate)."""
+  """eval.json's result when it is readable and for `step`; else None (re-evaluate). An
+  unreadable one is logged once per process (for a path and step)."""
   if not path.exists():
     return None
   try:
     finished = loads_json(path.read_text())
   except ValueError as e:
-    logging.warning("%s is unreadable (%s); evaluating again", path, e)
+    if (str(path), step) not in _UNREADABLE_WARNED:
+      _UNREADABLE_WARNED.add((str(path), step))
+      logging.warning("%s is unreadable (%s); evaluating again", path, e)
     return None
   return finished if isinstance(finished, dict) and finished.get("step") == step else None
 

@@ -313,6 +313,19 @@ def test_a_streamed_run_reports_its_counts_at_every_checkpoint(tmp_path, caplog)
   assert last["train"]["tokens"] == sum(map(len, docs)) and last["train_tokens"] == 6 * 23
 
 
+def test_an_unreadable_eval_json_is_warned_about_once(tmp_path, caplog):
+  """Newcomer pass 4: lev-train reads a run twice (before its lock, then to train): an
+  unreadable eval.json was warned about twice."""
+  from lev_jax.trainer import _finished_eval  # noqa: PLC0415
+  from etils import epath  # noqa: PLC0415
+  (tmp_path / "eval.json").write_bytes(b"\xff")
+  for _ in range(2):
+    assert _finished_eval(epath.Path(tmp_path / "eval.json"), 4) is None
+  assert [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()] == [
+      f"{tmp_path / 'eval.json'} is unreadable ('utf-8' codec can't decode byte 0xff in "
+      "position 0: invalid start byte); evaluating again"]
+
+
 def test_a_run_stopped_short_of_its_train_steps_is_not_called_finished(finished_tied_run,
                                                                        tmp_path, monkeypatch):
   """Newcomer pass 4: a run stopped at step 10 of 20, re-run with train.steps 5 or 10,
