@@ -242,7 +242,7 @@ def main(argv):
   if len(argv) > 1:
     common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
   common.quiet_library_logs()
-  from lev_jax.ladder import runs, study as study_lib
+  from lev_jax.ladder import runs
   from lev_jax.cli import ladder as ladder_cli
   from lev_jax.config import ConfigError
   from lev_jax.ladder.study import StudyError
