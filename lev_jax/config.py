@@ -343,6 +343,9 @@ def lev_digit_base(base: int, n_coords: int, padded_vocab: int) -> int:
 # The largest step a run can reach: the train state's step counter (lev_jax/train.py)
 # and the optimizer's update count are int32.
 MAX_STEPS = 2**31 - 1
+# config.seed's range: jax.random.key takes a signed 64-bit seed (a larger one is an
+# OverflowError), and the train state's key is jax.random.key(seed + 1) (lev_jax/train.py).
+SEED_RANGE = (-2**63, 2**63 - 2)
 
 
 def _fail(field: str, value, expected: str):
@@ -416,6 +419,22 @@ def cudnn_misfit(dtype: str, head_dim: int, seq_len: int, segment_masking: bool,
 
 def _is_int(v) -> bool:
   return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _check_seeds(c) -> None:
+  """config.seed within SEED_RANGE; data.seed an integer, >= 0 with data.source =
+  'jsonl_stream' (its file order is numpy.random.default_rng([seed, epoch]), whose
+  SeedSequence refuses a negative seed; grain's shuffles take any integer, reduced
+  modulo 2**32, and numpy any size). lev.permutation_seed: `_check_lev_ablations`."""
+  low, high = SEED_RANGE
+  if not _is_int(c.seed) or not low <= c.seed <= high:
+    _fail("seed", c.seed, "an integer in [-2**63, 2**63 - 2] (jax.random.key takes a "
+          "signed 64-bit seed; the train state's key is drawn from seed + 1)")
+  if not _is_int(c.data.seed):
+    _fail("data.seed", c.data.seed, "an integer")
+  if c.data.seed < 0 and c.data.source == "jsonl_stream":
+    _fail("data.seed", c.data.seed, "an integer >= 0 with data.source = 'jsonl_stream' "
+          "(numpy.random.default_rng orders its files)")
 
 
 def _check_lev_ablations(c) -> None:
@@ -567,6 +586,7 @@ def validate(c: ml_collections.ConfigDict, *,
     if unknown:
       raise ConfigError(unknown)
   _check_finite(c)
+  _check_seeds(c)
   m, lv, t = c.model, c.lev, c.train
   _one_of(c, "model", "embedding", EMBEDDINGS)
   _one_of(c, "model", "dtype", DTYPES)

@@ -18,12 +18,45 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import stat
 import types
 from pathlib import Path
 
 
 class ExperimentImportError(ImportError):
   """An experiment file that exists but fails to import (its own error is chained)."""
+
+
+class NotAnExperimentFile(ValueError):
+  """A path that exists but is not a Python file (`file_problem`); `.problem` says what
+  it is."""
+
+  def __init__(self, path, problem: str):
+    super().__init__(f"{path}: {problem}")
+    self.problem = problem
+
+
+def file_problem(path) -> str | None:
+  """What keeps `path` (str or Path, `~` expanded) from being imported as an experiment
+  file, as a phrase for `<flag>=<path>: <phrase>`: "no such file", "is a dangling
+  symbolic link to TARGET", "is a folder", "is a character device, not a regular file"
+  (/dev/zero; also block devices, pipes, sockets), "not a Python file (no .py suffix)"
+  (importlib has no loader for another suffix); None for an existing .py file."""
+  path = os.path.expanduser(os.fspath(path))
+  if not os.path.exists(path):
+    if os.path.islink(path):
+      return f"is a dangling symbolic link to {os.readlink(path)}"
+    return "no such file"
+  mode = os.stat(path).st_mode
+  if stat.S_ISDIR(mode):
+    return "is a folder"
+  if not stat.S_ISREG(mode):
+    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device"
+            if stat.S_ISBLK(mode) else "a named pipe" if stat.S_ISFIFO(mode) else "a socket")
+    return f"is {kind}, not a regular file"
+  if not path.endswith(".py"):
+    return "not a Python file (no .py suffix)"
+  return None
 
 
 def experiments_dir() -> Path:
@@ -35,13 +68,18 @@ def load_experiment(path) -> types.ModuleType:
   """The experiment file at `path` (str or Path), imported as a fresh module.
 
   Raises:
-    FileNotFoundError: no file at `path` (named).
+    FileNotFoundError: nothing at `path` (named).
+    NotAnExperimentFile: something else than a .py file there (`file_problem`: a
+      folder, /dev/zero, a dangling link, FILE.txt).
     ExperimentImportError: the file raised while being imported; the message names
       the file and the file's own error, which is chained.
   """
   path = Path(os.path.expanduser(os.fspath(path)))
-  if not path.is_file():
+  problem = file_problem(path)
+  if problem == "no such file":
     raise FileNotFoundError(f"{path}: no such experiment file")
+  if problem:
+    raise NotAnExperimentFile(path, problem)
   spec = importlib.util.spec_from_file_location(f"lev_jax_experiment_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
   try:

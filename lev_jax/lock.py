@@ -21,7 +21,9 @@ never overrides a holder on this host, which can be checked here. Object stores
 A filesystem without flock (some GPFS / NFS mounts: EINVAL, ENOLCK, EOPNOTSUPP) is
 WorkdirLockError before anything is left behind (the lock file and the folders `hold`
 created are removed); the commands' --nolock (`hold(enabled=False)`, LOCK_FLAG_HELP)
-runs without the lock when the user makes sure no other run writes to the folder.
+runs without the lock when the user makes sure no other run writes to the folder; a
+lock file that a live process holds (where flock works, e.g. a run on this host) is
+refused all the same, naming the holder.
 
 Where the lock file lives: FOLDER/.lock (`inside=True`, lev-train), or PARENT/.NAME.lock
 beside the folder (`inside=False`) for commands that replace or empty the folder
@@ -222,6 +224,25 @@ def _acquire(folder: str, path: str, prog: str, force_unlock: bool) -> int:
                          "other processes; try again")
 
 
+def _probe(folder: str, path: str) -> None:
+  """For --nolock: raises WorkdirLockedError when the lock file `path` exists and a live
+  process holds its flock (a run on this host, or wherever flock is shared), naming the
+  holder; returns otherwise, changing nothing (no file created, written or kept locked).
+  On a filesystem without flock, --nolock's purpose, the probe cannot tell: it returns."""
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:  # no lock file (or none readable): nothing to tell
+    return
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+      holder = _read(fd)
+      os.close(fd)
+      _refuse(folder, path, holder, force_unlock=False)
+  os.close(fd)  # closing releases the probe's shared lock
+
+
 def _missing_dirs(folder: str) -> list[str]:
   """`folder` and its ancestors that do not exist yet, deepest last."""
   missing = []
@@ -249,12 +270,14 @@ def hold(folder, *, prog: str, inside: bool = True, force_unlock: bool = False,
     inside: lock file FOLDER/.lock (True) or PARENT/.NAME.lock (False); see the module.
     force_unlock: remove a lock recorded by a process on another host (see the module).
     enabled: False (the commands' --nolock): lock nothing and create nothing (a
-      warning says so); for a filesystem without flock.
+      warning says so); for a filesystem without flock. A lock file whose flock a live
+      process holds (a run on this host) is still refused (`_probe`).
   Yields:
     The lock file's path, or None when `folder` is a URL or not `enabled` (nothing
     locked).
   Raises:
-    WorkdirLockedError: another live process holds the lock (host, pid, start named).
+    WorkdirLockedError: another live process holds the lock (host, pid, start named),
+      with --nolock too where flock works.
     WorkdirLockError: the filesystem has no flock (the lock file and the folders
       created for it are removed first; the message names --nolock), or the lock file
       keeps changing.
@@ -264,6 +287,8 @@ def hold(folder, *, prog: str, inside: bool = True, force_unlock: bool = False,
   """
   text = os.fspath(folder)
   if not enabled:
+    if "://" not in text:
+      _probe(text, lock_path(text, inside))  # a live holder is refused all the same
     logging.warning("%s: not locked (--nolock): make sure no other run writes to it", text)
     yield None
     return
@@ -280,6 +305,11 @@ def hold(folder, *, prog: str, inside: bool = True, force_unlock: bool = False,
   try:
     os.makedirs(where, exist_ok=True)
   except OSError as e:  # a file on the way, no permission, read-only filesystem
+    link = next((d for d in [*created, where] if os.path.islink(d)), None)
+    if link:  # makedirs' "File exists" for a symbolic link to nothing
+      raise WorkdirLockError(f"{link}: is a dangling symbolic link to {os.readlink(link)}; "
+                             "expected a folder (create the folder it points to, or remove "
+                             "the link)") from e
     raise WorkdirLockError(f"{where}: cannot create the folder ({e.strerror or e})") from e
   try:
     fd = _acquire(text, path, prog, force_unlock)

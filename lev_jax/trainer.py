@@ -366,7 +366,10 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
     `restore_fallback` is set (training resumes from the latest intact one).
   Raises:
     CheckpointMismatchError: finished with another config, in one line naming every
-      differing field (e.g. train.steps 20 vs 4, eval.batches); nothing was changed.
+      differing field (e.g. train.steps 20 vs 4, eval.batches); or stopped short of its
+      own train.steps at a step this config's train.steps does not pass (an unfinished
+      run: its checkpoints and train.steps named, and how to resume it); nothing was
+      changed.
     CheckpointCorruptError: finished, but a file of its latest checkpoint is missing or
       of another size than its manifest records, or the manifest is unreadable (without
       `restore_fallback`); the step and file are named.
@@ -392,6 +395,9 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
     except Exception:  # a deleted or damaged config item (any Orbax error type)
       return None
   diffs = config_differences(saved, config, result_fields(config), stored_only=True)
+  unfinished = _unfinished_line(workdir, step, saved, config.train.steps, diffs)
+  if unfinished:
+    raise CheckpointMismatchError(unfinished)
   if diffs or step > config.train.steps:
     raise CheckpointMismatchError(
         f"{workdir} holds a run finished at step {step} with other settings: "
@@ -408,6 +414,25 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
       return None
     raise
   return Finished(step, finished)
+
+
+def _unfinished_line(workdir, step: int, saved: dict, steps: int, diffs) -> str | None:
+  """The one line when the run in `workdir` stopped (interrupted, --stop_at_step) at its
+  latest checkpoint `step`, short of its stored train.steps, and this run's train.steps
+  (`steps`) is at or below `step`: it is not finished, and resuming it needs its own
+  train.steps. `diffs`: config_differences' lines (its train.steps line is reworded
+  here). None for a run that reached its own train.steps (or one whose is unreadable)."""
+  stored = (saved.get("train") or {}).get("steps") if isinstance(saved, dict) else None
+  if not isinstance(stored, int) or step >= stored:
+    return None
+  others = [d for d in diffs if not d.startswith("train.steps:")]
+  also = f" (other settings differ too: {'; '.join(others)})" if others else ""
+  return (f"{workdir} holds an unfinished run: checkpoints up to step {step}, trained "
+          f"toward train.steps = {stored}; this run's train.steps = {steps} is not past "
+          f"step {step}{also}. Nothing was changed: re-run with the run's own config "
+          f"(--config.train.steps={stored}) to resume it (--stop_at_step=N stops it "
+          f"earlier with a checkpoint), evaluate step {step} with lev-eval "
+          f"--checkpoint={workdir} --step={step}, or use a new --workdir")
 
 
 # (workdir, finished step, new train.steps) of the extensions warned about: lev-train
@@ -437,14 +462,22 @@ def _warn_if_extending(reader, step: int, config, workdir: epath.Path) -> None:
         EVAL_JSON, config.train.steps)
 
 
+# (eval.json, step) of the unreadable eval.json files warned about: lev-train reads the
+# run before its lock (`finished_run`), then train_and_evaluate reads it again.
+_UNREADABLE_WARNED: set[tuple[str, int]] = set()
+
+
 def _finished_eval(path: epath.Path, step: int) -> dict | None:
-  """eval.json's result when it is readable and for `step`; else None (re-evaluate)."""
+  """eval.json's result when it is readable and for `step`; else None (re-evaluate). An
+  unreadable one is logged once per process (for a path and step)."""
   if not path.exists():
     return None
   try:
     finished = loads_json(path.read_text())
   except ValueError as e:
-    logging.warning("%s is unreadable (%s); evaluating again", path, e)
+    if (str(path), step) not in _UNREADABLE_WARNED:
+      _UNREADABLE_WARNED.add((str(path), step))
+      logging.warning("%s is unreadable (%s); evaluating again", path, e)
     return None
   return finished if isinstance(finished, dict) and finished.get("step") == step else None
 

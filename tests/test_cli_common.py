@@ -351,6 +351,10 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
     # syntax error in the config file)"
     (["--config=README.md"], "--config=README.md: not a Python file (expected a .py "
      "config file defining get_config(variant)"),
+    # newcomer pass 4: /dev/zero was read until memory ran out (/dev/null: "defines no
+    # get_config"), then called "no such file"
+    (["--config=/dev/null"], "--config=/dev/null: is a character device, not a regular "
+     "file (expected a Python config file and variant"),
     (["--config.train.steps=abc"],
      "--config.train.steps=abc: expected an integer (config.train.steps is 300)"),
     (["--config.lev.remat=maybe"],
@@ -502,3 +506,67 @@ def test_a_bad_boolean_or_a_missing_required_flag_is_one_plain_line(capsys):
 
 if __name__ == "__main__":
   print(json.dumps(_drive()))
+
+
+@pytest.mark.parametrize("platforms,raised,reason", [
+    ("cuda", AssertionError(), "no NVIDIA GPU is visible"),
+    ("foo", RuntimeError("Unable to initialize backend 'foo': Backend 'foo' is not in the "
+                         "list of known backends: ['cpu', 'tpu']. (set JAX_PLATFORMS='' to "
+                         "automatically choose an available backend)"),
+     "Unable to initialize backend 'foo': Backend 'foo' is not in the list of known "
+     "backends: ['cpu', 'tpu']"),
+])
+def test_a_backend_jax_cannot_start_is_one_line(monkeypatch, capsys, platforms, raised, reason):
+  """Newcomer pass 4: JAX_PLATFORMS=tpu/foo/gpu was a 40-65 line traceback in lev-eval,
+  lev-sample, lev-export and lev-lm-eval; cuda without a GPU a bare AssertionError."""
+  import jax
+  from lev_jax.cli import common
+  monkeypatch.setenv("JAX_PLATFORMS", platforms)
+  def devices():
+    raise raised
+  monkeypatch.setattr(jax, "devices", devices)
+  with pytest.raises(SystemExit) as e:
+    common.backend_or_exit("lev-x")
+  assert e.value.code == 2 and capsys.readouterr().err == (
+      f"lev-x: error: JAX_PLATFORMS={platforms}: jax cannot start that backend here "
+      f"({reason}); expected a platform this machine has, e.g. JAX_PLATFORMS=cpu, or leave "
+      "it unset for jax to choose\n")
+  monkeypatch.setattr(jax, "devices", lambda: ["cpu"])
+  assert common.backend_error() is None
+
+
+def test_a_sampling_seed_beyond_64_bits_is_refused_when_parsed(capsys):
+  """Newcomer pass 4: lev-sample --seed=99999999999999999999 was an OverflowError."""
+  from absl import flags
+  from lev_jax.cli import common, sample
+  fv = flags.FlagValues()
+  sample.define_flags(fv)
+  parse = common.flags_parser("lev-sample", None, fv)
+  assert parse(["lev-sample", f"--seed={-2**63}"]) == ["lev-sample"]
+  with pytest.raises(SystemExit) as e:
+    parse(["lev-sample", "--seed=99999999999999999999"])
+  assert e.value.code == 2 and capsys.readouterr().err.startswith(
+      "lev-sample: error: flag --seed=99999999999999999999: 99999999999999999999 is not an "
+      "integer in the range [-9223372036854775808, ")
+
+
+def test_a_dangling_symbolic_link_as_a_folder_is_named(tmp_path):
+  """Newcomer pass 4: --workdir=<dangling link> was "cannot create the folder (File
+  exists)"; the same for lev-ladder's and lev-study's --root and --report_dir."""
+  import re
+  from lev_jax import lock
+  from lev_jax.cli import common, study as study_cli, train
+  (tmp_path / "dl").symlink_to(tmp_path / "gone")
+  dl = str(tmp_path / "dl")
+  line = (f"is a dangling symbolic link to {tmp_path / 'gone'}; expected a folder (create "
+          "the folder it points to, or remove the link)")
+  assert train.workdir_error(dl) == f"--workdir={dl}: {line}"
+  assert common.dangling_link_error("--root", f"{dl}/sub") == (
+      f"--root={dl}/sub: {dl}, a folder on its way, {line}")
+  assert common.created_folder_error("--root", dl) == f"--root={dl}: {line}"
+  assert study_cli.folders_error(dl, run=False, report_dir=None) == f"--root={dl}: {line}"
+  assert common.folder_output_error("--report_dir", dl) == f"--report_dir={dl}: {line}"
+  assert common.dangling_link_error("--root", str(tmp_path / "new" / "sub")) is None
+  with pytest.raises(lock.WorkdirLockError, match=f"^{dl}: {re.escape(line)}$"):
+    with lock.hold(dl, prog="lev-train"):
+      pass

@@ -21,6 +21,26 @@ def test_a_bad_lev_value_is_refused_on_a_model_without_lev():
     validate(c)
 
 
+def test_seeds_beyond_what_jax_and_numpy_take_are_refused():
+  """Newcomer pass 4: --config.seed=99999999999999999999 was an OverflowError traceback
+  (also with --preflight); a negative data.seed failed only once a stream was opened."""
+  c = tiny_config()
+  for seed in (-2**63, 2**63 - 2):
+    c.seed = seed
+    validate(c)
+  c.seed = 10**20
+  with pytest.raises(ConfigError, match=r"^config.seed = 100000000000000000000: expected an "
+                     r"integer in \[-2\*\*63, 2\*\*63 - 2\] \(jax.random.key takes a signed "
+                     "64-bit seed"):
+    validate(c)
+  c.seed, c.data.seed = 0, -1
+  validate(c)  # grain's shuffles take any integer
+  c.data.source, c.data.train_files, c.data.validation_files = "jsonl_stream", ("a",), ("b",)
+  with pytest.raises(ConfigError, match=r"^config.data.seed = -1: expected an integer >= 0 "
+                     "with data.source = 'jsonl_stream'"):
+    validate(c)
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("train.steps", -5, r"config.train.steps = -5: expected a positive number"),
     # issue 26: 1e20 steps (beyond int64) was accepted and trained until killed

@@ -2,7 +2,8 @@
 
 import pytest
 
-from lev_jax.experiments import ExperimentImportError, experiments_dir, load_experiment
+from lev_jax.experiments import (ExperimentImportError, NotAnExperimentFile, experiments_dir,
+                                 file_problem, load_experiment)
 
 
 def test_every_shipped_experiment_file_loads_and_builds_its_default_config():
@@ -33,3 +34,23 @@ def test_a_file_that_fails_to_import_names_itself_and_chains_its_error(tmp_path)
                      r"boom") as info:
     load_experiment(bad)
   assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_what_is_not_a_python_file_is_named(tmp_path):
+  """Newcomer pass 4: FILE.txt was an AttributeError traceback in lev-ladder and
+  lev-study (importlib has no loader for the suffix); a folder and /dev/zero were "no
+  such file" (lev-train read /dev/zero until memory ran out)."""
+  txt = tmp_path / "smoke_copy.txt"
+  txt.write_text((experiments_dir() / "smoke.py").read_text())
+  (tmp_path / "link.py").symlink_to(tmp_path / "gone.py")
+  assert file_problem(experiments_dir() / "smoke.py") is None
+  assert file_problem(tmp_path / "nope.py") == "no such file"
+  assert file_problem(tmp_path / "link.py") == (
+      f"is a dangling symbolic link to {tmp_path / 'gone.py'}")
+  assert file_problem(tmp_path) == "is a folder"
+  assert file_problem("/dev/null") == "is a character device, not a regular file"
+  assert file_problem(txt) == "not a Python file (no .py suffix)"
+  for path, problem in ((txt, "not a Python file"), (tmp_path, "is a folder")):
+    with pytest.raises(NotAnExperimentFile, match=problem) as info:
+      load_experiment(path)
+    assert str(info.value).startswith(f"{path}: ")

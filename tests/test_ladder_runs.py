@@ -211,6 +211,15 @@ def test_bad_ladder_files_are_named(tmp_path, source, match):
     load_ladder(path)
 
 
+def test_a_ladder_file_without_the_py_suffix_is_one_line_naming_the_flag(tmp_path):
+  """Newcomer pass 4: --ladder=smoke_copy.txt was an AttributeError traceback."""
+  txt = tmp_path / "smoke_copy.txt"
+  txt.write_text((REPO / "experiments" / "smoke_ladder.py").read_text())
+  with pytest.raises(LadderError, match=rf"^--ladder={txt}: not a Python file \(no .py "
+                     r"suffix\); expected a .py experiment file with RUNGS"):
+    ladder_cli.load_inputs(str(txt), str(tmp_path), run=False, report_dir=None)
+
+
 def test_get_config_failure_names_the_variant(tmp_path):
   path = tmp_path / "bad.py"
   path.write_text("RUNGS = ('tied_a',)\ndef get_config(v):\n  raise ValueError('nope')\n")
@@ -316,8 +325,8 @@ def test_cli_print_launcher_prints_the_commands_of_unfinished_rungs_and_writes_n
   assert (root / "report" / "report.md").exists()
   bad = _cli(f"--ladder={tmp_path / 'nope.py'}", f"--root={root}")
   assert bad.returncode == 2 and "Traceback" not in bad.stderr
-  assert bad.stderr.strip() == f"lev-ladder: error: ladder {tmp_path / 'nope.py'}: no such file; " \
-      "expected an experiment file with RUNGS and get_config(variant), e.g. " \
+  assert bad.stderr.strip() == f"lev-ladder: error: --ladder={tmp_path / 'nope.py'}: no such " \
+      "file; expected a .py experiment file with RUNGS and get_config(variant), e.g. " \
       "experiments/smoke_ladder.py"
 
 
@@ -333,7 +342,7 @@ def test_a_rung_trained_to_the_end_without_its_final_evaluation_says_so(tmp_path
 
 def test_a_missing_ladder_file_is_named_before_the_root(tmp_path):
   """Issue 26: without --run, a missing ladder file was reported as a missing --root."""
-  with pytest.raises(LadderError, match=r"^ladder .*nope.py: no such file"):
+  with pytest.raises(LadderError, match=r"^--ladder=.*nope.py: no such file"):
     ladder_cli.load_inputs(str(tmp_path / "nope.py"), str(tmp_path / "no_root"), run=False,
                            report_dir=None)
   smoke = str(REPO / "experiments" / "smoke_ladder.py")

@@ -168,7 +168,8 @@ def test_command_refuses_a_missing_study_or_a_file_root_before_any_run(
     root.write_text("")
   study_file = tmp_path / (study_arg or "study.py")
   if study_arg is None:
-    study_file.write_text("RUNGS = ('a',)\ndef get_config(run):\n  raise AssertionError\n")
+    study_file.write_text("from lev_jax.config import base_config\nRUNGS = ('a',)\n"
+                          "def get_config(run):\n  return base_config()\n")
   proc = subprocess.run(
       [sys.executable, "-m", "lev_jax.cli.study", f"--study={study_file}", f"--root={root}",
        "--run"], capture_output=True, text=True, timeout=120)
@@ -176,6 +177,36 @@ def test_command_refuses_a_missing_study_or_a_file_root_before_any_run(
   assert re.search(message, proc.stderr), proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
   assert root_is_file == root.exists() and (not root_is_file or root.is_file())
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("IMPERR", "--study=IMPERR: failed to import: ModuleNotFoundError"),
+    ("TXT", "--study=TXT: not a Python file (no .py suffix); expected a .py study file"),
+    ("SCALE:nopiece", "--study=SCALE:nopiece: SCALE has no piece 'nopiece'; expected one of "
+     "foldoc"),
+    ("SCALE:", "--study=SCALE:: an empty piece name after ':'; expected one of foldoc"),
+])
+def test_a_study_that_does_not_load_is_refused_before_root_is_created(
+    tmp_path, monkeypatch, capsys, spec, message):
+  """Newcomer pass 4: `--run` created an empty ROOT before the study's one-line error;
+  FILE.txt was an AttributeError traceback; FILE: (no piece) was "no such file"."""
+  import types  # noqa: PLC0415
+  from absl import flags  # noqa: PLC0415
+  (tmp_path / "imperr.py").write_text("import no_such_module_xyz\n")
+  (tmp_path / "study.txt").write_text("RUNGS = ('a',)\n")
+  names = {"IMPERR": str(tmp_path / "imperr.py"), "TXT": str(tmp_path / "study.txt"),
+           "SCALE": str(Path(study.__file__).parents[2] / "experiments" / "scale_study.py")}
+  for key, value in names.items():
+    spec, message = spec.replace(key, value), message.replace(key, value)
+  fv = flags.FlagValues()
+  study_cli._define_flags(fv)
+  fv(["lev-study", f"--study={spec}", f"--root={tmp_path / 'root'}", "--run"])
+  monkeypatch.setattr(study_cli, "flags", types.SimpleNamespace(FLAGS=fv))
+  with pytest.raises(SystemExit) as e:
+    study_cli.main(["lev-study"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith(f"lev-study: error: {message}"), err
+  assert not (tmp_path / "root").exists()
 
 
 def test_a_root_that_is_a_run_or_holds_a_ladder_report_is_refused(tmp_path):
@@ -377,7 +408,7 @@ def test_a_piece_of_the_scale_study_runs_alone_with_its_own_report_folder():
                      r"debian_books, python_docs"):
     study.load_study_module(f"{path}:folddoc")
   # issue 26: a file that is not a study was worded for lev-ladder ("ladder ... variant")
-  with pytest.raises(LadderError, match=r"^study .*smoke.py: expected a module-level RUNGS "
+  with pytest.raises(LadderError, match=r"^--study=.*smoke.py: expected a module-level RUNGS "
                      r"tuple of run names"):
     study.load_study_module(str(experiments_dir() / "smoke.py"))
 

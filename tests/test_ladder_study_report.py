@@ -71,3 +71,15 @@ def test_the_trend_plot_of_one_corpus_keeps_its_texts_inside(tmp_path, monkeypat
   fig = drawn_figure(study_plots.plot_trend, analysis, tmp_path / "t.png", monkeypatch)
   assert_texts_apart_and_inside(fig)
   assert len(fig.axes) == 1 and len(fig.axes[0].get_legend().get_texts()) == 3
+
+
+
+def test_a_study_with_nothing_run_draws_no_empty_legend(tmp_path):
+  """Newcomer pass 4: `lev-study` on an empty ROOT printed matplotlib's "No artists with
+  labels found to put in legend" warning (a panel with nothing drawn)."""
+  import warnings  # noqa: PLC0415
+  cell = {"label": "tied V=259", "vocab": 259, "variant": "tied", "options": "default"}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    study_plots.plot_loss_vs_tokens({"cells": [cell], "runs": []}, tmp_path / "l.png")
+  assert (tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"

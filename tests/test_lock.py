@@ -240,6 +240,23 @@ def test_a_filesystem_without_flock_is_refused_leaving_nothing_behind(tmp_path, 
       [run.parent.relative_to(tmp_path), run.relative_to(tmp_path)] if exists else [])
 
 
+def test_nolock_still_refuses_a_live_holder(tmp_path):
+  """Newcomer pass 4: a second lev-train --nolock on a run live on this host truncated
+  its metrics.jsonl and wrote a stray checkpoint."""
+  with lock.hold(tmp_path, prog="lev-train"):
+    before = (tmp_path / ".lock").read_text()
+    with pytest.raises(WorkdirLockedError, match=rf"^{tmp_path} is in use by lev-train \(pid "
+                       rf"{os.getpid()}, .*; lock file {tmp_path / '.lock'}\. Wait for it"):
+      with lock.hold(tmp_path, prog="lev-train", enabled=False):
+        pytest.fail("wrote beside a live run")
+    assert (tmp_path / ".lock").read_text() == before
+  (tmp_path / ".lock").write_text("{}")  # a lock file left by a run that ended
+  with lock.hold(tmp_path, prog="lev-train", enabled=False) as path:  # free: runs
+    assert path is None and (tmp_path / ".lock").read_text() == "{}"
+  with lock.hold(tmp_path, prog="lev-train"):  # the probe kept no lock
+    pass
+
+
 def test_nolock_locks_and_creates_nothing(tmp_path, warnings):
   with lock.hold(tmp_path / "run", prog="lev-train", enabled=False) as path:
     assert path is None and not (tmp_path / "run").exists()

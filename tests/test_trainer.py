@@ -313,6 +313,45 @@ def test_a_streamed_run_reports_its_counts_at_every_checkpoint(tmp_path, caplog)
   assert last["train"]["tokens"] == sum(map(len, docs)) and last["train_tokens"] == 6 * 23
 
 
+def test_an_unreadable_eval_json_is_warned_about_once(tmp_path, caplog):
+  """Newcomer pass 4: lev-train reads a run twice (before its lock, then to train): an
+  unreadable eval.json was warned about twice."""
+  from lev_jax.trainer import _finished_eval  # noqa: PLC0415
+  from etils import epath  # noqa: PLC0415
+  (tmp_path / "eval.json").write_bytes(b"\xff")
+  for _ in range(2):
+    assert _finished_eval(epath.Path(tmp_path / "eval.json"), 4) is None
+  assert [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()] == [
+      f"{tmp_path / 'eval.json'} is unreadable ('utf-8' codec can't decode byte 0xff in "
+      "position 0: invalid start byte); evaluating again"]
+
+
+def test_a_run_stopped_short_of_its_train_steps_is_not_called_finished(finished_tied_run,
+                                                                       tmp_path, monkeypatch):
+  """Newcomer pass 4: a run stopped at step 10 of 20, re-run with train.steps 5 or 10,
+  "holds a run finished at step 10". Here the 4-step run's stored train.steps reads 8:
+  stopped at step 4 of 8."""
+  from lev_jax.checkpoint import CheckpointReader  # noqa: PLC0415
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  before = files_of(workdir)
+  real = CheckpointReader.saved_config
+  def stopped_at_4_of_8(self, step):
+    saved = real(self, step)
+    saved["train"]["steps"] = 8
+    return saved
+  monkeypatch.setattr(CheckpointReader, "saved_config", stopped_at_4_of_8)
+  for steps in (2, 4):
+    c.train.steps = steps
+    with pytest.raises(CheckpointMismatchError, match=(
+        rf"^{workdir} holds an unfinished run: checkpoints up to step 4, trained toward "
+        rf"train.steps = 8; this run's train.steps = {steps} is not past step 4. Nothing "
+        r"was changed: re-run with the run's own config \(--config.train.steps=8\) to "
+        r"resume it .*, evaluate step 4 with lev-eval --checkpoint=.* --step=4, or use a "
+        "new --workdir$")):
+      finished_run(c, workdir)
+  assert files_of(workdir) == before
+
+
 def test_a_finished_run_with_a_damaged_last_checkpoint_or_none_is_refused(finished_tied_run,
                                                                          tmp_path):
   """Issue 26: a finished run whose step-4 checkpoint was damaged (a truncated state

@@ -26,6 +26,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from lev_jax.cli import interrupt
+from lev_jax.experiments import file_problem
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF,
                              LADDER_CSV, LOCK, RUN_OUTPUTS, STUDY_CSV, TOKEN_COUNTS,
                              TOKENIZER)
@@ -277,15 +278,41 @@ def report_owner_error(flag: str, path: str, table: str) -> str | None:
   return None
 
 
+def dangling_link_error(flag: str, path: str) -> str | None:
+  """The one line when the local folder `path` (of flag `flag`, e.g. "--workdir"), or a
+  missing folder on its way, is a symbolic link to nothing: creating it would fail with
+  a bare "File exists". None otherwise, or for a remote URL.
+
+  Returns:
+    e.g. "--workdir=runs/x: is a dangling symbolic link to /gone/x; expected a folder
+    (create the folder it points to, or remove the link)".
+  """
+  if "://" in path:
+    return None
+  given = os.path.abspath(os.path.expanduser(path))
+  folder = given
+  while not os.path.exists(folder):
+    if os.path.islink(folder):
+      where = "is" if folder == given else f"{folder}, a folder on its way, is"
+      return (f"{flag}={path}: {where} a dangling symbolic link to {os.readlink(folder)}; "
+              "expected a folder (create the folder it points to, or remove the link)")
+    parent = os.path.dirname(folder)
+    if parent == folder:
+      return None
+    folder = parent
+  return None
+
+
 def folder_output_error(flag: str, path: str) -> str | None:
   """The one line when the local folder `path` (of flag `flag`, e.g. "--report_dir") can
   be neither used nor created: a file is there, it is in a saved checkpoint
-  (`checkpoint_tree_error`), or its nearest existing ancestor is not a folder this
+  (`checkpoint_tree_error`), it or a folder on its way is a dangling symbolic link
+  (`dangling_link_error`), or its nearest existing ancestor is not a folder this
   process can write. None when it can be written, or for a remote URL (left to the
   write). Checked before the long work whose result goes there."""
   if "://" in path:
     return None
-  inside = checkpoint_tree_error(flag, path)
+  inside = checkpoint_tree_error(flag, path) or dangling_link_error(flag, path)
   if inside:
     return inside
   folder = os.path.abspath(os.path.expanduser(path))
@@ -308,7 +335,7 @@ def created_folder_error(flag: str, path: str) -> str | None:
   for a remote URL (left to the write)."""
   if "://" in path:
     return None
-  inside = checkpoint_tree_error(flag, path)
+  inside = checkpoint_tree_error(flag, path) or dangling_link_error(flag, path)
   if inside:
     return inside
   try:
@@ -522,6 +549,11 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
       print(command_help(prog, module, fv))
       sys.exit(0)
     argv = config_first(argv)
+    if "config" in fv and isinstance(fv["config"].parser,
+                                     config_flags.config_flags.ConfigFileFlagParser):
+      unreadable = _not_a_config_file(_config_file(argv))  # before ml_collections reads
+      if unreadable:  # it: /dev/zero would be read until memory runs out
+        fail(prog, unreadable)
     try:
       rest = fv(argv)
     except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
@@ -856,13 +888,13 @@ def config_file_error(error: BaseException, argv) -> str | None:
 
 
 def _not_a_config_file(path: str | None) -> str | None:
-  """`--config=PATH: no such file (...)` (or `is a folder`) when PATH is not a file;
-  None when it is one, or no path was given."""
+  """`--config=PATH: no such file (...)` when PATH is not a regular file (`is a folder`,
+  `is a character device, not a regular file`, ...: experiments.file_problem); None
+  when it is one, or no path was given."""
   if not path or os.path.isfile(os.path.expanduser(path)):
     return None
-  what = "is a folder" if os.path.isdir(os.path.expanduser(path)) else "no such file"
-  return (f"--config={path}: {what} (expected a Python config file and variant, "
-          "e.g. experiments/smoke.py:leviathan)")
+  return (f"--config={path}: {file_problem(path)} (expected a Python config file and "
+          "variant, e.g. experiments/smoke.py:leviathan)")
 
 
 def _not_a_python_file(path: str | None) -> str | None:
@@ -965,6 +997,53 @@ def quiet_library_logs():
   logging.use_absl_handler()
   logging.get_absl_handler().addFilter(_OwnInfoOnly())
   skip_tpu_backend_without_chips()
+
+
+# jax's own advice after a backend's failure: the one line gives its own.
+_JAX_HINT = re.compile(r"\s*\((set JAX_PLATFORMS|you may need to uninstall)[^()]*\)\.?$")
+
+
+def backend_error() -> str | None:
+  """Starts jax's backends; the one line when they cannot start, else None.
+
+  JAX_PLATFORMS naming a platform this machine lacks (tpu off a TPU VM, cuda or gpu
+  without a GPU, a misspelt name) makes jax raise on its first use of a device: a
+  RuntimeError or JaxRuntimeError ("Unable to initialize backend 'tpu': ..."), or, for
+  cuda without a visible NVIDIA GPU, a bare AssertionError (jax 0.10.2's
+  xla_bridge.backends() skips cuda then, starts nothing, and asserts it has a default
+  backend). Call it where a command first needs devices, after its flag checks and after
+  jax.distributed.initialize (which must come before any backend starts).
+
+  Returns:
+    e.g. "JAX_PLATFORMS=cuda: jax cannot start that backend here (no NVIDIA GPU is
+    visible); expected a platform this machine has, e.g. JAX_PLATFORMS=cpu, or leave it
+    unset for jax to choose".
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  try:
+    jax.devices()
+    return None
+  except Exception as e:  # pylint: disable=broad-except  # any failure to start one
+    reason = _JAX_HINT.sub("", first_line(e)).rstrip(".") if str(e).strip() else None
+  platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+  if not reason:
+    asked = (platforms or "").replace("gpu", "cuda").split(",")
+    reason = ("no NVIDIA GPU is visible" if "cuda" in asked
+              else "jax started none of its backends")
+  if not platforms:
+    return (f"jax cannot start its backends here ({reason}); expected JAX_PLATFORMS naming "
+            "a platform this machine has, e.g. JAX_PLATFORMS=cpu")
+  return (f"JAX_PLATFORMS={platforms}: jax cannot start that backend here ({reason}); "
+          "expected a platform this machine has, e.g. JAX_PLATFORMS=cpu, or leave it unset "
+          "for jax to choose")
+
+
+def backend_or_exit(prog: str) -> None:
+  """Ends the program with `<prog>: error: <backend_error()>` when jax's backends cannot
+  start (exit 2); returns once they have."""
+  problem = backend_error()
+  if problem:
+    fail(prog, problem)
 
 
 def skip_tpu_backend_without_chips() -> bool:

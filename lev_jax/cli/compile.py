@@ -133,6 +133,7 @@ def main(argv):
     # No device is used: never start a TPU or GPU backend (on a TPU VM, a training job
     # may hold the chips).
     jax.config.update("jax_platforms", "cpu")
+  common.backend_or_exit(PROG)  # JAX_PLATFORMS naming a backend this machine lacks
   from lev_jax import aot, topology as topo_lib  # pylint: disable=g-import-not-at-top
   from lev_jax.config import ConfigError, validate  # pylint: disable=g-import-not-at-top
   from lev_jax import sharding  # pylint: disable=g-import-not-at-top

@@ -173,6 +173,7 @@ def main(argv):
   if not fl.checkpoint:
     common.fail(PROG, "--checkpoint is required (a lev-train workdir or a lev-export folder)")
   _check_output_writable(fl.output, fl.checkpoint)  # before minutes of evaluation
+  common.backend_or_exit(PROG)  # JAX_PLATFORMS naming a backend this machine lacks
   try:
     out = evaluate_checkpoint(fl.checkpoint, step=fl.step, dtype=fl.dtype, split=fl.split,
                               baseline=fl.baseline, overrides=_overrides(),

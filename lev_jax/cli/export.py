@@ -196,6 +196,7 @@ def main(argv, fv: flags.FlagValues | None = None):
                      ("output", "the export folder to write")):
     if not fv[name].value:
       common.fail(PROG, f"--{name} is required ({what})")
+  common.backend_or_exit(PROG)  # JAX_PLATFORMS naming a backend this machine lacks
   from lev_jax import lock as workdir_lock
   try:
     check_output(fv.checkpoint, fv.output, fv.overwrite)  # before the lock is created

@@ -262,6 +262,9 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
     raise ValueError(f"--root={root} is remote: give a local --report_dir for the report")
   if "://" not in root and Path(root).exists() and not Path(root).is_dir():
     raise ValueError(f"--root={root}: is a file; expected a folder (one workdir per rung)")
+  dangling = common.dangling_link_error("--root", root)
+  if dangling:
+    raise ValueError(dangling)
   if not run and "://" not in root and not Path(root).is_dir():
     raise ValueError(f"--root={root}: no such folder (add --run to train the rungs there)")
   report = report_dir or str(Path(root) / REPORT)

@@ -419,7 +419,7 @@ def _unwrapped(text: str) -> str:
 
 def _run(argv: list[str]) -> None:
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
-  from lev_jax.cli.common import checkpoint_tree_error  # pylint: disable=import-outside-toplevel
+  from lev_jax.cli.common import backend_error, checkpoint_tree_error  # pylint: disable=import-outside-toplevel
 
   if not argv or argv[0] in ("-h", "--help"):
     print(usage())
@@ -434,7 +434,7 @@ def _run(argv: list[str]) -> None:
                       or run_flags_problem(args) or include_path_problem(args))
   problem = problem or (requested and requested[2] and (checkpoint_tree_error(
       "--output_path", requested[2]) or output_path_problem(requested[2])))
-  problem = problem or (requested and data_problem(*requested[:2]))
+  problem = problem or (requested and (data_problem(*requested[:2]) or backend_error()))
   if problem:  # before lm-eval indexes its tasks and loads the model
     print(f"lev-lm-eval: error: {problem}", file=sys.stderr)
     sys.exit(2)

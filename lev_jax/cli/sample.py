@@ -53,7 +53,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        flag_values=fv)
   flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1]; 1 = off.",
                      flag_values=fv)
-  flags.DEFINE_integer("seed", 0, "Sampling seed.", flag_values=fv)
+  flags.DEFINE_integer("seed", 0, "Sampling seed (jax.random.key: signed 64-bit; batch i uses "
+                       "seed + i).", lower_bound=-2**63, upper_bound=2**63 - 2**32, flag_values=fv)
   flags.DEFINE_multi_string("stop", None, "Cut each completion at this string "
                             "(repeatable); generation always ends at eos.", flag_values=fv)
   flags.DEFINE_integer("batch_size", 8, "Prompts decoded together.", flag_values=fv)
@@ -217,6 +218,7 @@ def main(argv, fv: flags.FlagValues | None = None):
                    fv.stop or ())
   except ValueError as e:
     common.fail(PROG, str(e))
+  common.backend_or_exit(PROG)  # JAX_PLATFORMS naming a backend this machine lacks
   from lev_jax import inference  # after the flags: keeps errors and --help fast
   try:
     im = inference.load(fv.checkpoint, step=fv.step, dtype=fv.dtype)

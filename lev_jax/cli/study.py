@@ -101,6 +101,7 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
   """({run: study_eval.json}, {run: error}) for every finished run; a run whose file is
   current (same step and eval.batches) is read, the others are evaluated."""
   from lev_jax.ladder import study as study_lib
+  on_device = evaluate is None  # in this process: jax's backends must start
   evaluate = evaluate or study_lib.evaluate_run
   evals, errors = {}, {}
   for rung in result.rungs:
@@ -109,6 +110,8 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
     ev = study_lib.read_eval(rung.workdir)
     wanted = eval_batches or ev and ev.get("eval_batches")
     if ev is None or ev.get("step") != rung.steps or ev.get("eval_batches") != wanted:
+      if on_device:  # JAX_PLATFORMS naming a backend this machine lacks: one line
+        common.backend_or_exit(PROG)
       print(f"{PROG}: {rung.variant}: evaluating validation and test", file=out, flush=True)
       try:
         ev = evaluate(rung.workdir, eval_batches=eval_batches)
@@ -123,7 +126,7 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
 
 def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=None,
               report_dir=None, command=None, runner=None, evaluate=None,
-              out=sys.stdout) -> tuple[dict, dict, dict]:
+              out=sys.stdout, loaded=None) -> tuple[dict, dict, dict]:
   """Checks, trains (with run), evaluates and reports a study.
 
   Args:
@@ -131,6 +134,8 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
     runner: argv -> exit status for each lev-train command (default: a subprocess with
       the shared compilation cache); evaluate: workdir -> study_eval.json (default
       lev_jax.ladder.study.evaluate_run).
+    loaded: `load_study(study)`'s result when the caller has checked it already (main,
+      before ROOT is created); loaded here when None.
 
   Returns:
     (the analysis, the report's paths, {run: why it failed} for runs that failed to
@@ -141,7 +146,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   """
   from lev_jax.ladder import runs, study as study_lib, study_report
   from lev_jax.cli import ladder as ladder_cli
-  module, configs = load_study(study)
+  module, configs = loaded or load_study(study)
   if eval_batches is None:
     eval_batches = getattr(module, "FINAL_EVAL_BATCHES", None)
   result = runs.collect(module, root)
@@ -218,6 +223,9 @@ def folders_error(root: str, *, run: bool, report_dir: str | None,
   path = Path(root)
   if path.exists() and not path.is_dir():
     return f"--root={root}: is a file; expected a folder (one workdir per run)"
+  dangling = common.dangling_link_error("--root", root)
+  if dangling:
+    return dangling
   if not run and not path.is_dir():
     return f"--root={root}: no such folder (add --run to train the runs there)"
   report = report_dir or str(default_report_dir(path, study))
@@ -234,7 +242,7 @@ def main(argv):
   if len(argv) > 1:
     common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
   common.quiet_library_logs()
-  from lev_jax.ladder import runs, study as study_lib
+  from lev_jax.ladder import runs
   from lev_jax.cli import ladder as ladder_cli
   from lev_jax.config import ConfigError
   from lev_jax.ladder.study import StudyError
@@ -243,20 +251,17 @@ def main(argv):
     common.fail(PROG, f"--root={f.root}: lev-study trains and evaluates locally; give a "
                    "local folder")
   from lev_jax.ladder.study import split_spec
-  if not Path(split_spec(f.study)[0]).is_file():
-    common.fail(PROG, f"--study={f.study}: no such file; expected a study file with RUNGS and "
-                   "get_config(run), e.g. experiments/fidelity_study.py (or FILE:PIECE for "
-                   "one piece of its PIECES)")
-  try:  # once, before anything is created: not one failed lev-train per run
+  try:  # once, before anything (ROOT) is created: not one failed lev-train per run
+    loaded = load_study(f.study)  # the file, its piece, every run's config
     train_flags = ladder_cli._split("train_flags", f.train_flags)
     if f.run and train_flags:
       ladder_cli.rung_commands("local", f.study, [], f.root, train_flags=train_flags)
-      first = study_lib.load_study_module(f.study).RUNGS[0]
       problem = ladder_cli.train_flags_error(
-          str(Path(split_spec(f.study)[0]).expanduser().resolve()), first, train_flags)
+          str(Path(split_spec(f.study)[0]).expanduser().resolve()), loaded[0].RUNGS[0],
+          train_flags)
       if problem:
         common.fail(PROG, problem)
-  except (runs.LadderError, StudyError, ValueError) as e:
+  except (runs.LadderError, ConfigError, StudyError, ValueError) as e:
     common.fail(PROG, str(e))
   problem = folders_error(f.root, run=f.run, report_dir=f.report_dir, study=f.study)
   if problem:
@@ -265,7 +270,7 @@ def main(argv):
     analysis, paths, failed = run_study(
         f.study, f.root, run=f.run, train_flags=train_flags,
         eval_batches=f.eval_batches or None, report_dir=f.report_dir,
-        command=shlex.join([PROG, *sys.argv[1:]]))
+        command=shlex.join([PROG, *sys.argv[1:]]), loaded=loaded)
   except (runs.LadderError, ConfigError, StudyError, ValueError) as e:
     common.fail(PROG, str(e))
   print(summary(analysis, paths))

@@ -20,7 +20,8 @@ multi-host run), and a second lev-train on it stops at once naming the holder. A
 left by a killed run is taken over; --force_unlock removes one recorded by a run on
 another host that is gone (a network filesystem can keep its lock); on a filesystem
 without flock (some GPFS / NFS mounts) the run is refused before anything is written,
-and --nolock runs without the lock (the user makes sure no other run uses the workdir).
+and --nolock runs without the lock (the user makes sure no other run uses the workdir;
+a lock a live process holds, where flock works, is still refused).
 
 `--preflight=PLATFORM:PROCESSESxDEVICES` (e.g. gpu:4x8: 4 nodes of 8 GPUs) checks the
 flags, the config and its mesh, parameter splits and batches for such a job, prints one
@@ -125,10 +126,12 @@ def finished_line(name: str, workdir, finished) -> str:
 def workdir_error(workdir: str) -> str | None:
   """The one line when `workdir` is not a folder a run may be trained in: a file or
   folder another run owns, or inside one (its checkpoints/, tokenizer/, ...:
-  common.checkpoint_tree_error), or an export or inside one (common.export_folder_error).
-  None elsewhere (a new folder, or this run's own to resume)."""
+  common.checkpoint_tree_error), or an export or inside one (common.export_folder_error),
+  or a dangling symbolic link (common.dangling_link_error). None elsewhere (a new
+  folder, or this run's own to resume)."""
   return (common.checkpoint_tree_error("--workdir", workdir)
-          or common.export_folder_error("--workdir", workdir))
+          or common.export_folder_error("--workdir", workdir)
+          or common.dangling_link_error("--workdir", workdir))
 
 
 def stop_at_step_error(stop_at_step: int | None, steps: int) -> str | None:
@@ -164,6 +167,7 @@ def main(argv):
     distributed.initialize_from_flags()
   except ValueError as e:
     common.fail("lev-train", str(e))
+  common.backend_or_exit("lev-train")  # JAX_PLATFORMS=cuda without a GPU: one line
   # After the checks above: jax, Orbax and grain.
   # pylint: disable=import-outside-toplevel
   from lev_jax import trainer

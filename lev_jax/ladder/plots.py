@@ -59,6 +59,14 @@ def count_axis(axis) -> None:
   axis.set_minor_formatter(NullFormatter())
 
 
+def legend(ax, **kwargs) -> None:
+  """ax.legend(**kwargs) when `ax` holds a labelled artist; nothing otherwise (a panel
+  with nothing drawn: matplotlib would warn "No artists with labels found to put in
+  legend")."""
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(**kwargs)
+
+
 def _style(kind):
   """Line style of a rung kind: tied solid, leviathan dashed, anything else dotted."""
   return {"tied": "-", "leviathan": "--"}.get(kind, ":")
@@ -230,7 +238,7 @@ def plot_freq_buckets(analysis, path):
         f"\nnot drawn: buckets with fewer than {MIN_BUCKET_TARGETS} validation targets"
         if omitted else ""))
     ax.set_ylabel("perplexity change, leviathan vs tied (%)")
-    ax.legend(title="size", fontsize=8)
+    legend(ax, title="size", fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
   ax.set_title("Per-bucket perplexity change (rarest tokens left)")
   fig.savefig(path, dpi=110)

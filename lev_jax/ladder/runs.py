@@ -37,7 +37,7 @@ from pathlib import Path
 import ml_collections
 from etils import epath
 
-from lev_jax.experiments import ExperimentImportError, load_experiment
+from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load_experiment
 from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS, loads_json
 
 # Per-group optimizer figures of metrics.jsonl (lev_jax/trainer.py) kept at their last value.
@@ -56,23 +56,27 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
   ("ladder" or "study") words the errors for lev-ladder or lev-study.
 
   Raises:
-    LadderError: no such file, it fails to import, or it lacks `RUNGS` (a non-empty
-      tuple of distinct variant names) or `get_config`.
+    LadderError: no such file, not a .py file (experiments.file_problem), it fails to
+      import, or it lacks `RUNGS` (a non-empty tuple of distinct variant names) or
+      `get_config`; a path is named with its flag (`--ladder=PATH`, `--study=PATH`).
   """
   if isinstance(ladder, types.ModuleType):
-    module, where = ladder, getattr(ladder, "__file__", ladder.__name__)
+    module, where = ladder, f"{kind} {getattr(ladder, '__file__', ladder.__name__)}"
   else:
     path = Path(str(ladder)).expanduser()
-    where = str(ladder)
+    where = f"--{kind}={ladder}"  # the flag: lev-ladder's --ladder, lev-study's --study
+    expected = ("a .py study file with RUNGS and get_config(run), e.g. "
+                "experiments/fidelity_study.py" if kind == "study" else "a .py experiment "
+                "file with RUNGS and get_config(variant), e.g. experiments/smoke_ladder.py")
     try:
       module = load_experiment(path)
     except FileNotFoundError:
-      raise LadderError(f"{kind} {where}: no such file; expected an experiment file with "
-                        "RUNGS and get_config(variant), e.g. experiments/smoke_ladder.py"
-                        ) from None
+      raise LadderError(f"{where}: no such file; expected {expected}") from None
+    except NotAnExperimentFile as e:  # a folder, /dev/zero, FILE.txt, a dangling link
+      raise LadderError(f"{where}: {e.problem}; expected {expected}") from None
     except ExperimentImportError as e:  # the file's own error, named with the file
       cause = e.__cause__
-      raise LadderError(f"{kind} {where}: failed to import: {type(cause).__name__}: "
+      raise LadderError(f"{where}: failed to import: {type(cause).__name__}: "
                         f"{cause}") from cause
   rungs = getattr(module, "RUNGS", None)
   if not isinstance(rungs, (tuple, list)) or not rungs or not all(
@@ -80,13 +84,13 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
     example = ("run names, e.g. RUNGS = ('tied_s0', 'leviathan_s0', ...) (a study file "
                "such as experiments/smoke_study.py)" if kind == "study" else
                "variant names, e.g. RUNGS = ('tied_s', 'leviathan_s', ...)")
-    raise LadderError(f"{kind} {where}: expected a module-level RUNGS tuple of {example}; "
+    raise LadderError(f"{where}: expected a module-level RUNGS tuple of {example}; "
                       f"got {rungs!r}")
   if len(set(rungs)) != len(rungs):
     name = "run" if kind == "study" else "variant"
-    raise LadderError(f"{kind} {where}: RUNGS names a {name} twice: {list(rungs)}")
+    raise LadderError(f"{where}: RUNGS names a {name} twice: {list(rungs)}")
   if not callable(getattr(module, "get_config", None)):
-    raise LadderError(f"{kind} {where}: no get_config(variant) function")
+    raise LadderError(f"{where}: no get_config(variant) function")
   return module
 
 

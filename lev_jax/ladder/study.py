@@ -409,10 +409,11 @@ def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
 
 def split_spec(spec) -> tuple[str, str | None]:
   """(the study file, the piece or None) of "FILE" or "FILE:PIECE" (a piece only when
-  FILE is a file and the whole spec is not)."""
+  FILE is a file and the whole spec is not; "FILE:" gives the empty piece "", which
+  `load_study_module` refuses)."""
   spec = str(spec)
   path, sep, piece = spec.rpartition(":")
-  if sep and piece and not Path(spec).is_file() and Path(path).is_file():
+  if sep and not Path(spec).is_file() and Path(path).is_file():
     return path, piece
   return spec, None
 
@@ -423,8 +424,8 @@ def load_study_module(spec):
 
   Raises:
     runs.LadderError: a broken study file (runs.load_ladder).
-    StudyError: a piece the file's PIECES (a dict: name -> tuple of runs of RUNGS) lacks,
-      or one naming a run outside RUNGS.
+    StudyError: a piece the file's PIECES (a dict: name -> tuple of runs of RUNGS) lacks
+      (an empty one, "FILE:", too), or one naming a run outside RUNGS.
   """
   path, piece = split_spec(spec)
   module = runs.load_ladder(path, kind="study")
@@ -433,7 +434,9 @@ def load_study_module(spec):
   pieces = getattr(module, "PIECES", None)
   if not isinstance(pieces, dict) or piece not in pieces:
     known = ", ".join(map(str, pieces)) if isinstance(pieces, dict) else ""
-    raise StudyError(f"--study={spec}: {path} has no piece {piece!r}; expected "
+    what = (f"{path} has no piece {piece!r}" if piece
+            else "an empty piece name after ':'")
+    raise StudyError(f"--study={spec}: {what}; expected "
                      + (f"one of {known}" if known else "a study file with a PIECES dict "
                         "(name -> runs of RUNGS) to run a piece, or the file alone"))
   chosen = tuple(pieces[piece])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from lev_jax.ladder.plots import count_axis, figure
+from lev_jax.ladder.plots import count_axis, figure, legend
 from lev_jax.ladder.reporting import MIN_BUCKET_TARGETS, too_few_targets
 from lev_jax.ladder.study import SCHEMES
 
@@ -97,7 +97,7 @@ def plot_loss_vs_tokens(analysis, path) -> None:
     ax.set_xlabel("training tokens")
     ax.set_ylabel("validation loss (nats / token)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    legend(ax, fontsize=7)
   fig.suptitle("Validation loss vs tokens: mean over seeds ± se (each seed faint)")
   fig.savefig(path, dpi=110)
 
@@ -148,7 +148,7 @@ def plot_freq_buckets(analysis, path):
       ax.set_title(f"{_title(vocab, size, corpus, analysis)}, {scheme} buckets", fontsize=9)
       ax.set_ylabel("ppl change vs tied (%)")
       ax.grid(True, axis="y", alpha=0.3)
-      ax.legend(fontsize=7)
+      legend(ax, fontsize=7)
   fig.suptitle("Per-bucket perplexity change vs tied, test split\n(95 % t-intervals; "
                "rarest tokens left)", fontsize=10)  # two lines: one vocab is 4.6 in wide
   fig.savefig(path, dpi=110)
@@ -196,7 +196,7 @@ def plot_trend(analysis, path):
     ax.set_xlabel("backbone (non-embedding) parameters")
     ax.set_ylabel("test ppl change (%)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    legend(ax, fontsize=7)
   if not groups:
     axes[0].text(0.5, 0.5, "no series at two sizes", ha="center",
                  transform=axes[0].transAxes)
