@@ -388,6 +388,12 @@ def _largest_shape(shapes: str) -> str:
   return max(shapes.split(", "), key=size).strip()
 
 
+def short_steps(reports: list[StepReport], min_free: float = 0.0) -> list[StepReport]:
+  """The steps lev-compile refuses: those that do not fit, and those that leave less
+  than `min_free` (a fraction in [0, 1)) of each chip's HBM free."""
+  return [r for r in reports if not r.fits or r.hbm_fraction > 1.0 - min_free]
+
+
 def shortfall_line(report: StepReport, topology: Topology, config,
                    min_free: float = 0.0) -> str:
   """One line for a step that does not fit, or (compiled, `min_free` > 0) leaves less

@@ -83,7 +83,7 @@ def test_a_gpu_target_without_the_cuda_plugin_names_the_install():
 def test_a_fitting_config_prints_the_table_and_writes_the_json(tmp_path):
   out, hlo = tmp_path / "compile.json", tmp_path / "hlo"
   proc = _compile("--config=experiments/smoke.py:tied", "--topology=v5p:2x2x1",
-                  f"--json={out}", f"--dump_hlo={hlo}")
+                  f"--json={out}", f"--dump_hlo={hlo}", "--min_free=0.5")  # leaves > half
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "lev-compile: smoke_tied on v5p:2x2x1 (4 x TPU v5" in proc.stdout
   assert "mesh data 1 x fsdp 4 x tensor 1" in proc.stdout
@@ -124,13 +124,23 @@ def test_a_config_that_cannot_fit_exits_2_naming_shortfall_buffers_and_levers(tm
   assert json.loads(out.read_text())["steps"][0]["fits"] is False
 
 
-@needs_libtpu
 def test_min_free_refuses_a_step_that_leaves_too_little_hbm():
-  proc = _compile("--config=experiments/smoke.py:tied", "--topology=v5e:2x2",
-                  "--steps=eval", "--config.eval.batch_size=2048", "--min_free=0.99")
-  line = _one_error_line(proc)
-  assert "leaves less than 99% of HBM free on v5e:2x2: needs 0.65 GiB per chip, 0.16 GiB " in line
-  assert "usable (16.00 GiB HBM with 99% kept free) (short by 0.49 GiB)" in line
+  """--min_free (the refusal line, its figures against the HBM that may be used): the
+  CLI's exit-2 path is the not-fitting test's above; a compile is not needed here."""
+  from lev_jax import aot
+  from lev_jax.config import base_config
+  from lev_jax.topology import GiB, parse_topology
+  c = base_config()
+  c.name = "smoke_tied"
+  step = aot.StepReport(step="eval", device_kind="TPU v5 lite", chips=4, hbm_bytes=16 * GiB,
+                        tokens=1, analytic_flops=1.0, compile_s=1.0,
+                        arguments_bytes=int(0.15 * GiB), temp_bytes=int(0.5 * GiB))
+  assert step.fits and aot.short_steps([step]) == [] == aot.short_steps([step], 0.95)
+  assert aot.short_steps([step], 0.99) == [step]
+  line = aot.shortfall_line(step, parse_topology("v5e:2x2"), c, 0.99)
+  assert "the eval step of smoke_tied leaves less than 99% of HBM free on v5e:2x2: " in line
+  assert ("needs 0.65 GiB per chip, 0.16 GiB usable (16.00 GiB HBM with 99% kept free) "
+          "(short by 0.49 GiB)") in line
 
 
 @needs_libtpu

@@ -9,14 +9,25 @@ import collections
 import json
 
 import pytest
-import seqio
-import tensorflow as tf
 import zstandard
 
 from lev_jax.data import embedded, splits
 from lev_jax.data import tokenizer as tok_lib
-from lev_jax.data import vocabularies
 from lev_jax.data.errors import DataError
+
+# seqio imports TensorFlow: ~11 s of CPU, once per process. Imported when the first test
+# here runs, not when pytest collects this file (every pytest-xdist worker collects every
+# file); the xdist_group keeps these tests on one worker (pyproject: --dist loadgroup).
+seqio = tf = vocabularies = None
+pytestmark = pytest.mark.xdist_group("tensorflow")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _seqio_and_tensorflow():
+  global seqio, tf, vocabularies  # pylint: disable=global-statement
+  import seqio  # pylint: disable=import-outside-toplevel,redefined-outer-name
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel,redefined-outer-name
+  from lev_jax.data import vocabularies  # pylint: disable=import-outside-toplevel,redefined-outer-name
 
 L = 64
 LONG = "alpha long " + "a long document " * 12  # 203 bytes: trimmed to L - 1 ids + eos

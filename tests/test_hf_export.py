@@ -6,9 +6,12 @@ import json
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
+# torch and transformers (~4 s of CPU to import): imported when the first test here runs,
+# not when each pytest-xdist worker collects this file; the group keeps these tests on
+# one worker (pyproject: --dist loadgroup); without them every test here skips.
+torch = transformers = None
+pytestmark = pytest.mark.xdist_group("torch")
 from safetensors import safe_open
 
 import jax
@@ -38,6 +41,9 @@ IDS_BxL = np.array([[0, 1, 258, 7, 100, 3, 258, 42, 5],
 
 @pytest.fixture(scope="module", autouse=True)
 def quiet_transformers():
+  global torch, transformers  # pylint: disable=global-statement
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
   transformers.logging.set_verbosity_error()
   transformers.utils.logging.disable_progress_bar()
 

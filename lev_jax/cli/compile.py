@@ -174,7 +174,7 @@ def main(argv):
     with open(tmp, "w") as out:
       json.dump(record, out, indent=1, allow_nan=False, default=_finite)
     os.replace(tmp, f.json)
-  short = [r for r in reports if not r.fits or r.hbm_fraction > 1.0 - f.min_free]
+  short = aot.short_steps(reports, f.min_free)
   if short:
     common.fail(PROG, aot.shortfall_line(short[0], topology, config, f.min_free))
 
