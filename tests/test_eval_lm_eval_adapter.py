@@ -216,6 +216,7 @@ def test_an_output_path_in_a_saved_checkpoint_is_one_line(tmp_path, monkeypatch,
     assert capsys.readouterr().err == f"lev-lm-eval: error: --output_path={out}: {said}\n"
 
 
+@pytest.mark.xdist_group("torch")  # lm-eval's evaluation imports torch: on its worker
 def test_simple_evaluate_on_a_local_task_offline(export, tmp_path, monkeypatch):
   """Registry name + model_args string + a task read from a local JSON file: no network
   (datasets / hub offline; the datasets cache in tmp_path; only this task is indexed)."""
