@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import tiny_config
+import conftest
+
+# Two layers here: what these tests check depends on the layer stack.
+tiny_config = functools.partial(conftest.tiny_config, n_layers=2)
 from lev_jax.decode import filter_logits, generate
 from lev_jax.model import Decoder
 

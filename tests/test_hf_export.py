@@ -1,6 +1,7 @@
 """Hugging Face LLaMA export: transformers' logits equal ours for every embedding and
 layer layout; Leviathan's embed_tokens is LEV's output; tokenizer files give our ids."""
 
+import functools
 import json
 
 import numpy as np
@@ -19,7 +20,10 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from conftest import tiny_config
+import conftest
+
+# Two layers here: what these tests check depends on the layer stack.
+tiny_config = functools.partial(conftest.tiny_config, n_layers=2)
 from lev_jax import hf_export
 from lev_jax.data.tokenizer import ByteTokenizer
 from lev_jax.data.tokenizer_files import load_tokenizer

@@ -300,13 +300,13 @@ def test_backbone_size_and_corpus_are_factors_and_nothing_else_is():
   b.data.corpus = "foldoc"
   study.check_factors({"a": a, "b": b})
   assert study.cell_of(b) == ("leviathan", 259, "d64-L3", "foldoc", "default", 0)
-  assert study.cell_of(a).cell == ("tied", 259, "d32-L2", "python_docs", "default")
+  assert study.cell_of(a).cell == ("tied", 259, "d32-L1", "python_docs", "default")
   b.lev.d_seed = 16
   with pytest.raises(StudyError, match=r"lev.d_seed \(8 in a; 16 in b\)"):
     study.check_factors({"a": a, "b": b})
   c = byte_config("lev")
   c.model.d_ff = 96
-  with pytest.raises(StudyError, match=r"share the size d32-L2.*model.d_ff \(64 in a; 96 in c\)"):
+  with pytest.raises(StudyError, match=r"share the size d32-L1.*model.d_ff \(64 in a; 96 in c\)"):
     study.check_factors({"a": a, "c": c})
 
 

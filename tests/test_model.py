@@ -1,12 +1,16 @@
 """Decoder and embeddings: causality, tying, padded vocab, LEV modes, remat."""
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import tiny_config
+import conftest
+
+# Two layers here: what these tests check depends on the layer stack.
+tiny_config = functools.partial(conftest.tiny_config, n_layers=2)
 from lev_jax.config import REMAT_POLICIES, ConfigError
 from lev_jax.embeddings import PAD_LOGIT, TiedEmbedding, mask_padded_logits
 from lev_jax.model import Decoder, remat_policy

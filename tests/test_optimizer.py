@@ -1,6 +1,7 @@
 """Schedule shape, decay mask, clipping modes, parameter groups and their diagnostics,
 LEV's learning-rate multiplier and output-projection init."""
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +9,10 @@ import optax
 import pytest
 from flax import nnx
 
-from conftest import tiny_config
+import conftest
+
+# Two layers here: what these tests check depends on the layer stack.
+tiny_config = functools.partial(conftest.tiny_config, n_layers=2)
 from lev_jax.lev import LEV
 from lev_jax.optimizer import (decay_mask, group_adamw, group_diagnostics,
                                learning_rate_schedule, make_clipping, make_optimizer,

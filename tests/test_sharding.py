@@ -1,5 +1,6 @@
 """Mesh, logical axis rules, golden PartitionSpecs, and 1-device == 8-device training."""
 
+import functools
 import json
 import math
 import os
@@ -11,7 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import run_on_8_devices, tiny_config
+from conftest import run_on_8_devices
+import conftest
+
+# Two layers here: what these tests check depends on the layer stack.
+tiny_config = functools.partial(conftest.tiny_config, n_layers=2)
 from lev_jax import sharding
 from lev_jax.sharding import ShardingError
 from lev_jax.train import abstract_model
