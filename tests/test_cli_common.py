@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+# One pytest-xdist worker runs this file (--dist loadgroup): its module fixture `helps`
+# (every command's --help and empty paths, one subprocess) is built once, not per worker.
+pytestmark = pytest.mark.xdist_group("cli_help")
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 OVERRIDE = "--config.eval.batches=2"  # a field of every experiment's config
@@ -314,6 +318,15 @@ def test_define_path_refuses_an_empty_or_blank_value(capsys):
                                        "variable?); expected the folder to write\n")
   parse(["lev-x", "--output=out"])
   assert fv.output == "out"
+  # Issue 26 (fifth pass): a path with bytes that are not UTF-8 (argv keeps them as lone
+  # surrogates) trained, then every Orbax save failed with tracebacks: refused when parsed.
+  with pytest.raises(SystemExit) as e:
+    parse(["lev-x", "--output=/tmp/w\udcff"])
+  assert e.value.code == 2
+  assert capsys.readouterr().err == (
+      "lev-x: error: --output is not UTF-8 text (a byte that is not UTF-8, which Orbax, "
+      "TensorStore and ArrayRecord cannot write in a path); expected the folder to write, "
+      "named in UTF-8\n")
 
 
 def test_a_flag_on_by_default_is_listed_as_what_its_no_form_does(helps):

@@ -142,7 +142,9 @@ def test_bytes_that_are_not_utf8_are_named_by_file_and_line(tmp_path, capsys):
       ([f"--prompts_file={bad}"], f"{bad}:3 is not valid UTF-8 (byte 0xff); expected a "
        "UTF-8 text file"),
       (["--prompt=ok", "--prompt=a\udcff\udcfe"], "--prompt 2 is not valid UTF-8 "
-       "(character 2)")]:
+       "(character 2)"),
+      (["--prompt=ok", "--stop=x", "--stop=\udcff"], "--stop 2 is not valid UTF-8 "
+       "(character 1)")]:
     with pytest.raises(SystemExit) as e:
       lev_sample(f"--checkpoint={tmp_path / 'not_loaded'}", *args)
     err = capsys.readouterr().err

@@ -54,6 +54,7 @@ _HLO_PROGRAM = """
 import re, sys, numpy as np, jax
 from lev_jax import train
 from lev_jax.experiments import experiments_dir, load_experiment
+
 for variant in sys.argv[1:]:
   config = load_experiment(experiments_dir() / "smoke.py").get_config(variant)
   part = train.partition(config)
@@ -65,6 +66,9 @@ for variant in sys.argv[1:]:
   print(f"=== {variant}")
   print(grad.lower(params).compile().as_text())
 """
+# One pytest-xdist worker runs this file (--dist loadgroup): its module fixture (the
+# default-flags HLO of both smoke gradients) is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("ynnpack")
 VARIANTS = ("tied", "leviathan")  # leviathan has untied's head
 
 

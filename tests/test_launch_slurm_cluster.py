@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+# One pytest-xdist worker runs this file (--dist loadgroup): its module fixture
+# (the SLURM cluster and its runs) is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("slurm")
+
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 20
 TINY = ["--config=experiments/smoke.py:tied", "--config.model.vocab_size=512",

@@ -28,6 +28,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from launch.local import launch_local  # noqa: E402
 
+# One pytest-xdist worker runs this file (--dist loadgroup): its module fixture
+# (the reference run: one process, 8 steps) is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("multiprocess")
+
 
 def args(workdir, cache, *extra):
   return [f"--config={REPO / 'experiments' / 'smoke.py'}:tied", f"--workdir={workdir}",

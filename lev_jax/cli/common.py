@@ -64,6 +64,21 @@ def define_path(name: str, default: str | None, help: str, *, what: str,
   fv[name].lev_what = what  # for `--NAME: required: WHAT` (flags_parser)
   flags.register_validator(name, lambda value: value is None or bool(value.strip()),
                            message=empty_message(name, what), flag_values=fv)
+  flags.register_validator(name, lambda value: value is None or not_utf8_error("", value) is None,
+                           message=f"--{name} is not UTF-8 text (a byte that is not UTF-8, which "
+                           "Orbax, TensorStore and ArrayRecord cannot write in a path); "
+                           f"expected {what}, named in UTF-8", flag_values=fv)
+
+
+def not_utf8_error(label: str, text: str) -> str | None:
+  """`<label> is not valid UTF-8 (character N); expected UTF-8 text` when `text` holds
+  a byte that is not UTF-8 (Python keeps such command-line bytes as lone surrogates,
+  PEP 383, which every later encode to UTF-8 refuses with a traceback); else None."""
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    return f"{label} is not valid UTF-8 (character {e.start + 1}); expected UTF-8 text"
+  return None
 
 
 def empty_message(name: str, what: str) -> str:
@@ -347,8 +362,8 @@ def created_folder_error(flag: str, path: str) -> str | None:
 
 
 # absl's prefix of a validator's message, "flag --NAME=VALUE: ", when the message itself
-# starts with --NAME (define_path's, whose VALUE is blank).
-_REPEATED_FLAG = re.compile(r"^flag (--[\w.]+)=\s*: (?=\1 )")
+# starts with --NAME (define_path's: VALUE is blank, or not UTF-8 and shown escaped).
+_REPEATED_FLAG = re.compile(r"^flag (--[\w.]+)=.*?: (?=\1 )", re.S)
 
 
 def run(prog: str, main, module: str,

@@ -73,11 +73,9 @@ def read_prompts(prompts, prompts_file: str | None) -> list[tuple[str, str]]:
   for label, text in out:
     if not text:
       raise ValueError(f"{label} is empty; expected some text to continue")
-    try:  # Python keeps argv bytes that are not UTF-8 as lone surrogates
-      text.encode("utf-8")
-    except UnicodeEncodeError as e:
-      raise ValueError(f"{label} is not valid UTF-8 (character {e.start + 1}); expected "
-                       "UTF-8 text") from None
+    problem = common.not_utf8_error(label, text)
+    if problem:
+      raise ValueError(problem)
   if prompts_file:
     try:  # a pipe (<(...), /dev/stdin) is read too, up to the limit: /dev/zero ends
       data = read_small(prompts_file, PROMPTS_FILE_LIMIT)
@@ -106,7 +104,8 @@ def read_prompts(prompts, prompts_file: str | None) -> list[tuple[str, str]]:
 
 
 def check_decoding(max_new_tokens, temperature, top_k, top_p, batch_size, stops=()) -> None:
-  """Raises ValueError naming the first out-of-range decoding flag (or an empty --stop)."""
+  """Raises ValueError naming the first out-of-range decoding flag (or a --stop that is
+  empty or not UTF-8)."""
   if max_new_tokens < 1:
     raise ValueError(f"--max_new_tokens={max_new_tokens}: expected an integer >= 1")
   if not temperature >= 0 or temperature == float("inf"):
@@ -125,6 +124,10 @@ def check_decoding(max_new_tokens, temperature, top_k, top_p, batch_size, stops=
     raise ValueError(f"--batch_size={batch_size}: expected an integer >= 1")
   if any(not s for s in stops):
     raise ValueError("--stop is empty; expected a non-empty string")
+  problem = next(filter(None, (common.not_utf8_error(f"--stop {i}", s)
+                               for i, s in enumerate(stops, 1))), None)
+  if problem:  # sentencepiece's encode would fail on it with a traceback
+    raise ValueError(problem)
 
 
 def _cut(text: str, stops) -> tuple[str, str | None]:
