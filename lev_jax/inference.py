@@ -306,8 +306,8 @@ def step_error(path, step: int | None) -> str | None:
   root = _path(path)
   if (root / EXPORT_JSON).exists():
     try:
-      saved = json.loads(read_small_text(root / EXPORT_JSON)).get("step")
-    except (OSError, ValueError, AttributeError):
+      saved = _read_json(root / EXPORT_JSON).get("step")
+    except (InferenceError, AttributeError):
       return None
     return None if saved == step else f"{root}: the export holds step {saved}, not step {step}"
   ckpt_dir = root / CHECKPOINTS
