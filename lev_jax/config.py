@@ -373,8 +373,10 @@ def _non_finite(value) -> bool:
 
 def _check_finite(node, prefix: str = "") -> None:
   """Fails on the first nan / inf anywhere under `node`: a number, or one inside a
-  tuple or list (the whole sequence is shown). nan passes every `<` / `>` test, so
-  this runs before the range checks."""
+  tuple or list (the whole sequence is shown); or a text field that is not UTF-8 (a
+  command-line byte that is not, kept by Python as a lone surrogate, PEP 383: config.name
+  names the run's folder and every JSON file holds it). nan passes every `<` / `>` test,
+  so this runs before the range checks."""
   for name, value in node.items():
     field = f"{prefix}{name}"
     if isinstance(value, (ml_collections.ConfigDict, dict)):
@@ -383,6 +385,16 @@ def _check_finite(node, prefix: str = "") -> None:
       _fail(field, value, "a finite number")
     elif isinstance(value, (tuple, list)) and any(_non_finite(v) for v in value):
       _fail(field, tuple(value), "finite numbers")
+    elif isinstance(value, str) and not _is_utf8(value):
+      _fail(field, value, "UTF-8 text (a byte that is not UTF-8 was given)")
+
+
+def _is_utf8(text: str) -> bool:
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError:
+    return False
+  return True
 
 
 def splash_misfit(seq_len: int, block_q: int, block_kv: int) -> tuple | None:

@@ -54,8 +54,8 @@ from lev_jax.embeddings import input_table
 from lev_jax.lock import _pid_running
 from lev_jax.model import Decoder
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, LOCK,
-                             RUN_OUTPUTS, TOKEN_COUNTS, TOKENIZER, read_small_text,
-                             write_json_atomic)
+                             PREPARED_INFO, RUN_OUTPUTS, TOKEN_COUNTS, TOKENIZER,
+                             is_prepared_data, read_small_text, write_json_atomic)
 
 EXPORT_FORMAT = "lev_jax.inference/1"
 
@@ -147,8 +147,9 @@ def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict)
 def _not_a_workdir(root: epath.Path) -> str:
   """Why `root` (an existing folder with no checkpoints/ and no export.json) cannot be
   loaded: a step folder or the checkpoints/ folder itself (name the workdir and --step),
-  an export whose export.json is missing (its params/; what it holds named), a training
-  run that has saved no checkpoint yet, or neither a workdir nor an export."""
+  an export whose export.json is missing (its params/; what it holds named), prepared
+  data (lev-prepare-data's), a training run that has saved no checkpoint yet, or
+  neither a workdir nor an export."""
   if root.name.isdigit() and root.parent.name == CHECKPOINTS:
     return (f"{root}: a checkpoint step folder; give the run's folder and the step: "
             f"--checkpoint={root.parent.parent} --step={root.name}")
@@ -161,6 +162,10 @@ def _not_a_workdir(root: epath.Path) -> str:
     return (f"{root}: looks like an export missing its {EXPORT_JSON} (it holds "
             f"{', '.join(held)}; lev-export writes {EXPORT_JSON} last: the export did not "
             "finish or the file was deleted); export the checkpoint again")
+  if is_prepared_data(root):  # it holds tokenizer/ and token_counts.npy too
+    return (f"{root}: prepared data (lev-prepare-data's output: {PREPARED_INFO}), not a "
+            f"training workdir (no {CHECKPOINTS}/) or an inference export (no "
+            f"{EXPORT_JSON}); expected a lev-train workdir or a lev-export folder")
   if any((root / name).exists() for name in (LOCK, *RUN_OUTPUTS)):
     return _no_checkpoint_yet(root, f"no {CHECKPOINTS}/")
   return (f"{root}: neither a training workdir (no {CHECKPOINTS}/) nor an inference "

@@ -57,7 +57,8 @@ from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
 from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, ERRORS_LOG, EVAL_JSON, LOCK,
                              METRICS, PROFILE, PROFILE_TRACES, RUN_OUTPUTS, TOKEN_COUNTS,
-                             TOKENIZER, OutputWriteError, loads_json, write_json_atomic)
+                             TOKENIZER, OutputWriteError, is_prepared_data, loads_json,
+                             write_json_atomic)
 
 
 @contextlib.contextmanager
@@ -316,6 +317,11 @@ def _check_run_folder(workdir: epath.Path) -> None:
   """
   if not workdir.is_dir() or (workdir / CHECKPOINTS).is_dir():
     return
+  if is_prepared_data(workdir):  # it holds tokenizer/ and token_counts.npy too
+    raise ConfigError(
+        f"--workdir={workdir}: is prepared data (lev-prepare-data's output), not a run's "
+        "folder; expected a new or empty folder, or a run's own to resume. Nothing was "
+        "changed: use another --workdir (and give this folder as data.prepared_dir)")
   names = sorted(p.name for p in workdir.iterdir() if p.name != LOCK)
   outputs = [n for n in names if n in RUN_OUTPUTS and n != ERRORS_LOG]
   if outputs:
@@ -350,8 +356,12 @@ def _check_finished_step(step_dir: epath.Path, step: int) -> None:
 
 
 def finished_run(config: ml_collections.ConfigDict, workdir,
-                 restore_fallback: bool = False) -> Finished | None:
+                 restore_fallback: bool = False, warn: bool = True) -> Finished | None:
   """A finished run in `workdir`, read without writing anything (no lock needed).
+
+  `warn=False` reads silently: for the second read under the run's lock
+  (train_and_evaluate's, after lev-train's own read before the lock has logged them),
+  the warnings about an extension or an unreadable eval.json.
 
   Finished: its latest checkpoint is at or past config.train.steps. Its stored config
   (that step's) is compared with `config` field by field (checkpoint_checks.
@@ -387,7 +397,8 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
     if not steps:
       return None
     if steps[-1] < config.train.steps:
-      _warn_if_extending(reader, steps[-1], config, workdir)
+      if warn:
+        _warn_if_extending(reader, steps[-1], config, workdir)
       return None
     step = steps[-1]
     try:
@@ -404,7 +415,7 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
         f"{'; '.join(diffs or [f'train.steps: checkpoint {step}, this run {config.train.steps}'])}. "
         "Nothing was changed: use a new --workdir, or the run's own config (lev-eval "
         "evaluates it under other data or eval settings, into its own file)")
-  finished = _finished_eval(workdir / EVAL_JSON, step)
+  finished = _finished_eval(workdir / EVAL_JSON, step, warn)
   if finished is None:
     return None
   try:
@@ -435,26 +446,19 @@ def _unfinished_line(workdir, step: int, saved: dict, steps: int, diffs) -> str 
           f"--checkpoint={workdir} --step={step}, or use a new --workdir")
 
 
-# (workdir, finished step, new train.steps) of the extensions warned about: lev-train
-# reads the run before its lock (`finished_run`), then train_and_evaluate reads it again.
-_EXTENSIONS_WARNED: set[tuple[str, int, int]] = set()
-
-
 def _warn_if_extending(reader, step: int, config, workdir: epath.Path) -> None:
-  """Logs one warning (once per process for a workdir, step and train.steps) when the
+  """Logs one warning when the
   run's latest `step` is its finished end (its stored train.steps, evaluated into
   eval.json) and config.train.steps is larger: training goes on (as in MaxText and
   Levanter, train.steps is the total), eval.json will hold the new end's evaluation;
   the earlier one stays in metrics.jsonl."""
-  key = (str(workdir), step, config.train.steps)
-  if key in _EXTENSIONS_WARNED or _finished_eval(workdir / EVAL_JSON, step) is None:
+  if _finished_eval(workdir / EVAL_JSON, step, warn=False) is None:
     return
   try:
     stored_steps = reader.saved_config(step)["train"]["steps"]
   except Exception:  # pylint: disable=broad-except  # unreadable: the restore says why
     return
   if stored_steps == step:
-    _EXTENSIONS_WARNED.add(key)
     logging.warning(
         "%s: extending the run finished at step %d to train.steps = %d (the learning-rate "
         "schedule now spans %d steps); its step-%d evaluation stays in %s, %s will hold "
@@ -462,21 +466,15 @@ def _warn_if_extending(reader, step: int, config, workdir: epath.Path) -> None:
         EVAL_JSON, config.train.steps)
 
 
-# (eval.json, step) of the unreadable eval.json files warned about: lev-train reads the
-# run before its lock (`finished_run`), then train_and_evaluate reads it again.
-_UNREADABLE_WARNED: set[tuple[str, int]] = set()
-
-
-def _finished_eval(path: epath.Path, step: int) -> dict | None:
+def _finished_eval(path: epath.Path, step: int, warn: bool = True) -> dict | None:
   """eval.json's result when it is readable and for `step`; else None (re-evaluate). An
-  unreadable one is logged once per process (for a path and step)."""
+  unreadable one is logged when `warn`."""
   if not path.exists():
     return None
   try:
     finished = loads_json(path.read_text())
   except ValueError as e:
-    if (str(path), step) not in _UNREADABLE_WARNED:
-      _UNREADABLE_WARNED.add((str(path), step))
+    if warn:
       logging.warning("%s is unreadable (%s); evaluating again", path, e)
     return None
   return finished if isinstance(finished, dict) and finished.get("step") == step else None
@@ -668,7 +666,8 @@ class _Profile:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
                        stop_at_step: int | None = None,
-                       restore_fallback: bool = False) -> dict | Stopped:
+                       restore_fallback: bool = False,
+                       finished_checked: bool = False) -> dict | Stopped:
   """Trains config.train.steps optimizer steps (resuming if possible); returns final eval.
 
   Every check (config, workdir kinds and permissions, a finished run's config, data,
@@ -687,6 +686,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
       corrupt, unreadable or holds NaN / infinite values (a warning names it; it is
       moved to checkpoints_quarantine/), from step 0 when none is; without it, that is an
       error.
+    finished_checked: the caller has already read `finished_run` for this config and
+      workdir and got None, with its warnings (lev-train does, before taking the run's
+      lock); the run is read again here, under the lock (another job may have finished
+      it in between), without repeating them.
 
   Returns:
     The final evaluation (as eval.json), `Stopped` when the run stopped early, or
@@ -705,7 +708,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   workdir = epath.Path(workdir).expanduser()
   if "://" not in str(workdir):
     workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative
-  finished = finished_run(config, workdir, restore_fallback)  # also on a read-only copy
+  finished = finished_run(config, workdir, restore_fallback,  # also on a read-only copy
+                          warn=not finished_checked)
   if finished is not None:
     logging.info("the run already finished at step %d; its evaluation is %s",
                  finished.step, workdir / EVAL_JSON)

@@ -68,6 +68,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 
 DEFAULT_ROOT = "runs"  # lev-train's workdir without --workdir: runs/<config.name>
 
@@ -94,6 +95,14 @@ STUDY_EVAL_JSON = "study_eval.json"
 RUN_OUTPUTS = {CHECKPOINTS: True, TOKENIZER: True, TENSORBOARD: True, PROFILE: True,
                METRICS: False, EVAL_JSON: False, DATA_REPORT: False, TOKEN_COUNTS: False,
                ERRORS_LOG: False}
+
+# A lev-prepare-data output folder (lev_jax/data/prepared.py): TFDS's dataset_info.json,
+# written last, and lev-prepare-data's own prepare/ work folder with its run.json. It also
+# holds tokenizer/ and token_counts.npy, as a run folder does: `is_prepared_data` tells
+# them apart.
+PREPARED_INFO = "dataset_info.json"
+PREPARED_WORK = "prepare"
+PREPARED_RUN_JSON = "run.json"
 
 EXPORT_PARAMS = "params"
 EXPORT_CONFIG = "config.json"
@@ -227,3 +236,11 @@ def write_json_atomic(path, value, *, default=None) -> None:
   """
   from lev_jax.data.files import write_bytes_atomic  # imports grain: only when writing
   write_bytes_atomic(path, json_text(value, default=default).encode())
+
+
+def is_prepared_data(folder) -> bool:
+  """Whether the local folder `folder` (str or path) is a lev-prepare-data output,
+  finished (PREPARED_INFO) or not (PREPARED_WORK/PREPARED_RUN_JSON)."""
+  folder = os.fspath(folder)
+  return (os.path.isfile(os.path.join(folder, PREPARED_INFO))
+          or os.path.isfile(os.path.join(folder, PREPARED_WORK, PREPARED_RUN_JSON)))

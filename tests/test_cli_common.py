@@ -528,6 +528,12 @@ if __name__ == "__main__":
                          "automatically choose an available backend)"),
      "Unable to initialize backend 'foo': Backend 'foo' is not in the list of known "
      "backends: ['cpu', 'tpu']"),
+    # newcomer pass 5: "gpu" tries cuda, then rocm, and jax names 'rocm'
+    ("gpu", RuntimeError("Unable to initialize backend 'rocm': Backend 'rocm' is not in the "
+                         "list of known backends: ['cpu', 'tpu']. (set JAX_PLATFORMS='' to "
+                         "automatically choose an available backend)"),
+     "no GPU backend is installed: jax has cpu, tpu; for NVIDIA GPUs install jax[cuda12] as "
+     "BUILD.md says"),
 ])
 def test_a_backend_jax_cannot_start_is_one_line(monkeypatch, capsys, platforms, raised, reason):
   """Newcomer pass 4: JAX_PLATFORMS=tpu/foo/gpu was a 40-65 line traceback in lev-eval,
@@ -548,6 +554,21 @@ def test_a_backend_jax_cannot_start_is_one_line(monkeypatch, capsys, platforms, 
   assert common.backend_error() is None
 
 
+def test_an_unknown_xla_flag_is_named_before_the_job(monkeypatch):
+  """Newcomer pass 5: XLA_FLAGS=--bogus_flag lev-train --preflight=cpu:1x1 said ok (XLA
+  aborts the real job when its backend starts)."""
+  from lev_jax.cli import common
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  assert common.xla_flags_error() is None
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true "
+                     "--bogus_flag=3")
+  assert common.xla_flags_error() == (
+      "XLA_FLAGS holds --bogus_flag=3, a flag this jaxlib's XLA does not know: XLA would "
+      "abort the job when it starts; expected XLA's own flags (XLA_FLAGS=--help lists them)")
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true")
+  assert common.xla_flags_error() is None  # a GPU flag, checked on this CPU host
+
+
 def test_a_sampling_seed_beyond_64_bits_is_refused_when_parsed(capsys):
   """Newcomer pass 4: lev-sample --seed=99999999999999999999 was an OverflowError."""
   from absl import flags
@@ -556,11 +577,15 @@ def test_a_sampling_seed_beyond_64_bits_is_refused_when_parsed(capsys):
   sample.define_flags(fv)
   parse = common.flags_parser("lev-sample", None, fv)
   assert parse(["lev-sample", f"--seed={-2**63}"]) == ["lev-sample"]
+  assert parse(["lev-sample", f"--seed={2**63 - 1}"]) == ["lev-sample"]
+  # newcomer pass 5: the range's upper end printed as 9223372032559808512
+  assert [sample._batch_seed(2**63 - 1, i) for i in range(3)] == [2**63 - 1, -2**63,
+                                                                   -2**63 + 1]
   with pytest.raises(SystemExit) as e:
     parse(["lev-sample", "--seed=99999999999999999999"])
   assert e.value.code == 2 and capsys.readouterr().err.startswith(
       "lev-sample: error: flag --seed=99999999999999999999: 99999999999999999999 is not an "
-      "integer in the range [-9223372036854775808, ")
+      "integer in the range [-9223372036854775808, 9223372036854775807]")
 
 
 def test_a_dangling_symbolic_link_as_a_folder_is_named(tmp_path):

@@ -220,6 +220,18 @@ def test_nan_inf_and_adam_betas_out_of_range_are_refused(field, value, match):
     validate(c)
 
 
+def test_a_config_text_that_is_not_utf8_is_refused():
+  """Newcomer pass 5: --config.name=$'ab\\xff' was accepted (it names the run's folder
+  and is written into every JSON file)."""
+  for field in ("name", "data.cache_dir"):
+    c = tiny_config()
+    *section, name = field.split(".")
+    (c[section[0]] if section else c)[name] = "ab\udcff"
+    with pytest.raises(ConfigError, match=rf"^config.{field} = 'ab\\udcff': expected UTF-8 "
+                       r"text \(a byte that is not UTF-8 was given\)$"):
+      validate(c)
+
+
 def test_a_nan_in_a_nested_section_or_a_section_lev_does_not_use_is_refused():
   c = tiny_config("tied")  # lev.* is otherwise unchecked without LEV
   c.lev.log_eps = NAN

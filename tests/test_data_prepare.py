@@ -267,6 +267,11 @@ def test_open_and_prepare_errors(tmp_path, pile):
   with pytest.raises(DataError, match=r"train: holds no prepared data \(it holds raw "
                      r"JSONL, e.g. a.jsonl\): no dataset_info.json"):
     prepared.open_prepared(pile["root"] / "train")
+  (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # newcomer pass 5: "raw JSONL"
+  (tmp_path / "run" / "metrics.jsonl").touch()
+  with pytest.raises(DataError, match=r"run: a training run's folder \(lev-train's: "
+                     r"checkpoints/, metrics.jsonl\), not prepared data"):
+    prepared.open_prepared(tmp_path / "run")
   with pytest.raises(DataError, match=r"config.model.vocab_size = 300 but the bytes "
                      "tokenizer has 259 ids"):
     c = _config(tmp_path, pile)

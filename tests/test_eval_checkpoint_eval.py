@@ -214,11 +214,17 @@ def test_an_existing_output_is_read_up_to_a_limit(tmp_path, monkeypatch):
      r"run's lev_eval.json, or the folder holding it$"),  # was a MemoryError
     (b"\xff{}", r"^--baseline=.*b.json: cannot read a lev_eval.json \(not UTF-8 text \(byte "
      r"0xff at offset 0\)\); run lev-eval on the baseline first$"),  # a bare codec line
+    # newcomer pass 5: lev-train's eval.json "holds no validation result"
+    (b'{"step": 4, "loss": 5.1, "perplexity": 164.0}', r"^--baseline=.*eval.json: is "
+     r"lev-train's eval.json, which holds no per-bucket result; expected the baseline's "
+     r"lev_eval.json \(run lev-eval --checkpoint=.* first\), or the folder holding it$"),
+    (b'{"step": 4}', r"^--baseline=.*eval.json: it holds no validation result to compare "
+     r"with \(expected a lev_eval.json written by lev-eval\)$"),
 ])
 def test_a_baseline_that_is_no_small_utf8_file_is_one_line(tmp_path, content, expected):
   path = "/dev/zero"
   if content is not None:
-    path = tmp_path / "b.json"
+    path = tmp_path / ("eval.json" if b"step" in content else "b.json")
     path.write_bytes(content)
   with pytest.raises(ConfigError, match=expected):
     checkpoint_eval._read_baseline(path)

@@ -452,5 +452,9 @@ def test_model_args_and_tasks_are_checked_before_the_hub_probe(capsys, monkeypat
     assert said in err, err
   err = _run_fails_at_once(["--model_args", f"checkpoint={w}"], capsys, monkeypatch)
   assert "error: --tasks is required: lm-eval task names" in err, err
+  # newcomer pass 5: `--tasks a,` was "Tasks not found: " with no name
+  err = _run_fails_at_once(["--tasks", "piqa,", "--model_args", f"checkpoint={w}"], capsys,
+                           monkeypatch)
+  assert "error: --tasks piqa,: an empty task name (a trailing or doubled comma)" in err, err
   assert lm_eval_cli.model_args_problem(argparse.Namespace(
       model="hf", model_args={"pretrained": "gpt2"})) is None  # another model's own args

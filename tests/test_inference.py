@@ -122,6 +122,14 @@ def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
       f"{tmp_path / 'exp'}: looks like an export missing its export.json (it holds "
       "config.json, params/; lev-export writes export.json last")):
     inference.load(tmp_path / "exp")
+  # newcomer pass 5: lev-prepare-data's output was "a run still compiling"
+  (tmp_path / "prep" / "tokenizer").mkdir(parents=True)
+  (tmp_path / "prep" / "token_counts.npy").touch()
+  (tmp_path / "prep" / "dataset_info.json").write_text("{}")
+  with pytest.raises(inference.InferenceError, match=re.escape(
+      f"{tmp_path / 'prep'}: prepared data (lev-prepare-data's output: dataset_info.json), "
+      "not a training workdir")):
+    inference.load(tmp_path / "prep")
   (tmp_path / "exp" / "export.json").write_bytes(b"\xff{}")  # was a bare codec line
   with pytest.raises(inference.InferenceError, match=re.escape(
       f"{tmp_path / 'exp' / 'export.json'}: unreadable export file (not UTF-8 text (byte "

@@ -346,6 +346,11 @@ def test_a_missing_ladder_file_is_named_before_the_root(tmp_path):
     ladder_cli.load_inputs(str(tmp_path / "nope.py"), str(tmp_path / "no_root"), run=False,
                            report_dir=None)
   smoke = str(REPO / "experiments" / "smoke_ladder.py")
+  # newcomer pass 5: FILE.py:PIECE (lev-study's form) was "no such file"
+  with pytest.raises(LadderError, match=r"^--ladder=.*smoke_ladder.py:foo: lev-ladder runs "
+                     r"every variant of a ladder file and takes no :PIECE"):
+    ladder_cli.load_inputs(smoke + ":foo", str(tmp_path / "no_root"), run=False,
+                           report_dir=None)
   with pytest.raises(ValueError, match=r"no_root: no such folder \(add --run"):
     ladder_cli.load_inputs(smoke, str(tmp_path / "no_root"), run=False, report_dir=None)
   assert ladder_cli.load_inputs(smoke, str(tmp_path / "no_root"), run=True,

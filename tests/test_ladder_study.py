@@ -217,6 +217,14 @@ def test_a_root_that_is_a_run_or_holds_a_ladder_report_is_refused(tmp_path):
   assert study_cli.folders_error(str(tmp_path / "cb"), run=True, report_dir=None) == (
       f"--root={tmp_path / 'cb'}: is {tmp_path / 'cb'}, a training run's folder (only its "
       "lev-train writes there); expected another path")
+  # newcomer pass 5: lev-prepare-data's output was "a training run's folder"
+  (tmp_path / "prep" / "tokenizer").mkdir(parents=True)
+  (tmp_path / "prep" / "token_counts.npy").touch()
+  (tmp_path / "prep" / "dataset_info.json").write_text("{}")
+  assert study_cli.folders_error(str(tmp_path / "new"), run=True,
+                                 report_dir=str(tmp_path / "prep")) == (
+      f"--report_dir={tmp_path / 'prep'}: is {tmp_path / 'prep'}, lev-prepare-data's output "
+      "(prepared data; only lev-prepare-data writes there); expected another path")
   (tmp_path / "lad" / "report").mkdir(parents=True)
   (tmp_path / "lad" / "report" / "ladder.csv").write_text("")
   assert "report: holds a lev-ladder report (ladder.csv)" in study_cli.folders_error(

@@ -104,9 +104,9 @@ def test_a_finished_run_is_only_read_and_another_config_is_refused(finished_tied
   other = c.copy_and_resolve_references()
   other.train.steps = 6
   assert finished_run(other, workdir) is None
-  # issue 26: lev-train reads the run twice (before its lock, then train_and_evaluate):
-  # the warning was logged twice
-  assert finished_run(other, workdir) is None
+  # issue 26: lev-train reads the run twice (before its lock, then train_and_evaluate,
+  # told so by finished_checked): the warning was logged twice
+  assert finished_run(other, workdir, warn=False) is None
   extending = [r.getMessage() for r in caplog.records if "extending" in r.getMessage()]
   assert len(extending) == 1 and extending[0].startswith(
       f"{workdir}: extending the run finished at step 4 to train.steps = 6")
@@ -313,17 +313,27 @@ def test_a_streamed_run_reports_its_counts_at_every_checkpoint(tmp_path, caplog)
   assert last["train"]["tokens"] == sum(map(len, docs)) and last["train_tokens"] == 6 * 23
 
 
-def test_an_unreadable_eval_json_is_warned_about_once(tmp_path, caplog):
+def test_an_unreadable_eval_json_is_warned_about_once(tmp_path, caplog, monkeypatch):
   """Newcomer pass 4: lev-train reads a run twice (before its lock, then to train): an
-  unreadable eval.json was warned about twice."""
-  from lev_jax.trainer import _finished_eval  # noqa: PLC0415
+  unreadable eval.json was warned about twice. The second read (train_and_evaluate with
+  finished_checked, as lev-train calls it) is silent."""
+  from lev_jax import trainer  # noqa: PLC0415
   from etils import epath  # noqa: PLC0415
   (tmp_path / "eval.json").write_bytes(b"\xff")
-  for _ in range(2):
-    assert _finished_eval(epath.Path(tmp_path / "eval.json"), 4) is None
+  assert trainer._finished_eval(epath.Path(tmp_path / "eval.json"), 4) is None
+  assert trainer._finished_eval(epath.Path(tmp_path / "eval.json"), 4, warn=False) is None
   assert [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()] == [
       f"{tmp_path / 'eval.json'} is unreadable ('utf-8' codec can't decode byte 0xff in "
       "position 0: invalid start byte); evaluating again"]
+  asked = []
+  def finished(config, workdir, restore_fallback=False, warn=True):
+    asked.append(warn)
+    return trainer.Finished(4, {})
+  monkeypatch.setattr(trainer, "finished_run", finished)
+  config = tiny_config("tied")
+  for checked in (False, True):
+    assert trainer.train_and_evaluate(config, tmp_path, finished_checked=checked).step == 4
+  assert asked == [True, False]
 
 
 def test_a_run_stopped_short_of_its_train_steps_is_not_called_finished(finished_tied_run,
@@ -396,6 +406,12 @@ def test_a_finished_run_with_a_damaged_last_checkpoint_or_none_is_refused(finish
                      r"\(notes.txt\), not a run's"):
     train_and_evaluate(c, notes)
   assert [p.name for p in notes.iterdir()] == ["notes.txt"]
+  (notes / "tokenizer").mkdir()  # newcomer pass 5: lev-prepare-data's output (it holds
+  (notes / "token_counts.npy").touch()  # tokenizer/ and token_counts.npy) was "a run's"
+  (notes / "dataset_info.json").write_text("{}")
+  with pytest.raises(ConfigError, match=f"^--workdir={notes}: is prepared data "
+                     r"\(lev-prepare-data's output\), not a run's folder"):
+    train_and_evaluate(c, notes)
 
 
 def test_eval_json_records_what_was_evaluated(finished_tied_run):

@@ -29,7 +29,7 @@ from lev_jax.cli import interrupt
 from lev_jax.experiments import file_problem
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF,
                              LADDER_CSV, LOCK, RUN_OUTPUTS, STUDY_CSV, TOKEN_COUNTS,
-                             TOKENIZER)
+                             TOKENIZER, is_prepared_data)
 
 # The flags `define_path` defines belong to the command calling it (its --help lists
 # them), not to this module.
@@ -242,7 +242,10 @@ def export_folder_error(flag: str, path: str) -> str | None:
 
 def _run_folder(folder: str) -> str | None:
   """The phrase for a training run's folder: two or more of its lock and RUN_OUTPUTS (a
-  lone .lock is not enough: pytest's numbered folders hold one too)."""
+  lone .lock is not enough: pytest's numbered folders hold one too); or for a
+  lev-prepare-data output, which holds a run's tokenizer/ and token_counts.npy too."""
+  if is_prepared_data(folder):
+    return "lev-prepare-data's output (prepared data; only lev-prepare-data writes there)"
   if sum(os.path.exists(os.path.join(folder, n)) for n in (LOCK, *RUN_OUTPUTS)) >= 2:
     return "a training run's folder (only its lev-train writes there)"
   return None
@@ -1018,6 +1021,9 @@ def quiet_library_logs():
 _JAX_HINT = re.compile(r"\s*\((set JAX_PLATFORMS|you may need to uninstall)[^()]*\)\.?$")
 
 
+_UNKNOWN_BACKEND = re.compile(r"is not in the list of known backends: \[([^\]]*)\]")
+
+
 def backend_error() -> str | None:
   """Starts jax's backends; the one line when they cannot start, else None.
 
@@ -1041,6 +1047,11 @@ def backend_error() -> str | None:
   except Exception as e:  # pylint: disable=broad-except  # any failure to start one
     reason = _JAX_HINT.sub("", first_line(e)).rstrip(".") if str(e).strip() else None
   platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+  known = _UNKNOWN_BACKEND.search(reason or "")
+  if known and set((platforms or "").split(",")) & {"gpu", "cuda", "rocm"}:
+    # "gpu" tries cuda, then rocm: jax names the last ('rocm') even where cuda was meant
+    reason = (f"no GPU backend is installed: jax has {known.group(1).replace(chr(39), '')}; "
+              "for NVIDIA GPUs install jax[cuda12] as BUILD.md says")
   if not reason:
     asked = (platforms or "").replace("gpu", "cuda").split(",")
     reason = ("no NVIDIA GPU is visible" if "cuda" in asked
@@ -1051,6 +1062,31 @@ def backend_error() -> str | None:
   return (f"JAX_PLATFORMS={platforms}: jax cannot start that backend here ({reason}); "
           "expected a platform this machine has, e.g. JAX_PLATFORMS=cpu, or leave it unset "
           "for jax to choose")
+
+
+def xla_flags_error() -> str | None:
+  """The one line when XLA_FLAGS holds a flag this jaxlib's XLA does not know; None when
+  every flag is known or XLA_FLAGS is unset (then at no cost).
+
+  XLA reads XLA_FLAGS when its first backend starts and aborts the process on an unknown
+  flag (`Unknown flag in XLA_FLAGS: --x`), which a command that starts no backend (lev-train
+  --preflight) would never see. So a child process starts jax's CPU backend under the same
+  environment (~1 s) and its abort line is returned. Every XLA flag (GPU and TPU ones
+  included) is registered in every jaxlib build, so this is right for a GPU job checked
+  on a CPU host. Source: xla/debug_options_flags.cc, parse_flags_from_env.cc.
+  """
+  if not os.environ.get("XLA_FLAGS", "").strip():
+    return None
+  import subprocess  # pylint: disable=import-outside-toplevel
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  child = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
+                         capture_output=True, text=True, errors="replace", check=False)
+  unknown = re.search(r"Unknown flags? in XLA_FLAGS: ?(.*)", child.stderr)
+  if child.returncode == 0 or not unknown:
+    return None
+  return (f"XLA_FLAGS holds {unknown.group(1).strip()}, a flag this jaxlib's XLA does not "
+          "know: XLA would abort the job when it starts; expected XLA's own flags "
+          "(XLA_FLAGS=--help lists them)")
 
 
 def backend_or_exit(prog: str) -> None:

@@ -179,8 +179,14 @@ def _parsed(argv: Sequence[str]):
 
 def _tasks_problem(args) -> str | None:
   """`--tasks is required ...` for a run without tasks (lm-eval finds that only after
-  its set-up), unless a --config YAML file may give them."""
-  if getattr(args, "tasks", None) or getattr(args, "config", None):
+  its set-up), unless a --config YAML file may give them; or for an empty name in the
+  list (a trailing or doubled comma: lm-eval said `Tasks not found: ` and nothing)."""
+  tasks = getattr(args, "tasks", None)
+  if tasks and any(not str(t).strip() for t in tasks):
+    return (f"--tasks {','.join(map(str, tasks))}: an empty task name (a trailing or "
+            "doubled comma); expected lm-eval task names, comma-separated, e.g. --tasks "
+            "lambada_openai,hellaswag")
+  if tasks or getattr(args, "config", None):
     return None
   return ("--tasks is required: lm-eval task names, comma-separated, e.g. --tasks "
           "lambada_openai,hellaswag (lev-lm-eval ls tasks lists them)")

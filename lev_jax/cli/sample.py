@@ -54,7 +54,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1]; 1 = off.",
                      flag_values=fv)
   flags.DEFINE_integer("seed", 0, "Sampling seed (jax.random.key: signed 64-bit; batch i uses "
-                       "seed + i).", lower_bound=-2**63, upper_bound=2**63 - 2**32, flag_values=fv)
+                       "seed + i, wrapped to signed 64 bits).", lower_bound=-2**63,
+                       upper_bound=2**63 - 1, flag_values=fv)
   flags.DEFINE_multi_string("stop", None, "Cut each completion at this string "
                             "(repeatable); generation always ends at eos.", flag_values=fv)
   flags.DEFINE_integer("batch_size", 8, "Prompts decoded together.", flag_values=fv)
@@ -139,6 +140,12 @@ def _cut(text: str, stops) -> tuple[str, str | None]:
   return text[:at], s
 
 
+def _batch_seed(seed: int, batch: int) -> int:
+  """Batch `batch`'s sampling seed: seed + batch, wrapped into jax.random.key's signed
+  64-bit range (so --seed takes every int64, 2**63 - 1 included)."""
+  return (seed + batch + 2**63) % 2**64 - 2**63
+
+
 def complete(im, labelled, *, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, stops=(),
              batch_size: int = 8) -> list[dict]:
@@ -148,7 +155,8 @@ def complete(im, labelled, *, max_new_tokens: int = 64, temperature: float = 0.0
     im: a `lev_jax.inference.InferenceModel` (model, config, tokenizer).
     labelled: [(label, prompt text)] as from `read_prompts`.
     stops: strings that end a completion (cut before the first occurrence).
-    The other arguments are `lev_jax.decode.generate`'s (batch i uses seed + i).
+    The other arguments are `lev_jax.decode.generate`'s (batch i uses seed + i, wrapped
+    to signed 64 bits: `_batch_seed`).
   Returns:
     [{"label", "prompt", "completion" (str), "tokens" (ids generated, int),
       "ended": "eos" | "stop <string repr>" | "max_new_tokens"}].
@@ -187,7 +195,7 @@ def complete(im, labelled, *, max_new_tokens: int = 64, temperature: float = 0.0
     batch = encoded[start:start + batch_size]
     outs = generate(im.model, batch, max_new_tokens=max_new_tokens,
                     temperature=temperature, top_k=top_k, top_p=top_p,
-                    stop_ids=sorted(stop_ids), seed=seed + i)
+                    stop_ids=sorted(stop_ids), seed=_batch_seed(seed, i))
     for (label, text), ids in zip(labelled[start:start + batch_size], outs):
       at_eos = eos is not None and bool(ids) and ids[-1] == eos
       completion, stop = _cut(tok.decode(ids[:-1] if at_eos else ids), stops)

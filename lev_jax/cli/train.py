@@ -93,7 +93,8 @@ _PREFLIGHT = re.compile(r"^(cpu|gpu|tpu):([0-9]+)x([0-9]+)$")
 def preflight(spec: str) -> None:
   """Validates flags.FLAGS.config for the job `spec` describes; prints one line.
 
-  Exits with status 2 and one line on a bad spec, config, mesh or batch.
+  Exits with status 2 and one line on a bad spec, config, mesh or batch, or an XLA_FLAGS
+  flag that XLA does not know (`common.xla_flags_error`).
   """
   from lev_jax import train  # jax and flax; no backend is touched
   from lev_jax.sharding import ShardingError
@@ -108,6 +109,9 @@ def preflight(spec: str) -> None:
     ici, dcn = train.check_job(config, processes, devices, platform)
   except (ConfigError, ShardingError) as e:
     common.fail("lev-train", str(e))
+  problem = common.xla_flags_error()
+  if problem:
+    common.fail("lev-train", problem)
   print(f"lev-train: preflight ok: {config.name} on {processes} x {devices} {platform} "
         f"devices, mesh (data, fsdp, tensor) = {tuple(ici)} x DCN {tuple(dcn)}")
 
@@ -189,7 +193,8 @@ def main(argv):
       with lock:  # released on every exit: return, error, KeyboardInterrupt, SystemExit
         result = trainer.train_and_evaluate(config, workdir,
                                             stop_at_step=flags.FLAGS.stop_at_step,
-                                            restore_fallback=flags.FLAGS.restore_fallback)
+                                            restore_fallback=flags.FLAGS.restore_fallback,
+                                            finished_checked=True)
   except (ConfigError, DataError, CheckpointMismatchError, ShardingError,
           FileNotFoundError, workdir_lock.WorkdirLockError) as e:
     common.fail("lev-train", str(e))

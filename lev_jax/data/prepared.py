@@ -56,6 +56,8 @@ from lev_jax.data import tokenizer_files
 from lev_jax.data.errors import DataError
 from lev_jax.data.files import read_npy
 from lev_jax.data.reports import merge_reports
+from lev_jax.workdir import (CHECKPOINTS, METRICS, PREPARED_INFO, PREPARED_RUN_JSON,
+                             PREPARED_WORK, RUN_OUTPUTS)
 
 DATASET_NAME = "lev_text"
 FILE_FORMAT = "array_record"
@@ -65,9 +67,9 @@ FORMATS = ("tokens", "text")
 TOKENIZER_DIR = "tokenizer"
 COUNTS_FILE = "token_counts.npy"
 REPORT_FILE = "report.json"
-WORK_DIR = "prepare"
-RUN_FILE = "run.json"
-INFO_FILE = "dataset_info.json"
+WORK_DIR = PREPARED_WORK  # lev_jax/workdir.py names them: other commands tell this folder
+RUN_FILE = PREPARED_RUN_JSON  # from a run's (`is_prepared_data`)
+INFO_FILE = PREPARED_INFO
 # ArrayRecord options: one record per chunk group, so any record is read on its own
 # (https://github.com/google/array_record, "group_size"; TFDS writes the same).
 WRITER_OPTIONS = "group_size:1"
@@ -355,9 +357,14 @@ def _not_finished(path: epath.Path, why: str) -> DataError:
 
 def _not_prepared(path: epath.Path) -> DataError:
   """For a folder with neither INFO_FILE nor a WORK_DIR/ (lev-prepare-data never ran
-  there): it holds no prepared data, and raw JSONL found in it is named."""
-  raw = sorted(p.name for p in path.iterdir()
-               if p.name.endswith((".jsonl", ".jsonl.zst", ".json.zst")))
+  there): it holds no prepared data; a training run's folder is named as one, raw JSONL
+  found in it is named (a run's own metrics.jsonl is not raw JSONL)."""
+  if (path / CHECKPOINTS).is_dir() or (path / METRICS).is_file():
+    return DataError(f"{path}: a training run's folder (lev-train's: {CHECKPOINTS}/, "
+                     f"{METRICS}), not prepared data: no {INFO_FILE}; expected a folder "
+                     "lev-prepare-data wrote (data.prepared_dir)")
+  raw = sorted(p.name for p in path.iterdir() if p.name not in RUN_OUTPUTS
+               and p.name.endswith((".jsonl", ".jsonl.zst", ".json.zst")))
   found = f" (it holds raw JSONL, e.g. {raw[0]})" if raw else ""
   return DataError(f"{path}: holds no prepared data{found}: no {INFO_FILE}, which "
                    "lev-prepare-data writes; raw Pile-format JSONL needs "

@@ -20,7 +20,7 @@ from etils import epath
 
 from lev_jax.checkpoint_checks import SHAPE_FIELDS
 from lev_jax.config import ConfigError, validate
-from lev_jax.workdir import LEV_EVAL_JSON, TOKEN_COUNTS, loads_json, read_small_text
+from lev_jax.workdir import EVAL_JSON, LEV_EVAL_JSON, TOKEN_COUNTS, loads_json, read_small_text
 
 
 def apply_overrides(config, overrides: dict):
@@ -132,7 +132,8 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
   Raises:
     ConfigError: no such file or folder, not a regular file (a device, a pipe), no
       lev_eval.json in the folder, unreadable (more than workdir.SMALL_FILE_LIMIT
-      bytes, not UTF-8, not JSON), or holding no validation result; or (unless
+      bytes, not UTF-8, not JSON), or holding no validation result (lev-train's
+      eval.json named as such); or (unless
       allow_different_data) not recording the data it was evaluated on.
   """
   path = epath.Path(baseline_path)
@@ -151,7 +152,13 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
     raise ConfigError(f"--baseline={baseline_path}: cannot read a {LEV_EVAL_JSON} ({e}); "
                       "run lev-eval on the baseline first") from e
   if not isinstance(base, dict) or "validation" not in base:
-    raise ConfigError(f"--baseline={path}: it holds no validation result to compare with")
+    if path.name == EVAL_JSON and isinstance(base, dict) and "perplexity" in base:
+      raise ConfigError(f"--baseline={baseline_path}: is lev-train's {EVAL_JSON}, which "
+                        "holds no per-bucket result; expected the baseline's "
+                        f"{LEV_EVAL_JSON} (run lev-eval --checkpoint={path.parent} first), "
+                        "or the folder holding it")
+    raise ConfigError(f"--baseline={path}: it holds no validation result to compare with "
+                      f"(expected a {LEV_EVAL_JSON} written by lev-eval)")
   if not isinstance(base.get("data"), dict) and not allow_different_data:
     raise ConfigError(f"--baseline={path}: it does not record the data it was evaluated "
                       "on (written by an older lev-eval); re-run lev-eval on the baseline, "

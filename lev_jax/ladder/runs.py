@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import types
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
   ("ladder" or "study") words the errors for lev-ladder or lev-study.
 
   Raises:
-    LadderError: no such file, not a .py file (experiments.file_problem), it fails to
+    LadderError: no such file (or FILE.py:PIECE given to lev-ladder), not a .py file (experiments.file_problem), it fails to
       import, or it lacks `RUNGS` (a non-empty tuple of distinct variant names) or
       `get_config`; a path is named with its flag (`--ladder=PATH`, `--study=PATH`).
   """
@@ -71,6 +72,12 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
     try:
       module = load_experiment(path)
     except FileNotFoundError:
+      head, colon, piece = str(ladder).rpartition(":")
+      if colon and kind == "ladder" and os.path.isfile(os.path.expanduser(head)):
+        raise LadderError(f"{where}: lev-ladder runs every variant of a ladder file and "
+                          f"takes no :PIECE (lev-study's --study=FILE.py:PIECE does); "
+                          f"expected --ladder={head}, or for one variant lev-train "
+                          f"--config={head}:VARIANT --workdir=ROOT/VARIANT") from None
       raise LadderError(f"{where}: no such file; expected {expected}") from None
     except NotAnExperimentFile as e:  # a folder, /dev/zero, FILE.txt, a dangling link
       raise LadderError(f"{where}: {e.problem}; expected {expected}") from None
