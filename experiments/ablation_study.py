@@ -1,10 +1,15 @@
-"""Ablations of Leviathan at the cell where it loses most (issue 25, item 3): debian_books,
-d192-L3, vocabulary 8k, the scale study's budget; one config change per ablation cell,
-3 seeds each, against the scale study's own tied, untied and Leviathan runs of that cell.
+"""Ablations of Leviathan at d192-L3 on each prose corpus (issue 25, item 3): vocabulary
+8k, the scale study's budget; one config change per ablation cell (two for the combined
+one), 3 seeds each, against the scale study's own tied, untied and Leviathan runs of that
+cell.
 
-  lev-study --study=experiments/ablation_study.py --root=runs/scale \\
-      --report_dir=runs/scale/report_ablation --run
-  lev-train --config=experiments/ablation_study.py:leviathan_d192_debian_books_rank32_s0 \\
+  lev-study --study=experiments/ablation_study.py:ablation_debian_books --root=runs/scale \
+      --run                       # the 11 ablations at debian_books (report_ablation_...)
+  lev-study --study=experiments/ablation_study.py:ablation_foldoc --root=runs/scale --run
+  lev-study --study=experiments/ablation_study.py:ablation_python_docs --root=runs/scale --run
+  lev-study --study=experiments/ablation_study.py --root=runs/scale \
+      --report_dir=runs/scale/report_ablation --run    # all three corpora, one report
+  lev-train --config=experiments/ablation_study.py:leviathan_d192_debian_books_rank32_s0 \
       --workdir=runs/x
 
 Why. In experiments/scale_study.py Leviathan (LEV input + untied head) trails untied on
@@ -15,7 +20,7 @@ there, so its cell vs the default Leviathan and vs untied says whether that thin
 untied gap it closes (lev_jax/ladder/study.py `gap_closed`) and LEV's final gradient
 norm and update ratio (train/grad_norm/lev, train/update_ratio/lev).
 
-Cells (ABLATIONS; run `leviathan_d192_debian_books_<ablation>_s<seed>`):
+Cells (ABLATIONS; run `leviathan_d192_<corpus>_<ablation>_s<seed>`):
   idperm     lev.id_permutation = True: a fixed random permutation of ids before LEV's
              base-b digits (ids sorted by frequency put tokens of similar counts in shared
              codebook rows)
@@ -33,23 +38,30 @@ Cells (ABLATIONS; run `leviathan_d192_debian_books_<ablation>_s<seed>`):
   rank32     lev.rank = 32 (the scale study's 16 doubled)
   rmsnorm    lev.output_norm = rmsnorm (a learned-gain RMS norm on LEV's output)
   scale      lev.output_norm = scale (a learned scale on LEV's output)
+  knots32_scale  both knots32 and scale (the two that closed most of the gap alone)
+Per corpus (CORPUS_ABLATIONS): debian_books, where Leviathan trails untied most, gets the
+11 single changes (the first piece, run first); foldoc and python_docs get the two that
+closed most of debian_books' gap on validation (knots32, scale) and the two together, at
+the same size d192-L3 on every corpus (a size fixed in advance, not picked per corpus
+from the trend's test figures). knots32_scale runs at debian_books too.
 LEV's d_seed and heads are not ablated here: lev-study does not take them as factors.
 
-Baselines: `tied_`, `untied_` and `leviathan_d192_debian_books_s<seed>`, whose configs are
+Baselines: `tied_`, `untied_` and `leviathan_d192_<corpus>_s<seed>`, whose configs are
 experiments/scale_study.py's exactly (same names, same `name` field), so with
 --root=runs/scale the scale study's finished runs are reused, not retrained (lev-train
 refuses a finished run under other settings; tests/test_ladder_study.py checks the
-equality). The report must then go elsewhere than ROOT/report (the scale study's):
---report_dir as above.
+equality). The reports must then go elsewhere than the scale study's (ROOT/report,
+ROOT/report_<corpus>): a piece's goes to ROOT/report_ablation_<corpus>, the whole
+study's to --report_dir as above.
 
-Run order = priority: per seed (0, 1, 2), the three baselines of that seed (already
-trained for seeds 0 and 1 in runs/scale: skipped) and then the 11 ablations; so the first
-runs trained are seed 0 of every ablation, and a study cut short still pairs each
-finished ablation seed with its baselines.
+Run order = priority: corpus by corpus (debian_books, foldoc, python_docs), inside one
+per seed (0, 1, 2) the three baselines of that seed (skipped where the scale study
+trained them in ROOT) and then the corpus's ablations; so a piece cut short still pairs
+each finished ablation seed with its baselines.
 
 Budget: experiments/scale_study.py's exactly (64 steps x 16 x 128 = 131,072 tokens per
-run, lr warm-up 8, evaluation every 16 steps, FINAL_EVAL_BATCHES = 12). 33 new runs
-(the 9 baselines are the scale study's); measured there on the shared 2-core CPU, a
+run, lr warm-up 8, evaluation every 16 steps, FINAL_EVAL_BATCHES = 12). debian_books: 36
+ablation runs (the 9 baselines are the scale study's); foldoc and python_docs: 9 each; measured there on the shared 2-core CPU, a
 d192-L3 Leviathan run takes ~2 min from start to its final evaluation (seeds 0 and 1:
 73-102 s between the first and last logged step), plus ~10 s of lev-study's evaluation:
 ~1-1.5 h for the 33, more under load; each run resumes, so the study can be stopped
@@ -64,8 +76,9 @@ from lev_jax.experiments import load_experiment
 
 SEEDS = (0, 1, 2)
 KINDS = ("tied", "untied", "leviathan")
-CELL = "d192_debian_books"  # the scale study's size and corpus
-# name -> {dotted config field: value}: one change to the scale study's Leviathan config.
+SIZE = "d192"  # the scale study's size name
+CORPORA = ("debian_books", "foldoc", "python_docs")
+# name -> {dotted config field: value}: the changes to the scale study's Leviathan config.
 ABLATIONS = {
     "idperm": {"lev.id_permutation": True},
     "mult1": {"optim.lev_lr_multiplier": 1.0},
@@ -78,29 +91,49 @@ ABLATIONS = {
     "rank32": {"lev.rank": 32},
     "rmsnorm": {"lev.output_norm": "rmsnorm"},
     "scale": {"lev.output_norm": "scale"},
+    "knots32_scale": {"lev.n_knots": 32, "lev.output_norm": "scale"},
 }
+SINGLE = tuple(a for a in ABLATIONS if a != "knots32_scale")
+CORPUS_ABLATIONS = {"debian_books": (*SINGLE, "knots32_scale"),
+                    "foldoc": ("knots32", "scale", "knots32_scale"),
+                    "python_docs": ("knots32", "scale", "knots32_scale")}
 
 
 # experiments/scale_study.py (beside this file): the baselines' configs and the budget.
 _SCALE = load_experiment(Path(__file__).with_name("scale_study.py"))
 FINAL_EVAL_BATCHES = _SCALE.FINAL_EVAL_BATCHES
-RUNGS = tuple([f"{kind}_{CELL}_s{s}" for kind in KINDS]
-              + [f"leviathan_{CELL}_{a}_s{s}" for a in ABLATIONS] for s in SEEDS)
-RUNGS = tuple(run for group in RUNGS for run in group)
-assert len(RUNGS) == len(set(RUNGS)) == len(SEEDS) * (len(KINDS) + len(ABLATIONS))
 
 
-def get_config(run: str = f"leviathan_{CELL}_rank32_s0"):
+def _piece(corpus: str) -> tuple[str, ...]:
+  """One corpus's runs: per seed, the three baselines and then its ablations."""
+  cell = f"{SIZE}_{corpus}"
+  return tuple(run for s in SEEDS for run in
+               [f"{kind}_{cell}_s{s}" for kind in KINDS]
+               + [f"leviathan_{cell}_{a}_s{s}" for a in CORPUS_ABLATIONS[corpus]])
+
+
+PIECES = {f"ablation_{corpus}": _piece(corpus) for corpus in CORPORA}
+RUNGS = tuple(run for piece in PIECES.values() for run in piece)
+assert len(RUNGS) == len(set(RUNGS)) == len(SEEDS) * sum(
+    len(KINDS) + len(a) for a in CORPUS_ABLATIONS.values())
+
+
+def get_config(run: str = f"leviathan_{SIZE}_debian_books_rank32_s0"):
   if run not in RUNGS:
     raise ValueError(f"experiments/ablation_study.py: unknown run {run!r}; expected "
-                     f"<kind>_{CELL}_s<seed> with kind in {', '.join(KINDS)}, or "
-                     f"leviathan_{CELL}_<ablation>_s<seed> with ablation in "
-                     f"{', '.join(ABLATIONS)}; seed in {SEEDS}")
+                     f"<kind>_{SIZE}_<corpus>_s<seed> with kind in {', '.join(KINDS)}, or "
+                     f"leviathan_{SIZE}_<corpus>_<ablation>_s<seed> with ablation in "
+                     f"{', '.join(ABLATIONS)} (at foldoc and python_docs: "
+                     f"{', '.join(CORPUS_ABLATIONS['foldoc'])}); corpus in "
+                     f"{', '.join(CORPORA)}; seed in {SEEDS}")
   prefix, seed = run.rsplit("_s", 1)
-  if prefix in (f"{kind}_{CELL}" for kind in KINDS):  # a baseline: the scale study's run
+  rest = prefix.split("_", 2)[2]  # <corpus>[_<ablation>]
+  corpus = next(c for c in CORPORA if rest == c or rest.startswith(f"{c}_"))
+  cell = f"{SIZE}_{corpus}"
+  if prefix in (f"{kind}_{cell}" for kind in KINDS):  # a baseline: the scale study's run
     return _SCALE.get_config(run)
-  ablation = prefix.removeprefix(f"leviathan_{CELL}_")
-  c = _SCALE.get_config(f"leviathan_{CELL}_s{seed}")
+  ablation = prefix.removeprefix(f"leviathan_{cell}_")
+  c = _SCALE.get_config(f"leviathan_{cell}_s{seed}")
   c.name = f"ablation_{run}"
   for field, value in ABLATIONS[ablation].items():
     section, key = field.split(".")

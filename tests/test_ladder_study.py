@@ -522,27 +522,37 @@ def test_issue25_gap_closed_per_seed_with_its_interval_and_lev_dynamics_in_the_r
 def test_issue25_ablation_study_reuses_the_scale_studys_runs_and_changes_one_field_each():
   """experiments/ablation_study.py: its baselines are scale_study's runs, config for
   config (so runs/scale's finished runs are reused: lev-train refuses a finished run
-  under other settings); each ablation is scale_study's Leviathan + one option; seed 0
-  of every ablation before any seed 1; an unknown run is one line with the grammar."""
+  under other settings); each ablation is scale_study's Leviathan + its options; per
+  corpus (a piece), seed 0 of every ablation before any seed 1; an unknown run is one
+  line with the grammar."""
   from lev_jax.experiments import experiments_dir, load_experiment
   ablation = load_experiment(experiments_dir() / "ablation_study.py")
   scale = load_experiment(experiments_dir() / "scale_study.py")
   configs = {run: ablation.get_config(run) for run in ablation.RUNGS}
   study.check_factors(configs)
-  assert len({f.cell for f in study.cells_of(configs).values()}) == 3 + 11
-  seeds = [int(run.rsplit("_s", 1)[1]) for run in ablation.RUNGS]
-  assert seeds == sorted(seeds) and len(ablation.RUNGS) == 42
+  assert len({f.cell for f in study.cells_of(configs).values()}) == 3 * 3 + 12 + 3 + 3
+  assert list(ablation.PIECES) == [f"ablation_{c}" for c in ablation.CORPORA]
+  for corpus in ablation.CORPORA:
+    runs = ablation.PIECES[f"ablation_{corpus}"]
+    seeds = [int(run.rsplit("_s", 1)[1]) for run in runs]
+    assert seeds == sorted(seeds) and all(f"_d192_{corpus}_" in run for run in runs)
+  assert len(ablation.PIECES["ablation_debian_books"]) == 45 and len(ablation.RUNGS) == 81
   for run, c in configs.items():
     kind, rest = run.split("_", 1)
-    if rest.count("_") == 3:  # <kind>_d192_debian_books_s<seed>
+    prefix, seed = rest.rsplit("_s", 1)
+    corpus = next(x for x in ablation.CORPORA if prefix.startswith(f"d192_{x}"))
+    if prefix == f"d192_{corpus}":  # <kind>_d192_<corpus>_s<seed>
       assert c.to_dict() == scale.get_config(run).to_dict()
       continue
-    name, seed = rest.rsplit("_", 2)[1:]
+    name = prefix.removeprefix(f"d192_{corpus}_")
+    assert c.data.corpus == corpus and name in ablation.CORPUS_ABLATIONS[corpus]
     flat = study.flatten(c)
-    base = study.flatten(scale.get_config(f"{kind}_d192_debian_books_{seed}"))
+    base = study.flatten(scale.get_config(f"{kind}_d192_{corpus}_s{seed}"))
     changed = {f: flat[f] for f in flat if f != "name" and flat[f] != base[f]}
     assert changed == ablation.ABLATIONS[name] and set(changed) <= set(study.OPTION_FIELDS)
   with pytest.raises(ValueError, match=r"unknown run 'leviathan_d192_debian_books_rank_s0'"
-                     r"; expected <kind>_d192_debian_books_s<seed> .* with ablation in "
+                     r"; expected <kind>_d192_<corpus>_s<seed> .* with ablation in "
                      r"idperm, .*; seed in \(0, 1, 2\)$"):
     ablation.get_config("leviathan_d192_debian_books_rank_s0")
+  with pytest.raises(ValueError, match=r"unknown run 'leviathan_d192_foldoc_idperm_s0'"):
+    ablation.get_config("leviathan_d192_foldoc_idperm_s0")  # not run at foldoc
