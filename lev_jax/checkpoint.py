@@ -293,7 +293,9 @@ class Checkpointer:
     except Exception as e:  # a deleted or damaged config item: any Orbax error type
       raise CheckpointMismatchError(
           f"checkpoint {self.directory / str(step)}: its config cannot be read "
-          f"({error_line(e)}); the step is incomplete or damaged") from e
+          f"({error_line(e)}); the step is incomplete or damaged: re-run with "
+          "--restore_fallback to resume from the latest intact step (this one is moved to "
+          f"{self.directory.name}_quarantine/), or move the folder aside") from e
 
   def tokens_seen(self, step: int) -> int:
     """The training tokens up to `step` as saved with it (its progress item); for a step

@@ -162,13 +162,11 @@ def verify_manifest(step_dir, checksums: bool = True) -> bool:
     f = step_dir / rel
     if not f.exists():
       raise CheckpointCorruptError(f"checkpoint {step_dir}: {rel} is missing")
-    if not checksums:
-      if rel in sizes and f.stat().length != sizes[rel]:
-        raise CheckpointCorruptError(
-            f"checkpoint {step_dir}: {rel} is {f.stat().length} bytes, its manifest says "
-            f"{sizes[rel]} (the file was cut or changed after the save)")
-      continue
-    if _sha256(f) != digest:
+    if rel in sizes and f.stat().length != sizes[rel]:  # first: no file is read
+      raise CheckpointCorruptError(
+          f"checkpoint {step_dir}: {rel} is {f.stat().length} bytes, its manifest says "
+          f"{sizes[rel]} (the file was cut or changed after the save)")
+    if checksums and _sha256(f) != digest:
       raise CheckpointCorruptError(
           f"checkpoint {step_dir}: {rel} differs from its checksum (the file was changed "
           "or damaged after the save)")

@@ -359,6 +359,20 @@ def _positive(c, section: str, names):
       _fail(f"{section}.{n}", v, "a positive number")
 
 
+# The largest array dimension a config may ask for: one axis of an XLA array (shapes are
+# int64, and a product of two int64 dimensions overflows past this; MLIR refused
+# d_model = 1e20 with a traceback).
+MAX_DIM = 2**31 - 1
+
+
+def _dimensions(c, section: str, names):
+  """Refuses an array size (an int field) above MAX_DIM."""
+  for n in names:
+    v = c[section][n]
+    if isinstance(v, int) and v > MAX_DIM:
+      _fail(f"{section}.{n}", v, f"at most {MAX_DIM:,} (2**31 - 1, an array dimension)")
+
+
 def _one_of(c, section: str, name: str, allowed):
   v = c[section][name]
   if v not in allowed:
@@ -612,12 +626,15 @@ def validate(c: ml_collections.ConfigDict, *,
   _one_of(c, "model", "remat", REMAT_POLICIES)
   _positive(c, "model", ["vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
                          "n_kv_heads", "head_dim", "d_ff", "max_seq_len", "rope_theta"])
+  _dimensions(c, "model", ["vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
+                           "n_kv_heads", "head_dim", "d_ff", "max_seq_len"])
   if m.n_heads % m.n_kv_heads:
     _fail("model.n_kv_heads", m.n_kv_heads, f"a divisor of model.n_heads = {m.n_heads}")
   if m.head_dim % 2:
     _fail("model.head_dim", m.head_dim, "an even number (RoPE rotates pairs)")
   _positive(c, "train", ["steps", "seq_len", "global_batch_size", "grad_accum_steps",
                          "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"])
+  _dimensions(c, "train", ["seq_len", "global_batch_size"])
   for n in ("steps", "log_every", "eval_every", "checkpoint_every"):
     if t[n] > MAX_STEPS:
       _fail(f"train.{n}", t[n], f"at most {MAX_STEPS} (2**31 - 1: the step counter is int32)")
@@ -658,6 +675,7 @@ def validate(c: ml_collections.ConfigDict, *,
           f"{lv.impl!r} (only the vectorized core stores phi's gradient)")
   _positive(c, "lev", ["n_coords", "d_seed", "n_heads", "rank", "chunk_size",
                        "ln_eps", "log_eps", "log_group"])
+  _dimensions(c, "lev", ["n_coords", "d_seed", "n_heads", "rank", "chunk_size", "n_knots"])
   if not lv.log_eps >= 1.2e-38 or lv.log_eps == math.inf:
     _fail("lev.log_eps", lv.log_eps, "a finite number >= 1.2e-38 (float32's smallest "
           "normal: the fused product splits factors into mantissa and exponent)")

@@ -55,6 +55,7 @@ class Partitioned:
   rules: dict
   state_sharding: dict
   batch_sharding: NamedSharding
+  state_bytes: int = 0  # the parameters and the optimizer's state, all devices together
 
   def abstract_state(self, state_shapes) -> dict:
     """ShapeDtypeStructs carrying this setup's shardings (for Orbax restore)."""
@@ -101,14 +102,17 @@ def partition(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Pa
   param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
   replicated = NamedSharding(mesh, P())
   tx = make_optimizer(config)
+  opt_shapes = jax.eval_shape(tx.init, abstract_params)
   opt_sh = optax.tree_map_params(
-      tx, lambda _, s: s, jax.eval_shape(tx.init, abstract_params), param_sh,
+      tx, lambda _, s: s, opt_shapes, param_sh,
       transform_non_params=lambda _: replicated,
       is_leaf=lambda x: isinstance(x, NamedSharding))
+  state_bytes = sum(int(x.size) * x.dtype.itemsize
+                    for x in jax.tree.leaves((abstract_params, opt_shapes)))
   return Partitioned(graphdef, mesh, rules,
                      {"params": param_sh, "opt_state": opt_sh, "step": replicated,
                       "rng": replicated},
-                     sharding.batch_sharding(mesh, rules))
+                     sharding.batch_sharding(mesh, rules), state_bytes)
 
 
 PLATFORMS = ("cpu", "gpu", "tpu")

@@ -50,7 +50,7 @@ from lev_jax.data.tokenizer_files import save_tokenizer
 from lev_jax.eval.evaluate import coverage, evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
-from lev_jax import attention, loss as loss_lib, progress, sharding, target
+from lev_jax import attention, loss as loss_lib, progress, sharding, target, topology
 from lev_jax import lock as workdir_lock
 from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.optimizer import schedule_count
@@ -339,20 +339,48 @@ def _check_run_folder(workdir: epath.Path) -> None:
 
 
 def _check_finished_step(step_dir: epath.Path, step: int) -> None:
-  """Checks a finished run's last checkpoint cheaply: its manifest parses and lists
-  files, each present with its recorded size (verify_manifest(checksums=False): no file
-  is hashed; a restore hashes them).
+  """Checks a finished run's last checkpoint as a restore would: its manifest parses and
+  lists files, each present with its recorded size and sha256 (verify_manifest; a
+  newcomer's flipped bytes of the same size were "already finished" while lev-eval
+  refused the step). It reads the checkpoint once (seconds per GB).
 
   Raises:
     CheckpointCorruptError: one line naming the step, the damaged file and what to do.
   """
   try:
-    verify_manifest(step_dir, checksums=False)
+    verify_manifest(step_dir)
   except CheckpointCorruptError as e:
     raise CheckpointCorruptError(
         f"{e}. The run finished at step {step} but that checkpoint is damaged; nothing was "
         "changed: re-run with --restore_fallback to train again from the latest intact "
         "step, or evaluate an earlier step (lev-eval --step=N)") from None
+
+
+def _check_state_fits(part) -> None:
+  """Refuses a model whose parameters and optimizer state alone exceed the memory of
+  the mesh's devices together (accelerators: their HBM, topology.device_memory_bytes;
+  CPU devices: this host's RAM, which they share), before anything is compiled or
+  written: such a model would otherwise compile for minutes before the first step's
+  memory check. Devices that report no memory are not checked here.
+
+  Raises:
+    ConfigError: naming the state's size, the memory and what to change.
+  """
+  devices = list(part.mesh.devices.flat)
+  if all(d.platform == "cpu" for d in devices):
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    where = f"this host's {total / 2**30:,.1f} GiB of memory ({len(devices)} CPU device(s))"
+  else:
+    sizes = [topology.device_memory_bytes(d) for d in devices]
+    if None in sizes:
+      return
+    total = sum(sizes)
+    where = f"the {total / 2**30:,.1f} GiB of this job's {len(devices)} devices together"
+  if part.state_bytes > total:
+    raise ConfigError(
+        f"config.model: the parameters and optimizer state alone need "
+        f"{part.state_bytes / 2**30:,.1f} GiB, more than {where}; expected a smaller model "
+        "(lev-params counts its parameters) or more devices")
 
 
 def finished_run(config: ml_collections.ConfigDict, workdir,
@@ -381,7 +409,7 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
       run: its checkpoints and train.steps named, and how to resume it); nothing was
       changed.
     CheckpointCorruptError: finished, but a file of its latest checkpoint is missing or
-      of another size than its manifest records, or the manifest is unreadable (without
+      of another size or sha256 than its manifest records, or the manifest is unreadable (without
       `restore_fallback`); the step and file are named.
     ConfigError: a gs:// workdir without Google Cloud Storage support.
   """
@@ -720,6 +748,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree
   bundle.eval_data()  # DataError now, not after training, if validation is too small
   part = partition(config)
+  _check_state_fits(part)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())
   logging.info("attention %s (%s)", *attention.resolve(config, target.platform()))

@@ -554,10 +554,12 @@ def test_a_backend_jax_cannot_start_is_one_line(monkeypatch, capsys, platforms, 
   assert common.backend_error() is None
 
 
-def test_an_unknown_xla_flag_is_named_before_the_job(monkeypatch):
+def test_an_unknown_xla_flag_is_named_before_the_job(monkeypatch, tmp_path):
   """Newcomer pass 5: XLA_FLAGS=--bogus_flag lev-train --preflight=cpu:1x1 said ok (XLA
-  aborts the real job when its backend starts)."""
+  aborts the real job when its backend starts); pass 6: in a real run XLA's abort line
+  (exit 1) was the message. Known flag names are remembered: a second check is free."""
   from lev_jax.cli import common
+  monkeypatch.setattr(common, "XLA_FLAGS_CACHE", str(tmp_path / "known"))
   monkeypatch.delenv("XLA_FLAGS", raising=False)
   assert common.xla_flags_error() is None
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true "
@@ -567,6 +569,11 @@ def test_an_unknown_xla_flag_is_named_before_the_job(monkeypatch):
       "abort the job when it starts; expected XLA's own flags (XLA_FLAGS=--help lists them)")
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true")
   assert common.xla_flags_error() is None  # a GPU flag, checked on this CPU host
+  (cache,) = tmp_path.iterdir()
+  assert cache.read_text() == "--xla_gpu_enable_latency_hiding_scheduler\n"
+  import subprocess
+  monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("checked again"))
+  assert common.xla_flags_error() is None
 
 
 def test_a_sampling_seed_beyond_64_bits_is_refused_when_parsed(capsys):

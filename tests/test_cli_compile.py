@@ -39,6 +39,8 @@ def _one_error_line(proc) -> str:
     (["--json="], "--json is empty (an unset shell variable?); expected a JSON file"),
     (["--json=/no/such/folder/c.json"], "folder /no/such/folder does not exist"),
     (["--config=experiments/smoke.py:tied", "--config.model.d_model=-1"], "d_model"),
+    # newcomer pass 6: nan passed absl's bounds
+    (["--min_free=nan"], "flag --min_free=nan: expected a fraction in [0.0, 0.99], not nan"),
 ])
 def test_bad_input_is_one_line_before_anything_is_compiled(args, needle, tmp_path):
   proc = _compile(*args)

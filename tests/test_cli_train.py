@@ -224,6 +224,28 @@ def test_ctrl_c_in_a_command_is_one_line_and_exit_130(module, prog, args):
   assert len(lines) == 1 and lines[0].startswith(f"{prog}: interrupted (Ctrl-C)"), lines
 
 
+def test_sigterm_before_the_first_step_is_one_line_and_releases_the_workdir(tmp_path):
+  """Newcomer pass 6: SIGTERM while lev-train compiled ended it silently (status 143 from
+  the default action), leaving the new workdir holding only its lock file."""
+  workdir = tmp_path / "run"
+  code = ("import os, signal, sys, time\nimport lev_jax.cli.train as command\n"
+          "from lev_jax import lock\n"
+          "def terminated(argv):\n"
+          f"  with lock.hold({str(workdir)!r}, prog='lev-train'):\n"
+          "    os.kill(os.getpid(), signal.SIGTERM)\n"
+          "    time.sleep(30)\n"
+          "command.main = terminated\n"
+          "sys.argv = ['lev-train']\n"
+          "command.run()\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=120, cwd=REPO)
+  assert proc.returncode == 143, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines() == [
+      "lev-train: terminated (SIGTERM) before the first step; nothing was written: re-run "
+      "to start"]
+  assert not workdir.exists()
+
+
 def test_ctrl_c_before_the_first_step_says_whether_a_checkpoint_exists(tmp_path):
   """A fresh run interrupted in its first compile said "the workdir's checkpoints are
   unchanged" though it had none."""

@@ -211,6 +211,10 @@ NAN, INF = float("nan"), float("inf")
     ("data.validation_fraction", NAN, r"^config.data.validation_fraction = nan"),
     ("eval.freq_bucket_edges", (1, NAN), r"^config.eval.freq_bucket_edges = \(1, nan\): "
      r"expected finite numbers$"),
+    # newcomer pass 6: d_model 1e20 passed the checks and failed in MLIR with a traceback
+    ("model.d_model", 10**20, r"^config.model.d_model = 100000000000000000000: expected at "
+     r"most 2,147,483,647 \(2\*\*31 - 1, an array dimension\)$"),
+    ("train.seq_len", 2**31, r"^config.train.seq_len = 2147483648: expected at most"),
 ])
 def test_nan_inf_and_adam_betas_out_of_range_are_refused(field, value, match):
   c = tiny_config()

@@ -171,6 +171,11 @@ def test_evaluation_batches_use_the_given_tokenizer_and_leave_the_config_unchang
 
   with pytest.raises(ConfigError, match="different tokenizer than the checkpoint's"):
     data.evaluation_batches(c, data.ByteTokenizer())
+  (tmp_path / "empty.jsonl").write_text("")  # newcomer pass 6: the file was not named
+  with pytest.raises(data.DataError, match=f"^the test split has no documents: "
+                     f"{tmp_path / 'empty.jsonl'} gave no non-empty text"):
+    data.evaluation_batches(c, bundle.tokenizer, files=[str(tmp_path / "empty.jsonl")],
+                            split="test")
 
 
 @pytest.mark.parametrize("source", ["embedded", "jsonl"])

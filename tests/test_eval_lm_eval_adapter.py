@@ -410,9 +410,28 @@ def test_local_task_without_its_files_is_one_line_naming_the_file(offline, capsy
                             "--include_path", str(TASKS_DIR)], capsys, monkeypatch)
   assert f"{released / 'piqa' / 'valid-labels.lst'}: no such file" in err
   monkeypatch.delenv("LEV_LM_EVAL_DATA")
-  err = _run_fails_at_once(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa_local",
-                            "--include_path", str(TASKS_DIR)], capsys, monkeypatch)
+  # newcomer pass 6: without --include_path it was "Tasks not found: piqa_local"
+  err = _run_fails_at_once(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa_local"],
+                           capsys, monkeypatch)
   assert "LEV_LM_EVAL_DATA is not set" in err
+
+
+def test_a_released_file_without_a_tasks_field_is_one_line(released):
+  """Newcomer pass 6: a hellaswag or lambada file of other fields was a 56-74 line
+  traceback from inside lm-eval (KeyError 'ctx_a', jinja2's 'text' is undefined)."""
+  import yaml
+  from lev_jax.eval.downstream import DownstreamError
+  from lev_jax.lm_eval_tasks import TASKS_DIR, lev_local
+  for task in EXPECTED:
+    text = (TASKS_DIR / f"{task}.yaml").read_text()
+    kwargs = yaml.safe_load(text.split("custom_dataset:")[0] + "dataset_kwargs:"
+                            + text.split("dataset_kwargs:")[1].split("\noutput_type")[0])
+    kwargs = kwargs["dataset_kwargs"]
+    assert lev_local.load(**kwargs)[kwargs["split"]].num_rows >= 1  # the released rows
+    (released / kwargs["data_file"]).write_text('{"foo": 1}\n')
+    with pytest.raises(DownstreamError, match=rf"^{released / kwargs['data_file']}:1: "
+                       rf"missing field '{kwargs['fields'][0]}'; fields present: \['foo'\]$"):
+      lev_local.load(**{**kwargs, "labels_file": None})
 
 
 def test_model_args_and_tasks_are_checked_before_the_hub_probe(capsys, monkeypatch, workdir,

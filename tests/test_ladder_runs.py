@@ -174,6 +174,14 @@ def test_stored_checkpoint_config_decides_steps_and_tokens(tmp_path):
   rung = collect(ladder, root).rung("tied_a")
   assert rung.status == "finished" and rung.steps == 40 and rung.config_source == "checkpoint"
   assert rung.eval_curve["tokens"][-1] == 40 * TOKENS_PER_STEP
+  # newcomer pass 6: another model's run copied in was summarised as the rung
+  stored.model.d_model = 48
+  meta.write_text(json.dumps(stored.to_dict()))
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "other config" and rung.reason == (
+      f"{root / 'tied_a'} holds a model of another shape than the ladder's tied_a "
+      f"(model.d_model: checkpoint 48, ladder {load_ladder(ladder).get_config('tied_a').model.d_model}"
+      "): left out; move it aside and train the rung there")
 
 
 def test_a_broken_metrics_line_is_reported_with_file_and_line(tmp_path):

@@ -114,6 +114,22 @@ def test_a_finished_run_is_only_read_and_another_config_is_refused(finished_tied
   assert files_of(workdir) == before
 
 
+def test_a_model_whose_state_cannot_fit_is_refused_before_compiling(data_cache, tmp_path,
+                                                                   monkeypatch):
+  """Newcomer pass 6: d_model 1e6 x 100 layers compiled for minutes, silent, and left a
+  workdir holding its lock. Here the host's memory is made 4 KiB."""
+  from lev_jax import trainer  # noqa: PLC0415
+  c = run_config("tied", data_cache, steps=2)
+  real = trainer.os.sysconf
+  monkeypatch.setattr(trainer.os, "sysconf", lambda name: 1 if name == "SC_PHYS_PAGES"
+                      else 4096 if name == "SC_PAGE_SIZE" else real(name))
+  with pytest.raises(ConfigError, match=r"^config.model: the parameters and optimizer state "
+                     r"alone need [0-9.]+ GiB, more than this host's 0.0 GiB of memory \(1 "
+                     r"CPU device\(s\)\); expected a smaller model"):
+    train_and_evaluate(c, tmp_path / "run")
+  assert not (tmp_path / "run").exists()
+
+
 def test_restore_under_another_model_shape_names_the_mismatch(data_cache, tmp_path):
   c = run_config("lev", data_cache, steps=8)  # unfinished: the restore's own check
   train_and_evaluate(c, tmp_path, stop_at_step=4)
@@ -375,7 +391,10 @@ def test_a_finished_run_with_a_damaged_last_checkpoint_or_none_is_refused(finish
   state_file = max((p for p in (step / "state").rglob("*") if p.is_file()),
                    key=lambda p: p.stat().st_size)
   for path, damage, named in [
-      (state_file, lambda b: b[:len(b) // 2], f"{state_file.relative_to(step)} is "),
+      (state_file, lambda b: b[:len(b) // 2], f"{state_file.relative_to(step)} "),
+      # newcomer pass 6: 64 flipped bytes, same size, were "already finished"
+      (state_file, lambda b: bytes(x ^ 0xFF for x in b[:64]) + b[64:],
+       f"{state_file.relative_to(step)} differs from its checksum"),
       (step / "checksums.json", lambda b: b[:20], "the checksum manifest is unreadable"),
       (step / "state" / "_METADATA", lambda b: b"", "state/_METADATA is 0 bytes")]:
     intact = path.read_bytes()

@@ -374,7 +374,8 @@ def run(prog: str, main, module: str,
   """`app.run(main)` with `flags_parser(prog, module)`, ending a Ctrl-C in one line.
 
   A KeyboardInterrupt that reaches here (Python's default SIGINT handler raises it)
-  prints `<prog>: <interrupted>` on stderr and exits with INTERRUPTED_EXIT (130), never
+  prints `<prog>: <interrupted>` on stderr and exits with INTERRUPTED_EXIT (130) (an
+  `interrupt.Terminated`, SIGTERM: "terminated (SIGTERM)" and 143), never
   a traceback; `finally` blocks and `with` exits (locks, temporary files) ran on the
   way out, then the atexit functions; the process ends without the interpreter's
   finalisation, which an XLA compile left running by the Ctrl-C would crash
@@ -395,9 +396,13 @@ def run(prog: str, main, module: str,
   try:
     with ending_closed_pipe_quietly():
       app.run(main, flags_parser=flags_parser(prog, module))
-  except KeyboardInterrupt:
-    print(f"{prog}: {interrupted() if callable(interrupted) else interrupted}",
-          file=sys.stderr)
+  except KeyboardInterrupt as e:
+    line = interrupted() if callable(interrupted) else interrupted
+    if isinstance(e, interrupt.Terminated):  # SIGTERM (interrupt.terminate_as_interrupt)
+      print(f"{prog}: {line.replace('interrupted (Ctrl-C)', 'terminated (SIGTERM)', 1)}",
+            file=sys.stderr)
+      interrupt.exit_now(interrupt.TERMINATED_EXIT)
+    print(f"{prog}: {line}", file=sys.stderr)
     interrupt.exit_now(INTERRUPTED_EXIT)
 
 
@@ -1064,35 +1069,67 @@ def backend_error() -> str | None:
           "for jax to choose")
 
 
+# Where the XLA flag names found known are remembered, per jaxlib version (a user's
+# cache, beside lev_jax's tokenizers): each set of flags costs one check per machine.
+XLA_FLAGS_CACHE = "~/.cache/lev_jax/xla_flags_known"
+
+
 def xla_flags_error() -> str | None:
   """The one line when XLA_FLAGS holds a flag this jaxlib's XLA does not know; None when
-  every flag is known or XLA_FLAGS is unset (then at no cost).
+  every flag is known or XLA_FLAGS is unset.
 
   XLA reads XLA_FLAGS when its first backend starts and aborts the process on an unknown
-  flag (`Unknown flag in XLA_FLAGS: --x`), which a command that starts no backend (lev-train
-  --preflight) would never see. So a child process starts jax's CPU backend under the same
-  environment (~1 s) and its abort line is returned. Every XLA flag (GPU and TPU ones
-  included) is registered in every jaxlib build, so this is right for a GPU job checked
-  on a CPU host. Source: xla/debug_options_flags.cc, parse_flags_from_env.cc.
+  flag (`F... Unknown flag in XLA_FLAGS: --x`, exit 1), which a command that starts no
+  backend (lev-train --preflight) would never see. So a child process starts jax's CPU
+  backend under the same flags (~1 s) and its abort line is returned; flag names found
+  known are remembered in XLA_FLAGS_CACHE-<jaxlib version> (best effort), so a known
+  set costs nothing, and lev_jax's own flags (lev_jax/portable.py) are never checked.
+  Every XLA flag (GPU and TPU ones included) is registered in every jaxlib build, so
+  this is right for a GPU job checked on a CPU host. Source:
+  xla/debug_options_flags.cc, parse_flags_from_env.cc.
   """
-  if not os.environ.get("XLA_FLAGS", "").strip():
+  from lev_jax import portable  # pylint: disable=import-outside-toplevel
+  own = {portable.PORTABLE_MATH_FLAG, portable.MAX_ISA_FLAG}
+  flags_ = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in own]
+  names = {f.split("=", 1)[0] for f in flags_}
+  if not names:
+    return None
+  try:
+    from jaxlib import version as jaxlib_version  # pylint: disable=import-outside-toplevel
+    cache = os.path.expanduser(f"{XLA_FLAGS_CACHE}-{jaxlib_version.__version__}")
+  except ImportError:
+    cache = None
+  known = set()
+  if cache and os.path.isfile(cache):
+    with open(cache, encoding="utf-8", errors="replace") as f:
+      known = set(f.read().split())
+  if names <= known:
     return None
   import subprocess  # pylint: disable=import-outside-toplevel
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags_),
+         "LEV_JAX_PORTABLE_CPU": "0"}
   child = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
                          capture_output=True, text=True, errors="replace", check=False)
   unknown = re.search(r"Unknown flags? in XLA_FLAGS: ?(.*)", child.stderr)
-  if child.returncode == 0 or not unknown:
-    return None
-  return (f"XLA_FLAGS holds {unknown.group(1).strip()}, a flag this jaxlib's XLA does not "
-          "know: XLA would abort the job when it starts; expected XLA's own flags "
-          "(XLA_FLAGS=--help lists them)")
+  if unknown:
+    return (f"XLA_FLAGS holds {unknown.group(1).strip()}, a flag this jaxlib's XLA does not "
+            "know: XLA would abort the job when it starts; expected XLA's own flags "
+            "(XLA_FLAGS=--help lists them)")
+  if child.returncode == 0 and cache:
+    try:
+      os.makedirs(os.path.dirname(cache), exist_ok=True)
+      with open(cache, "a", encoding="utf-8") as f:
+        f.write("".join(f"{n}\n" for n in sorted(names - known)))
+    except OSError:
+      pass  # a read-only home: checked again next time
+  return None
 
 
 def backend_or_exit(prog: str) -> None:
-  """Ends the program with `<prog>: error: <backend_error()>` when jax's backends cannot
-  start (exit 2); returns once they have."""
-  problem = backend_error()
+  """Ends the program with `<prog>: error: <line>` (exit 2) when XLA_FLAGS holds a flag
+  XLA does not know (`xla_flags_error`: XLA would abort the process) or jax's backends
+  cannot start (`backend_error`); returns once they have."""
+  problem = xla_flags_error() or backend_error()
   if problem:
     fail(prog, problem)
 

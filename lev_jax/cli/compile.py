@@ -59,6 +59,9 @@ def _define_flags():
                     "figures only.")
   flags.DEFINE_float("min_free", 0.0, "Fail (exit 2) unless this fraction of each chip's "
                      "HBM stays free, e.g. 0.1.", lower_bound=0.0, upper_bound=0.99)
+  # absl's bounds compare, and nan passes every comparison
+  flags.register_validator("min_free", lambda v: v is None or v == v,
+                           message="expected a fraction in [0.0, 0.99], not nan")
 
 
 def _check_outputs(json_path: str | None, dump_hlo: str | None) -> None:

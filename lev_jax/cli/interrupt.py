@@ -95,6 +95,33 @@ def _raise_interrupt(signum, frame):
   raise KeyboardInterrupt
 
 
+# 128 + SIGTERM: the shell's status for a command ended by SIGTERM.
+TERMINATED_EXIT = 143
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM, raised as an interrupt where a command asked (`terminate_as_interrupt`):
+  the same `finally` blocks and `with` exits run (lev-train's workdir lock: a new
+  folder it created is removed), then `common.run` prints its line and exits 143."""
+
+
+def _raise_terminated(signum, frame):
+  callbacks = {getattr(c, "__code__", None) for c in gc.callbacks}
+  if frame is not None and frame.f_code in callbacks:  # raised here, it would be dropped
+    threading.Timer(_RETRY_S, os.kill, (os.getpid(), signum)).start()
+    return
+  raise Terminated
+
+
+def terminate_as_interrupt() -> None:
+  """SIGTERM raises `Terminated` from here on (where its action is still the default, in
+  the main thread): before lev-train's first step its default action ended the process
+  at once, leaving a new workdir holding only the lock file and printing nothing."""
+  if (threading.current_thread() is threading.main_thread()
+      and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 def started() -> None:
   """The command's `run` began: from here Ctrl-C raises KeyboardInterrupt (never lost in
   a gc callback), where the startup handler was installed."""

@@ -2,8 +2,9 @@
 
   lev-lm-eval --model_args checkpoint=runs/x,step=3000 \\
       --tasks lambada_openai,hellaswag,piqa,arc_easy --batch_size 16
-  lev-lm-eval --model_args checkpoint=runs/x --include_path lev_jax/lm_eval_tasks \\
-      --tasks lev_local                       # offline: the released files, $LEV_LM_EVAL_DATA
+  lev-lm-eval --model_args checkpoint=runs/x \\
+      --tasks lev_local      # offline: the released files, $LEV_LM_EVAL_DATA (the tasks of
+                             # lev_jax/lm_eval_tasks: their --include_path is added)
 
 The model is lev_jax/eval/lm_eval_adapter.py (`--model lev_jax`, added unless --model is
 given). Before lm-eval starts, `model_args_problem` stops in one line a run whose
@@ -25,6 +26,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from lev_jax import lm_eval_tasks
 from lev_jax.cli import interrupt
 from lev_jax.eval.lm_eval_adapter import MODEL_NAME  # registers the "lev_jax" model
 
@@ -423,6 +425,10 @@ def _unwrapped(text: str) -> str:
   return text
 
 
+# lev_jax/lm_eval_tasks' task names and their tag: --include_path is added for them.
+_OWN_TASKS = {*lm_eval_tasks.LOCAL_TWIN.values(), lm_eval_tasks.TAG}
+
+
 def _run(argv: list[str]) -> None:
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
   from lev_jax.cli.common import backend_error, checkpoint_tree_error  # pylint: disable=import-outside-toplevel
@@ -434,6 +440,11 @@ def _run(argv: list[str]) -> None:
   if argv[0] not in ("ls", "validate") and not has_model:
     argv += ["--model", MODEL_NAME]
   args = _parsed(argv)
+  if args and args.tasks and not args.include_path and set(args.tasks) & _OWN_TASKS:
+    # lev_jax's own *_local tasks: their folder, which lm-eval does not index itself
+    # (it said "Tasks not found: hellaswag_local" without --include_path)
+    argv += ["--include_path", str(lm_eval_tasks.TASKS_DIR)]
+    args.include_path = str(lm_eval_tasks.TASKS_DIR)
   requested = args and args.tasks and (list(args.tasks), args.include_path,
                                        getattr(args, "output_path", None))
   problem = args and (model_args_problem(args) or _tasks_problem(args)

@@ -44,7 +44,7 @@ from ml_collections import config_flags
 # before jax, Orbax and grain are imported (~2 s of CPU); main imports them after its checks.
 from lev_jax import distributed
 from lev_jax import lock as workdir_lock
-from lev_jax.cli import common
+from lev_jax.cli import common, interrupt
 from lev_jax.config import ConfigError, validate
 from lev_jax.experiments import experiments_dir
 from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LOCK, OutputWriteError, default_workdir
@@ -239,8 +239,10 @@ def interrupted_line(workdir: str | None) -> str:
 
 def run():
   common.define_or_exit("lev-train", _define_flags)
-  # Ctrl-C before the first step (data, restore) ends here; from the first step on, the
-  # trainer turns it into a checkpoint (a second Ctrl-C aborts at once).
+  # Ctrl-C or SIGTERM before the first step (data, restore, compile) ends here, the
+  # lock released; from the first step on, the trainer turns either into a checkpoint
+  # (a second one aborts at once).
+  interrupt.terminate_as_interrupt()
   common.run("lev-train", main, __name__,
              interrupted=lambda: interrupted_line(_WORKDIR[0] if _WORKDIR else None))
 

@@ -339,6 +339,10 @@ def evaluation_batches(config: ml_collections.ConfigDict, tokenizer, *,
     return bundle.eval_batches(), bundle.token_counts_V, bundle.eval_data()
   files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
   texts, _ = read_documents(files, strict=d.strict, pile_set_names=tuple(d.pile_set_names))
+  if not len(texts):  # newcomer pass 6: "no validation documents" named no file
+    raise DataError(f"the {split} split has no documents: {', '.join(map(str, files))} gave "
+                    "no non-empty text; expected Pile-format JSONL lines with a \"text\" "
+                    "field")
   batches = make_eval_batches(texts, tokenizer, seq_len=config.train.seq_len,
                               batch_size=config.eval.batch_size, n_batches=config.eval.batches,
                               vocab_size=config.model.vocab_size,

@@ -38,6 +38,7 @@ from pathlib import Path
 import ml_collections
 from etils import epath
 
+from lev_jax.checkpoint_checks import config_differences
 from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load_experiment
 from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS, loads_json
 
@@ -117,7 +118,10 @@ class Rung:
     variant, kind, size: "tied_m" -> ("tied", "m").
     workdir: ROOT/VARIANT.
     status: "finished", "missing" (no workdir or no metrics), "unfinished", "unreadable"
-      (a file that does not parse); `reason` says which, in words.
+      (a file that does not parse), "other config" (a finished run whose stored model
+      shape differs from get_config(variant)'s: checkpoint_checks.SHAPE_FIELDS; other
+      fields may differ, e.g. lev-ladder --train_flags' train.steps); `reason` says
+      which, in words.
     steps: train.steps; step: the last step logged (None before any row).
     tokens_per_step: train.global_batch_size * train.seq_len.
     params: lev-params counts {"embedding", "lev", "backbone", "head", "total"}.
@@ -287,7 +291,7 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
     raise LadderError(f"ladder: get_config({variant!r}) failed: {type(e).__name__}: {e}") from e
   kind, size = split_variant(variant)
   workdir = root / variant
-  notes, source = [], "ladder"
+  notes, source, ladder_config, other = [], "ladder", config, []
   if workdir.is_dir():
     stored, note = _latest_checkpoint_config(workdir)
     if note:
@@ -298,6 +302,8 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
         config.train.steps  # noqa: B018 (a stored config without the fields is unusable)
         config.model.d_model  # noqa: B018
         source = "checkpoint"
+        # the model's shape only: --train_flags may change train.steps, the data, ...
+        other = config_differences(stored, ladder_config, stored_only=True)
       except (AttributeError, KeyError, TypeError):
         config = module.get_config(variant)
         notes.append(f"{workdir / CHECKPOINTS}: stored config lacks train/model fields; "
@@ -356,6 +362,13 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
   if not math.isfinite(_as_number(final["loss"])):
     rung.status = "unreadable"
     rung.reason = f"{eval_path}: final loss is {final['loss']} (diverged?)"
+    return rung
+  if other:  # newcomer pass 6: another run copied in was summarised as the rung
+    more = f" and {len(other) - 4} more" if len(other) > 4 else ""
+    rung.status = "other config"
+    rung.reason = (f"{workdir} holds a model of another shape than the ladder's {variant} "
+                   f"({'; '.join(d.replace('this run', 'ladder') for d in other[:4])}{more}):"
+                   " left out; move it aside and train the rung there")
     return rung
   rung.step = max(rung.step or 0, rung.steps)
   rung.final = final

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import datasets
 
-from lev_jax.eval.downstream import (DownstreamError, _jsonl, arc_answer_label,
+from lev_jax.eval.downstream import (DownstreamError, _field, _jsonl, arc_answer_label,
                                 read_piqa_labels)
 
 DATA_ENV = "LEV_LM_EVAL_DATA"
@@ -57,7 +57,7 @@ def data_path(name: str) -> Path:
 
 
 def load(data_file: str, split: str, labels_file: str | None = None,
-         **metadata) -> datasets.DatasetDict:
+         fields: list[str] | None = None, **metadata) -> datasets.DatasetDict:
   """{split: the rows of the JSON-lines `data_file`} (lm-eval's `custom_dataset`).
 
   Args:
@@ -65,14 +65,22 @@ def load(data_file: str, split: str, labels_file: str | None = None,
     split: the split name the task reads (its test_split or validation_split).
     labels_file: PIQA's valid-labels.lst (one 0 or 1 per line;
       lev_jax.eval.downstream.read_piqa_labels), added to the rows as `label`, in order.
+    fields: the fields every row must hold (what the task's prompt and process_docs
+      read): a row without one is named (file:line), not left to a KeyError or a
+      template error deep inside lm-eval.
     metadata: lm-eval's task metadata (version, ...): ignored.
   Raises:
-    DownstreamError: a missing file, a malformed line (file:line), or a label count
+    DownstreamError: a missing file, a malformed line or a row without one of `fields`
+      (file:line), or a label count
       that differs from the row count.
   """
   del metadata
   path = data_path(data_file)
-  rows = [obj for _, obj in _jsonl(path)]
+  rows = []
+  for n, obj in _jsonl(path):
+    for key in fields or ():
+      _field(obj, key, path, n, object)
+    rows.append(obj)
   if labels_file is not None:
     for row, label in zip(rows, read_piqa_labels(data_path(labels_file), len(rows), path)):
       row["label"] = label
