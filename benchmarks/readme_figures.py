@@ -25,6 +25,9 @@ Sections (wall time measured on our 2-core CPU, nothing else running):
             experiments/fidelity_study.py (33 runs, ~50 min)
   scale     lev-study on experiments/scale_study.py, one corpus after the other (3 x 36
             runs; about an hour per corpus, see the file), then the whole study's report
+  ablations lev-study on experiments/ablation_study.py, corpus by corpus (42 + 18 + 18
+            runs, 27 of them the scale study's, reused: run `scale` first; ~2.5 h), then
+            the whole ablation study's report
   drills    benchmarks/drills.py: kill -9, SIGTERM, bit flips, bad inputs (~5 min)
   pod_compile benchmarks/lev_tpu_estimate.py (LEV alone, vectorized and fused cores),
             then benchmarks/pod_compile.py: every ladder rung, tied and Leviathan,
@@ -102,6 +105,19 @@ def _scale(root: Path) -> list[list[str]]:
               f"--root={root / 'scale_study'}", "--run") for p in (*pieces, None)]
 
 
+def _ablations(root: Path) -> list[list[str]]:
+  """One lev-study per corpus piece of experiments/ablation_study.py under the scale
+  study's root (its tied, untied and Leviathan runs are the baselines, reused), then the
+  whole ablation study's report into ROOT/scale_study/report_ablation."""
+  study = "experiments/ablation_study.py"
+  pieces = ("ablation_debian_books", "ablation_foldoc", "ablation_python_docs")
+  scale_root = root / "scale_study"
+  return [*(_py("-m", "lev_jax.cli.study", f"--study={study}:{p}", f"--root={scale_root}",
+                "--run") for p in pieces),
+          _py("-m", "lev_jax.cli.study", f"--study={study}", f"--root={scale_root}",
+              f"--report_dir={scale_root / 'report_ablation'}", "--run")]
+
+
 def _drills(root: Path) -> list[list[str]]:
   return [_py("benchmarks/drills.py", f"--root={root / 'drills'}")]
 
@@ -125,6 +141,8 @@ SECTIONS = {
     "studies": (_studies, lambda r: [r / n / "report" / "report.md"
                                      for n in ("smoke_study", "fidelity_study")]),
     "scale": (_scale, lambda r: [r / "scale_study" / "report" / "report.md"]),
+    "ablations": (_ablations, lambda r: [r / "scale_study" / "report_ablation" /
+                                         "report.md"]),
     "drills": (_drills, lambda r: []),
     "pod_compile": (_pod_compile, lambda r: [r / "pod_compile" / "table.md"]),
 }
@@ -137,7 +155,8 @@ DOCS = {
     "ladder": "docs/results.md#measured-the-smoke-ladder-tied-vs-leviathan",
     "step_time": "docs/results.md#measured-train-step-time-tied-vs-leviathan",
     "studies": "docs/results.md#measured-leviathan-vs-tied-at-cpu-scale-seeded-study",
-    "scale": "docs/evaluation.md#seeded-studies-lev-study",  # until results.md has the trend
+    "scale": "docs/results.md#measured-the-scale-trend-on-real-prose-issue-25",
+    "ablations": "docs/results.md#ablations-of-lev-at-d192-l3-on-each-corpus",
     "drills": "docs/reliability.md#reliability-what-protects-a-run",
     "pod_compile": "docs/results.md#every-rung-on-its-slice-compiler-figures-estimates-labelled",
 }
