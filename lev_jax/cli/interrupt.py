@@ -88,11 +88,13 @@ def install_startup_handler() -> None:
 
 
 def _raise_interrupt(signum, frame):
+  """KeyboardInterrupt for SIGINT, `Terminated` for SIGTERM; a signal that arrived in a
+  gc callback is sent again once the callback has returned."""
   callbacks = {getattr(c, "__code__", None) for c in gc.callbacks}
   if frame is not None and frame.f_code in callbacks:  # raised here, it would be dropped
     threading.Timer(_RETRY_S, os.kill, (os.getpid(), signum)).start()
     return
-  raise KeyboardInterrupt
+  raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 # 128 + SIGTERM: the shell's status for a command ended by SIGTERM.
@@ -105,21 +107,13 @@ class Terminated(KeyboardInterrupt):
   folder it created is removed), then `common.run` prints its line and exits 143."""
 
 
-def _raise_terminated(signum, frame):
-  callbacks = {getattr(c, "__code__", None) for c in gc.callbacks}
-  if frame is not None and frame.f_code in callbacks:  # raised here, it would be dropped
-    threading.Timer(_RETRY_S, os.kill, (os.getpid(), signum)).start()
-    return
-  raise Terminated
-
-
 def terminate_as_interrupt() -> None:
   """SIGTERM raises `Terminated` from here on (where its action is still the default, in
   the main thread): before lev-train's first step its default action ended the process
   at once, leaving a new workdir holding only the lock file and printing nothing."""
   if (threading.current_thread() is threading.main_thread()
       and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 def started() -> None:
