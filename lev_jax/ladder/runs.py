@@ -58,9 +58,9 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
   ("ladder" or "study") words the errors for lev-ladder or lev-study.
 
   Raises:
-    LadderError: no such file (or FILE.py:PIECE given to lev-ladder), not a .py file (experiments.file_problem), it fails to
-      import, or it lacks `RUNGS` (a non-empty tuple of distinct variant names) or
-      `get_config`; a path is named with its flag (`--ladder=PATH`, `--study=PATH`).
+    LadderError: no such file (or FILE.py:PIECE given to lev-ladder), not a .py file
+      (experiments.file_problem), it fails to import, or it lacks `RUNGS` (a non-empty
+      tuple of distinct variant names) or `get_config`; a path is named with its flag (`--ladder=PATH`, `--study=PATH`).
   """
   if isinstance(ladder, types.ModuleType):
     module, where = ladder, f"{kind} {getattr(ladder, '__file__', ladder.__name__)}"
@@ -73,7 +73,7 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
     try:
       module = load_experiment(path)
     except FileNotFoundError:
-      head, colon, piece = str(ladder).rpartition(":")
+      head, colon, _ = str(ladder).rpartition(":")
       if colon and kind == "ladder" and os.path.isfile(os.path.expanduser(head)):
         raise LadderError(f"{where}: lev-ladder runs every variant of a ladder file and "
                           f"takes no :PIECE (lev-study's --study=FILE.py:PIECE does); "
