@@ -60,7 +60,8 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
   Raises:
     LadderError: no such file (or FILE.py:PIECE given to lev-ladder), not a .py file
       (experiments.file_problem), it fails to import, or it lacks `RUNGS` (a non-empty
-      tuple of distinct variant names) or `get_config`; a path is named with its flag (`--ladder=PATH`, `--study=PATH`).
+      tuple of distinct variant names) or `get_config`; a path is named with its flag
+      (`--ladder=PATH`, `--study=PATH`).
   """
   if isinstance(ladder, types.ModuleType):
     module, where = ladder, f"{kind} {getattr(ladder, '__file__', ladder.__name__)}"
