@@ -86,17 +86,21 @@ _TRAIN_ERROR = "lev-train: error: "
 
 
 def _run_check(argv: list[str], what: str, skip: str, cwd: str | None,
-               timeout_s: float) -> subprocess.CompletedProcess:
-  """Runs a lev_jax check command on this machine (no accelerator: JAX_PLATFORMS=cpu).
+               timeout_s: float, jax_platforms: str | None = "cpu"
+               ) -> subprocess.CompletedProcess:
+  """Runs a lev_jax check command on this machine with JAX_PLATFORMS=`jax_platforms`
+  (default cpu: no accelerator here; None: unset).
 
   Raises:
     LaunchError: argv[0] does not exist (with how to skip the check), or the command
       outlived timeout_s.
   """
   try:
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if jax_platforms is not None:
+      env["JAX_PLATFORMS"] = jax_platforms
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                          stdin=subprocess.DEVNULL)
+                          env=env, stdin=subprocess.DEVNULL)
   except FileNotFoundError:
     raise LaunchError(f"{what}: cannot run {argv[0]}: no such file; {skip}") from None
   except subprocess.TimeoutExpired:
@@ -105,7 +109,7 @@ def _run_check(argv: list[str], what: str, skip: str, cwd: str | None,
 
 def preflight(train_args: Sequence[str], platform: str, processes: int, devices: int, *,
               python: str = sys.executable, cwd: str | None = None,
-              timeout_s: float = 300.0) -> str:
+              timeout_s: float = 300.0, jax_platforms: str | None = None) -> str:
   """Runs lev-train's checks on `train_args` for a job of processes x devices.
 
   Args:
@@ -116,6 +120,9 @@ def preflight(train_args: Sequence[str], platform: str, processes: int, devices:
     python: the Python that runs lev-train (it must import lev_jax).
     cwd: where lev-train will run (its config path is relative to it).
     timeout_s: seconds before the check is given up.
+    jax_platforms: the JAX_PLATFORMS the job will run with (None: unset), which
+      lev-train checks against `platform` (cli/train.jax_platforms_error); the check
+      itself starts no backend.
   Returns:
     lev-train's one-line summary ("lev-train: preflight ok: ...").
   Raises:
@@ -125,7 +132,7 @@ def preflight(train_args: Sequence[str], platform: str, processes: int, devices:
   argv = [python, "-m", TRAIN_MODULE, f"--preflight={platform}:{processes}x{devices}",
           *train_args]
   proc = _run_check(argv, "pre-flight", "pass --no-preflight to skip the check", cwd,
-                    timeout_s)
+                    timeout_s, jax_platforms)
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   if proc.returncode == 0:
     out = [l for l in proc.stdout.splitlines() if l.strip()]

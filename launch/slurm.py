@@ -318,8 +318,11 @@ def check_train_args(job: SlurmJob) -> str:
   if job.venv:
     candidate = os.path.join(os.path.expanduser(job.venv), "bin", "python")
     python = candidate if os.path.exists(candidate) else python
+  # the job's JAX_PLATFORMS: cpu nodes get cpu from the script; GPU nodes inherit this
+  # shell's (sbatch exports the environment)
   return preflight(job.train_args, "cpu" if job.cpu else "gpu", job.nodes,
-                   job.devices_per_node(), python=python, cwd=job.chdir)
+                   job.devices_per_node(), python=python, cwd=job.chdir,
+                   jax_platforms="cpu" if job.cpu else os.environ.get("JAX_PLATFORMS"))
 
 
 def submit(job: SlurmJob) -> int:

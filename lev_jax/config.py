@@ -13,6 +13,8 @@ import numbers
 
 import ml_collections
 
+from lev_jax.workdir import first_non_utf8
+
 EMBEDDINGS = ("tied", "untied", "lev")
 DTYPES = ("float32", "bfloat16", "float16")
 LOGITS_DTYPES = ("float32", "bfloat16")
@@ -399,16 +401,8 @@ def _check_finite(node, prefix: str = "") -> None:
       _fail(field, value, "a finite number")
     elif isinstance(value, (tuple, list)) and any(_non_finite(v) for v in value):
       _fail(field, tuple(value), "finite numbers")
-    elif isinstance(value, str) and not _is_utf8(value):
+    elif isinstance(value, str) and first_non_utf8(value) is not None:
       _fail(field, value, "UTF-8 text (a byte that is not UTF-8 was given)")
-
-
-def _is_utf8(text: str) -> bool:
-  try:
-    text.encode("utf-8")
-  except UnicodeEncodeError:
-    return False
-  return True
 
 
 def splash_misfit(seq_len: int, block_q: int, block_kv: int) -> tuple | None:

@@ -22,7 +22,10 @@ these sources that applies, and nothing else:
    `jax.distributed.initialize()` is called with no arguments and JAX fills them in.
    mpi4py is opt-in in JAX and is never picked here.
 4. Otherwise (one process: a laptop, a single TPU VM host, a one-task SLURM job) nothing
-   is called; JAX runs single-process as usual.
+   is called; JAX runs single-process as usual. So are explicit settings (1, 2) of one
+   process (`launch/slurm.py --nodes=1`): a coordinator for a single process adds nothing
+   but a gRPC service whose registration can time out on a loaded host (seen on a 2-core
+   CI machine: XLA's `... tried to connect with a different incarnation`, then a crash).
 
 Explicit settings (1, 2) are passed with `cluster_detection_method="deactivate"`. Without
 it JAX still runs its auto-detection to fill `local_device_ids`, and inside `srun` that
@@ -149,7 +152,10 @@ def _run(p: Plan) -> None:
   if _initialized or jax.distributed.is_initialized():
     logging.info("jax.distributed already initialized; ignoring this call")
     return
-  if p.source in ("arguments", "environment"):
+  if p.source in ("arguments", "environment") and p.num_processes == 1:
+    logging.info("one process (%s from %s): jax.distributed is not started",
+                 p.coordinator_address, p.source)
+  elif p.source in ("arguments", "environment"):
     logging.info("jax.distributed.initialize(%s, num_processes=%d, process_id=%d) from %s",
                  p.coordinator_address, p.num_processes, p.process_id, p.source)
     jax.distributed.initialize(coordinator_address=p.coordinator_address,

@@ -29,6 +29,30 @@ from lev_jax.data.files import write_bytes_atomic
 from lev_jax.workdir import METRICS, TENSORBOARD, OutputWriteError, finite_json
 
 
+def summary_writer_class():
+  """tensorboardX.SummaryWriter, imported without PyTorch.
+
+  tensorboardX imports torch whenever it is installed (lm-eval installs it), only to
+  accept torch.Tensor values: ~2.7 s of every lev-train start, for a writer given
+  Python floats here. While tensorboardX is first imported, `import torch` fails (a
+  None entry in sys.modules, Python's documented way to block an import), which
+  tensorboardX catches (writer.py: `try: import torch ... except ImportError`); the
+  entry is removed at once, so torch imports as usual afterwards. A torch already
+  imported is used as it is.
+  """
+  import sys  # pylint: disable=import-outside-toplevel
+  if "torch" in sys.modules or "tensorboardX" in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    return SummaryWriter
+  sys.modules["torch"] = None
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  finally:
+    if sys.modules.get("torch", 0) is None:
+      del sys.modules["torch"]
+  return SummaryWriter
+
+
 def _clean(v):
   """A metric as a JSON number, or a non-finite one as its text (workdir.finite_json)."""
   return finite_json(float(v))
@@ -50,7 +74,7 @@ class MetricWriter:
     self._tb = None
     self._failed = False
     if self.enabled:
-      from tensorboardX import SummaryWriter
+      SummaryWriter = summary_writer_class()  # pylint: disable=invalid-name
       with self._writing(self.path, "opening it"):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")

@@ -129,6 +129,17 @@ class OutputWriteError(OSError):
   OSError (its errno is kept)."""
 
 
+def first_non_utf8(text: str) -> int | None:
+  """The index of the first character of `text` that is no UTF-8 text (a byte of a
+  command-line argument or file name that is not UTF-8, which Python keeps as a lone
+  surrogate, PEP 383: every later encode to UTF-8 refuses it); None when there is none."""
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    return e.start
+  return None
+
+
 def default_workdir(name: str) -> str:
   """lev-train's run folder when no --workdir is given: 'runs/<name>'."""
   return f"{DEFAULT_ROOT}/{name}"

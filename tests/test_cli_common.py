@@ -327,6 +327,10 @@ def test_define_path_refuses_an_empty_or_blank_value(capsys):
       "lev-x: error: --output is not UTF-8 text (a byte that is not UTF-8, which Orbax, "
       "TensorStore and ArrayRecord cannot write in a path); expected the folder to write, "
       "named in UTF-8\n")
+  # newcomer pass 7: other paths' bytes were shown as Python's surrogates (\udcff)
+  with pytest.raises(SystemExit):
+    common.fail("lev-x", "--config=\udcff.py: no such file")
+  assert capsys.readouterr().err == "lev-x: error: --config=\\xff.py: no such file\n"
 
 
 def test_a_flag_on_by_default_is_listed_as_what_its_no_form_does(helps):

@@ -48,6 +48,18 @@ def test_bad_input_is_one_line_before_anything_is_compiled(args, needle, tmp_pat
   assert not list(tmp_path.iterdir())
 
 
+def test_a_json_path_under_a_file_says_it_is_a_file(tmp_path, capsys):
+  # newcomer pass 7: "folder .../afile does not exist or is not writable"
+  from lev_jax.cli import compile as compile_cli
+  (tmp_path / "afile").write_text("x")
+  for path in (tmp_path / "afile" / "x.json", tmp_path / "afile" / "sub" / "x.json"):
+    with pytest.raises(SystemExit):
+      compile_cli._check_outputs(json_path=str(path), dump_hlo=None)
+    assert capsys.readouterr().err == (
+        f"lev-compile: error: --json={path}: {tmp_path / 'afile'} is a file, not a folder; "
+        "expected a file in an existing folder you can write to\n")
+
+
 def test_an_output_inside_a_saved_checkpoint_is_one_line(tmp_path, capsys):
   from lev_jax.cli import compile as compile_cli
   (tmp_path / "run" / "checkpoints" / "4").mkdir(parents=True)

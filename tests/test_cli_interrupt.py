@@ -63,7 +63,7 @@ def main(argv):
 
 # What was kept is said after the Ctrl-C (lev-train: whether a checkpoint exists yet).
 common.run("lev-probe", main, "lev_jax.cli.params",
-           interrupted=lambda: "interrupted (Ctrl-C); stopped")
+           interrupted=lambda cause: f"{cause}; stopped")
 """
 
 

@@ -23,10 +23,10 @@ TINY = ["--config.model.vocab_size=512", "--config.model.d_model=32",
         "--config.eval.batches=1", "--config.eval.batch_size=2", "--config.optim.warmup_steps=1"]
 
 
-def lev(tool, *args, timeout=240):
+def lev(tool, *args, timeout=240, **env):
   module = {"train": "lev_jax.cli.train", "params": "lev_jax.cli.params", "eval": "lev_jax.cli.eval"}[tool]
   return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                        timeout=timeout, cwd=REPO, env=dict(os.environ))
+                        timeout=timeout, cwd=REPO, env={**os.environ, **env})
 
 
 def assert_clean_error(proc, *needles):
@@ -410,11 +410,29 @@ def test_ctrl_c_saves_the_current_step_and_the_rerun_matches_a_straight_run(tmp_
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
-@pytest.mark.parametrize("preflight", ["tpu:16x4", "gpu:4x8"])
-def test_the_readmes_pod_and_cluster_examples_pass_preflight(preflight):
+@pytest.mark.parametrize("preflight,jax_platforms", [("tpu:16x4", "tpu"), ("gpu:4x8", "cuda")])
+def test_the_readmes_pod_and_cluster_examples_pass_preflight(preflight, jax_platforms):
   """docs/scaling-out.md: experiments/ladder.py:leviathan_1.2b on a v5p-128 slice (16
-  hosts x 4 chips) and on 4 nodes x 8 GPUs fits its mesh and batches (train and eval)."""
+  hosts x 4 chips) and on 4 nodes x 8 GPUs fits its mesh and batches (train and eval).
+  The JAX_PLATFORMS the job would run with is checked, but no backend starts."""
   proc = lev("train", f"--config={REPO / 'experiments' / 'ladder.py'}:leviathan_1.2b",
-             f"--preflight={preflight}")
+             f"--preflight={preflight}", JAX_PLATFORMS=jax_platforms)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "preflight ok: ladder_leviathan_1.2b" in proc.stderr + proc.stdout
+
+
+def test_preflight_refuses_a_jax_platforms_that_would_stop_the_job(monkeypatch):
+  """Newcomer pass 7: JAX_PLATFORMS=bogus (or cuda for a TPU job) passed --preflight and
+  then stopped the real job at its start."""
+  from lev_jax.cli import train as train_cli
+  for value, platform, expected in [
+      ("bogus", "tpu", "JAX_PLATFORMS=bogus: 'bogus' is not a jax platform; expected a "
+       "comma-separated list of cpu, tpu, cuda, rocm, gpu, or leave it unset for jax to "
+       "choose"),
+      ("cuda", "tpu", "JAX_PLATFORMS=cuda: a tpu job would not use its tpu devices (jax "
+       "starts only cuda); expected it to name tpu, or leave it unset"),
+      ("cpu", "gpu", "JAX_PLATFORMS=cpu: a gpu job would not use its gpu devices (jax "
+       "starts only cpu); expected it to name cuda or gpu or rocm, or leave it unset"),
+      ("tpu,cpu", "tpu", None), ("", "gpu", None), ("rocm", "gpu", None)]:
+    monkeypatch.setenv("JAX_PLATFORMS", value)
+    assert train_cli.jax_platforms_error(platform) == expected, value

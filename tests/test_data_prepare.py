@@ -286,6 +286,23 @@ def test_open_and_prepare_errors(tmp_path, pile):
   with pytest.raises(DataError, match=r"config.data.validation_files: .*val.jsonl is also "
                      "matched by config.data.train_files"):
     prepare(_config(tmp_path, pile, train_files=(str(pile["root"] / "*.jsonl"),)))
+  # newcomer pass 7: an empty or all-garbage validation file was "prepared" (exit 0) and
+  # lev-train failed on it later; a train file with no usable line was blamed on
+  # config.model.vocab_size (SentencePiece) instead of the file
+  empty, garbage = tmp_path / "empty.jsonl", tmp_path / "garbage.jsonl"
+  empty.write_bytes(b"")
+  garbage.write_bytes(b'{"foo": 1}\n\xff\xfe\n')
+  with pytest.raises(DataError, match=r"^config.data.validation_files: .*empty.jsonl gave no "
+                     r"document \(nothing skipped\); expected Pile-format JSONL lines with a "
+                     r'string "text" field$'):
+    prepare(_config(tmp_path, pile, validation_files=(str(empty),)),
+            output_dir=tmp_path / "out_empty_val")
+  for tokenizer in ("bytes", "sentencepiece"):
+    c = _config(tmp_path, pile, train_files=(str(garbage),), tokenizer=tokenizer)
+    c.model.vocab_size = 259 if tokenizer == "bytes" else 512
+    with pytest.raises(DataError, match=r"^config.data.train_files: .*garbage.jsonl gave no "
+                       r"document \(bad_utf8 1, no_text 1\); expected Pile-format JSONL"):
+      prepare(c, output_dir=tmp_path / f"out_garbage_{tokenizer}")
 
 
 def test_loading_does_not_import_tensorflow(tmp_path, pile):

@@ -116,6 +116,25 @@ def test_auto_detection_of_other_clusters(calls, monkeypatch):
   assert calls == [((), {})]
 
 
+@pytest.mark.parametrize("source", ["arguments", "environment", "flags"])
+def test_explicit_settings_of_one_process_start_no_coordinator(calls, monkeypatch, source):
+  if source == "arguments":
+    distributed.initialize("h:1", 1, 0)
+  elif source == "environment":
+    monkeypatch.setenv("LEV_JAX_COORDINATOR", "h:1")
+    monkeypatch.setenv("LEV_JAX_NUM_PROCESSES", "1")
+    monkeypatch.setenv("LEV_JAX_PROCESS_ID", "0")
+    distributed.initialize()
+  else:
+    fv = flags.FlagValues()
+    distributed.define_flags(fv)
+    fv(["prog", "--coordinator_address=node0:1234", "--num_processes=1", "--process_id=0"])
+    distributed.initialize_from_flags(fv)
+  assert calls == []
+  distributed.initialize("h:1", 2, 0)  # decided once: a later call does nothing
+  assert calls == []
+
+
 def test_second_call_is_a_no_op(calls):
   distributed.initialize("h:1", 2, 0)
   distributed.initialize("h:1", 2, 0)

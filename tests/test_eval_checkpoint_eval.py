@@ -291,6 +291,28 @@ def test_other_validation_files_need_no_data_source_and_the_summary_prints_lamba
   assert "lambada: acc 0.0000 ± 0.0000, perplexity" in printed and "(n=3)" in printed
 
 
+def test_edited_token_counts_are_refused_naming_the_file(workdirs, tmp_path):
+  # Issue 26 (7th pass): a same-size edit of RUN/token_counts.npy moved tokens between
+  # frequency buckets without a word; the saved counts are checked against the data's.
+  import shutil
+  import numpy as np
+  from lev_jax.data.files import npy_bytes, read_npy, write_bytes_atomic
+  from lev_jax import data
+  lev = tmp_path / "lev"
+  shutil.copytree(workdirs / "lev", lev)
+  counts = data.load(eval_config("lev", workdirs / "cache")).token_counts_V
+  write_bytes_atomic(lev / "token_counts.npy", npy_bytes(counts))  # as lev-train saves it
+  out = checkpoint_eval.evaluate_checkpoint(lev, overrides={"eval.batches": 1})
+  write_bytes_atomic(lev / "token_counts.npy", npy_bytes(counts[::-1].copy()))
+  with pytest.raises(ConfigError, match=r"lev/token_counts.npy: the saved training token "
+                     r"counts differ from those of the training split config.data gives now "
+                     r"\([0-9,]+ of 259 ids' counts differ, sums"):
+    checkpoint_eval.evaluate_checkpoint(lev, overrides={"eval.batches": 1})
+  (lev / "token_counts.npy").unlink()  # the hint: without it, the data's counts are used
+  again = checkpoint_eval.evaluate_checkpoint(lev, overrides={"eval.batches": 1})
+  assert again["validation"] == out["validation"]
+
+
 def test_split_test_of_the_embedded_source_is_its_held_out_shard(tmp_path):
   from lev_jax.data.embedded import cache_name
   c = byte_config()

@@ -4,6 +4,7 @@ model loads from model_args, and one offline simple_evaluate on a local task."""
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -170,7 +171,8 @@ def test_an_error_keeps_its_closing_quote(monkeypatch, capsys, workdir):
     assert capsys.readouterr().err == f"lev-lm-eval: error: {said}\n"
 
 
-def test_the_results_go_exactly_to_a_json_output_path(tmp_path, monkeypatch, workdir):
+def test_the_results_go_exactly_to_a_json_output_path(tmp_path, monkeypatch, workdir,
+                                                      capsys):
   """Issue 26: `--output_path=/x/lmout.json` wrote lmout_<time>.json (lm-eval's naming),
   not the file `--help` promises."""
   import lm_eval.__main__ as cli
@@ -189,6 +191,18 @@ def test_the_results_go_exactly_to_a_json_output_path(tmp_path, monkeypatch, wor
   assert json.loads(out.read_text())["results"] == {"t": 1}
   assert sorted(os.listdir(tmp_path)) == ["lmout.json", "lmout_2020-01-01T00-00-00.000001.json",
                                           "w"]
+  assert capsys.readouterr().err.endswith(f"lev-lm-eval: results -> {out}\n")
+  # newcomer pass 7: a folder's results file (lm-eval's FOLDER/<id>/results_<time>.json)
+  # was written without its path being said
+  folder = tmp_path / "lm"
+  monkeypatch.setattr(cli, "cli_evaluate", lambda: EvaluationTracker(
+      output_path=str(folder)).save_results_aggregated(
+          {"results": {"t": 2}, "config": {"model_name": "abc"}}))
+  lm_eval_cli.run(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa",
+                   "--output_path", str(folder)])
+  written = capsys.readouterr().err.splitlines()[-1]
+  assert written.startswith(f"lev-lm-eval: results -> {folder}/") and written.endswith(".json")
+  assert json.loads(Path(written.split(" -> ")[1]).read_text())["results"] == {"t": 2}
 
 
 def test_an_output_path_in_a_saved_checkpoint_is_one_line(tmp_path, monkeypatch, capsys):
@@ -206,6 +220,12 @@ def test_an_output_path_in_a_saved_checkpoint_is_one_line(tmp_path, monkeypatch,
       f"lev-lm-eval: error: --output_path={out}: is inside {tmp_path / 'run' / 'checkpoints'}"
       ", a run's saved checkpoints (only that run's lev-train writes there); expected a "
       "path outside it\n")
+  with pytest.raises(SystemExit):  # newcomer pass 7: lm-eval wrote <id>/results_*.json there
+    lm_eval_cli.run(["--model_args", f"checkpoint={tmp_path / 'run'}", "--tasks", "piqa",
+                     "--output_path", str(tmp_path / "run")])
+  assert capsys.readouterr().err == (
+      f"lev-lm-eval: error: --output_path={tmp_path / 'run'}: is {tmp_path / 'run'}, a "
+      "training run's folder (only its lev-train writes there); expected another path\n")
   (tmp_path / "r.json").symlink_to(tmp_path / "gone")  # newcomer pass 4: link replaced
   for out, said in ((tmp_path / "r.json", f"is a symbolic link to {tmp_path / 'gone'}, "
                      "which does not exist; expected a new path or a regular file"),
@@ -414,6 +434,11 @@ def test_local_task_without_its_files_is_one_line_naming_the_file(offline, capsy
   err = _run_fails_at_once(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa_local"],
                            capsys, monkeypatch)
   assert "LEV_LM_EVAL_DATA is not set" in err
+  monkeypatch.setenv("LEV_LM_EVAL_DATA", str(released / "piqa" / "valid.jsonl"))
+  err = _run_fails_at_once(["--model_args", f"checkpoint={workdir}", "--tasks", "piqa_local"],
+                           capsys, monkeypatch)  # newcomer pass 7: "afile/x: no such file"
+  assert (f"LEV_LM_EVAL_DATA={released / 'piqa' / 'valid.jsonl'} is a file; expected the "
+          "folder holding") in err, err
 
 
 def test_a_released_file_without_a_tasks_field_is_one_line(released):
@@ -464,6 +489,10 @@ def test_model_args_and_tasks_are_checked_before_the_hub_probe(capsys, monkeypat
       ([f"checkpoint={export[0]},step=3"], f"--model_args step=3: {export[0]}: the export "
        "holds step 7, not step 3"),
       ([f"checkpoint={w},max_len=-1"], "--model_args max_len=-1: expected an integer >= 1"),
+      # newcomer pass 7: lm-eval reads -1 as -1.0, which was echoed as typed
+      ([f"checkpoint={w},batch_size=-1"], "--model_args batch_size=-1: expected an integer "
+       ">= 1 or 'auto'"),
+      ([f"checkpoint={w},step=-1"], "--model_args step=-1: expected an integer >= 0"),
       ([f"checkpoint={w}", "--include_path", f"{w}/nowhere"], f"--include_path={w}/nowhere: "
        "no such folder; expected a folder of lm-eval task YAML files"),
   ]:

@@ -171,13 +171,27 @@ def test_stored_checkpoint_config_decides_steps_and_tokens(tmp_path):
   meta.parent.mkdir(parents=True)
   meta.write_text(json.dumps(stored.to_dict()))
   (root / "tied_a" / "checkpoints" / "40.orbax-checkpoint-tmp-1").mkdir()  # ignored
-  rung = collect(ladder, root).rung("tied_a")
+  expected = load_ladder(ladder).get_config("tied_a")
+  expected.train.steps = 40  # what lev-ladder --train_flags=--config.train.steps=40 gives
+  rung = collect(ladder, root, {"tied_a": expected}).rung("tied_a")
   assert rung.status == "finished" and rung.steps == 40 and rung.config_source == "checkpoint"
   assert rung.eval_curve["tokens"][-1] == 40 * TOKENS_PER_STEP
+  # newcomer pass 7: without those --train_flags the 40-step run was "finished" as the
+  # ladder's STEPS-step rung; other eval settings were not noticed either
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "other config" and rung.reason == (
+      f"{root / 'tied_a'} was trained with other settings than the ladder's tied_a "
+      f"(train.steps: checkpoint 40, ladder {STEPS}): left out; if --train_flags made "
+      "them, give the same --train_flags here; else move it aside and train the rung there")
+  stored.eval.batches += 1
+  meta.write_text(json.dumps(stored.to_dict()))
+  reason = collect(ladder, root).rung("tied_a").reason
+  assert "train.steps: checkpoint 40, ladder" in reason and "eval.batches: checkpoint" in reason
+  stored.eval.batches -= 1
   # newcomer pass 6: another model's run copied in was summarised as the rung
   stored.model.d_model = 48
   meta.write_text(json.dumps(stored.to_dict()))
-  rung = collect(ladder, root).rung("tied_a")
+  rung = collect(ladder, root, {"tied_a": expected}).rung("tied_a")
   assert rung.status == "other config" and rung.reason == (
       f"{root / 'tied_a'} holds a model of another shape than the ladder's tied_a "
       f"(model.d_model: checkpoint 48, ladder {load_ladder(ladder).get_config('tied_a').model.d_model}"
@@ -202,6 +216,22 @@ def test_a_broken_metrics_line_is_reported_with_file_and_line(tmp_path):
   assert rung.status == "finished"
   assert any("1 non-finite eval/loss" in n for n in rung.notes)
   assert math.isfinite(rung.eval_curve["loss"][-1])
+
+
+def test_an_eval_json_whose_perplexity_is_not_exp_of_its_loss_is_unreadable(tmp_path):
+  # newcomer pass 7: an edited perplexity (1789.5 -> 1189.5) was reported as the rung's
+  ladder = write_ladder(tmp_path / "l.py", {"a": 16})
+  root = tmp_path / "root"
+  write_rung(root, "tied_a", 2.0)
+  path = root / "tied_a" / "eval.json"
+  result = json.loads(path.read_text())
+  result["perplexity"] = round(result["perplexity"] * 0.66, 2)
+  path.write_text(json.dumps(result))
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "unreadable" and rung.reason.startswith(
+      f"{path}: perplexity {result['perplexity']} is not exp(loss) = ")
+  assert rung.reason.endswith(": the file was edited; expected lev-train's own result "
+                              "(delete it and re-run lev-train on the run to evaluate again)")
 
 
 @pytest.mark.parametrize("source,match", [
@@ -248,7 +278,10 @@ def test_repo_ladders_have_rungs_that_build():
 
 # ---------------------------------------------------------------------------- the command
 
-def test_rung_commands_per_launcher_are_what_lev_train_and_launch_accept(tmp_path):
+def test_rung_commands_per_launcher_are_what_lev_train_and_launch_accept(tmp_path,
+                                                                        monkeypatch):
+  # a GPU job inherits the submitting shell's JAX_PLATFORMS (conftest's cpu): unset here
+  monkeypatch.delenv("JAX_PLATFORMS")
   smoke = str(REPO / "experiments" / "smoke_ladder.py")
   local = ladder_cli.rung_commands("local", smoke, ["tied_xs"], "/r", train_flags=["--x=1"])
   assert local == [("tied_xs", [sys.executable, "-m", "lev_jax.cli.train",
@@ -426,3 +459,8 @@ def test_train_flags_are_checked_once_as_lev_train_parses_them():
   assert ladder_cli.train_flags_error(smoke, variant, ["--config.train.steps=-5"]) == (
       "--train_flags: config.train.steps = -5: expected a positive number")
   assert ladder_cli.train_flags_error(smoke, variant, ["--config.train.steps=50"]) is None
+  # and the same flags give each rung's expected config (a report counts only runs
+  # trained with them)
+  assert ladder_cli.expected_configs(smoke, [variant], []) == {}
+  got = ladder_cli.expected_configs(smoke, [variant], ["--config.train.steps=50"])
+  assert got[variant].train.steps == 50 and got[variant].name == f"smoke_ladder_{variant}"

@@ -227,8 +227,11 @@ def test_a_root_that_is_a_run_or_holds_a_ladder_report_is_refused(tmp_path):
       "(prepared data; only lev-prepare-data writes there); expected another path")
   (tmp_path / "lad" / "report").mkdir(parents=True)
   (tmp_path / "lad" / "report" / "ladder.csv").write_text("")
-  assert "report: holds a lev-ladder report (ladder.csv)" in study_cli.folders_error(
-      str(tmp_path / "lad"), run=False, report_dir=None)
+  # newcomer pass 7: named --report_dir, which the user had not given
+  assert study_cli.folders_error(str(tmp_path / "lad"), run=False, report_dir=None) == (
+      f"--root={tmp_path / 'lad'}: its default report folder {tmp_path / 'lad' / 'report'}: "
+      "holds a lev-ladder report (ladder.csv); expected an empty folder or this command's "
+      "own report folder (give another --report_dir)")
   assert study_cli.folders_error(str(tmp_path / "new"), run=True, report_dir=None) is None
   # issue 26: a bad --root is named before a bad --report_dir (it was the other way)
   (tmp_path / "f").write_text("")

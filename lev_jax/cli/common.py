@@ -29,7 +29,7 @@ from lev_jax.cli import interrupt
 from lev_jax.experiments import file_problem
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF,
                              LADDER_CSV, LOCK, RUN_OUTPUTS, STUDY_CSV, TOKEN_COUNTS,
-                             TOKENIZER, is_prepared_data)
+                             TOKENIZER, first_non_utf8, is_prepared_data)
 
 # The flags `define_path` defines belong to the command calling it (its --help lists
 # them), not to this module.
@@ -40,8 +40,19 @@ INTERRUPTED_EXIT = interrupt.INTERRUPTED_EXIT  # 130: 128 + SIGINT, as a shell r
 CLOSED_PIPE_EXIT = 141
 
 
+def shown(text: str) -> str:
+  """`text` with the bytes of a non-UTF-8 file name (which Python holds as lone
+  surrogates, \\udcff) shown as the user typed them: \\xff."""
+  try:
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+  except UnicodeEncodeError:  # a surrogate no file name gives: shown escaped as it is
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def fail(prog: str, message: str):
-  print(f"{prog}: error: {message}", file=sys.stderr)
+  """Ends the program: `<prog>: error: <message>` on stderr (file names' non-UTF-8 bytes
+  as \\xNN), exit status 2."""
+  print(f"{prog}: error: {shown(message)}", file=sys.stderr)
   sys.exit(2)
 
 
@@ -74,10 +85,9 @@ def not_utf8_error(label: str, text: str) -> str | None:
   """`<label> is not valid UTF-8 (character N); expected UTF-8 text` when `text` holds
   a byte that is not UTF-8 (Python keeps such command-line bytes as lone surrogates,
   PEP 383, which every later encode to UTF-8 refuses with a traceback); else None."""
-  try:
-    text.encode("utf-8")
-  except UnicodeEncodeError as e:
-    return f"{label} is not valid UTF-8 (character {e.start + 1}); expected UTF-8 text"
+  index = first_non_utf8(text)
+  if index is not None:
+    return f"{label} is not valid UTF-8 (character {index + 1}); expected UTF-8 text"
   return None
 
 
@@ -369,8 +379,12 @@ def created_folder_error(flag: str, path: str) -> str | None:
 _REPEATED_FLAG = re.compile(r"^flag (--[\w.]+)=.*?: (?=\1 )", re.S)
 
 
+INTERRUPTED = "interrupted (Ctrl-C)"  # the cause `run` names, by signal
+TERMINATED = "terminated (SIGTERM)"
+
+
 def run(prog: str, main, module: str,
-        interrupted: str | Callable[[], str] = "interrupted (Ctrl-C); stopped") -> None:
+        interrupted: str | Callable[[str], str] = "{cause}; stopped") -> None:
   """`app.run(main)` with `flags_parser(prog, module)`, ending a Ctrl-C in one line.
 
   A KeyboardInterrupt that reaches here (Python's default SIGINT handler raises it)
@@ -389,21 +403,20 @@ def run(prog: str, main, module: str,
     prog: the command's name, e.g. "lev-eval".
     main: absl's main(argv).
     module: the command's module (for --help), e.g. "lev_jax.cli.eval".
-    interrupted: the rest of the line, e.g. what was kept; or a function returning
-      it, called after the Ctrl-C (when what was kept depends on how far it got).
+    interrupted: the line, e.g. what was kept, with "{cause}" where the cause goes
+      (INTERRUPTED or TERMINATED); or a function of the cause returning it, called
+      after the signal (when what was kept depends on how far it got).
   """
   interrupt.started()
   try:
     with ending_closed_pipe_quietly():
       app.run(main, flags_parser=flags_parser(prog, module))
   except KeyboardInterrupt as e:
-    line = interrupted() if callable(interrupted) else interrupted
-    if isinstance(e, interrupt.Terminated):  # SIGTERM (interrupt.terminate_as_interrupt)
-      print(f"{prog}: {line.replace('interrupted (Ctrl-C)', 'terminated (SIGTERM)', 1)}",
-            file=sys.stderr)
-      interrupt.exit_now(interrupt.TERMINATED_EXIT)
+    terminated = isinstance(e, interrupt.Terminated)  # interrupt.terminate_as_interrupt
+    cause = TERMINATED if terminated else INTERRUPTED
+    line = interrupted(cause) if callable(interrupted) else interrupted.format(cause=cause)
     print(f"{prog}: {line}", file=sys.stderr)
-    interrupt.exit_now(INTERRUPTED_EXIT)
+    interrupt.exit_now(interrupt.TERMINATED_EXIT if terminated else INTERRUPTED_EXIT)
 
 
 @contextlib.contextmanager

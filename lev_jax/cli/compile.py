@@ -76,9 +76,18 @@ def _check_outputs(json_path: str | None, dump_hlo: str | None) -> None:
     parent = os.path.dirname(os.path.abspath(json_path))
     if os.path.isdir(json_path):
       common.fail(PROG, f"--json={json_path} is a folder: expected a file path")
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-      common.fail(PROG, f"--json={json_path}: folder {parent} does not exist or is not "
-                  "writable")
+    if not os.path.isdir(parent):
+      above = parent
+      while not os.path.exists(above):
+        above = os.path.dirname(above)
+      if above == parent or not os.path.isdir(above):  # newcomer pass 7: "does not exist"
+        common.fail(PROG, f"--json={json_path}: {above} is a file, not a folder; expected a "
+                    "file in an existing folder you can write to")
+      common.fail(PROG, f"--json={json_path}: folder {parent} does not exist; expected a "
+                  "file in an existing folder you can write to")
+    problem = common.output_file_error(f"--json={json_path}", json_path)
+    if problem:  # an unwritable folder, a device, a dangling link
+      common.fail(PROG, problem)
   if dump_hlo and os.path.exists(dump_hlo) and not os.path.isdir(dump_hlo):
     common.fail(PROG, f"--dump_hlo={dump_hlo} is a file: expected a folder")
 

@@ -20,8 +20,11 @@ that is not finished is trained (resumed when it has a checkpoint), one after an
   slurm   `python launch/slurm.py [launcher_flags] --job_name=lev-VARIANT
           --workdir=ROOT/VARIANT -- --config=LADDER:VARIANT [train_flags]` per rung
           (writes and submits an sbatch script; re-run lev-ladder for the report later)
---train_flags are parsed once, as lev-train parses them, for the first rung to train: a
-mistake there is one line (exit 2) before anything runs or is written. Put --dry-run in
+--train_flags are parsed as lev-train parses them, for every rung, before anything runs
+or is written: a mistake there is one line (exit 2). They also say what each rung is
+meant to be: a run trained with other settings (another train.steps, eval.batches,
+data, ...) is reported as "other config" and left out of the analysis, so give the same
+--train_flags when reporting a ladder trained with them. Put --dry-run in
 --launcher_flags to have launch/ print its plan instead. Before any
 rung is launched, the first rung's tpu / slurm command runs once with --dry-run: a
 mistake in --launcher_flags is one line (exit 2), not one failed launch per rung; a
@@ -132,12 +135,15 @@ def rung_commands(launcher: str, ladder: str, variants, root: str, *, train_flag
   return out
 
 
-def train_flags_error(config_file: str, variant: str, train_flags) -> str | None:
-  """`--train_flags: <lev-train's one line>` when lev-train would refuse `train_flags`
-  for the rung `variant` of `config_file` (an unknown or misspelt flag or config field, a
-  value of the wrong type, a config that fails validation): parsed here once, as
-  lev-train parses them (a fresh flags.FlagValues), instead of one failed run per rung.
-  None when lev-train accepts them."""
+def train_config(config_file: str, variant: str, train_flags):
+  """The config lev-train builds for the rung `variant` of `config_file` with
+  `train_flags` (parsed as lev-train parses them, in a fresh flags.FlagValues).
+
+  Raises:
+    ValueError: `--train_flags: <lev-train's one line>` when lev-train would refuse them
+      (an unknown or misspelt flag or config field, a value of the wrong type, a config
+      that fails validation).
+  """
   import contextlib  # pylint: disable=import-outside-toplevel
   import io  # pylint: disable=import-outside-toplevel
   from lev_jax.cli import train  # pylint: disable=import-outside-toplevel
@@ -152,13 +158,35 @@ def train_flags_error(config_file: str, variant: str, train_flags) -> str | None
       except Exception as e:  # an unknown --config.<field>: ml_collections raises here
         common._fail_on_config_error("lev-train", e, argv)  # pylint: disable=protected-access
       common.flags_parser("lev-train", None, fv)(argv)
-      validate(common.config_or_exit("lev-train", fv))
+      return validate(common.config_or_exit("lev-train", fv))
   except SystemExit:
     lines = err.getvalue().strip().splitlines() or ["rejected by lev-train"]
-    return "--train_flags: " + re.sub(r"^lev-train: error: ", "", lines[-1])
+    raise ValueError("--train_flags: " + re.sub(r"^lev-train: error: ", "", lines[-1])) from None
   except ConfigError as e:
-    return f"--train_flags: {e}"
+    raise ValueError(f"--train_flags: {e}") from None
+
+
+def train_flags_error(config_file: str, variant: str, train_flags) -> str | None:
+  """`--train_flags: <lev-train's one line>` when lev-train would refuse `train_flags`
+  for the rung `variant` of `config_file` (`train_config`), instead of one failed run
+  per rung; None when lev-train accepts them."""
+  try:
+    train_config(config_file, variant, train_flags)
+  except ValueError as e:
+    return str(e)
   return None
+
+
+def expected_configs(config_file: str, variants, train_flags) -> dict:
+  """{variant: the config lev-train trains it with under `train_flags`} for
+  `runs.collect`'s `expected`; {} without train_flags (each rung's get_config).
+
+  Raises:
+    ValueError: as `train_config`.
+  """
+  if not train_flags:
+    return {}
+  return {v: train_config(config_file, v, train_flags) for v in variants}
 
 
 def check_launcher(commands, runner=subprocess.run) -> None:
@@ -290,20 +318,18 @@ def main(argv):
     common.fail(PROG, str(e))
   report_dir = f.report_dir or str(Path(f.root) / REPORT)
   try:
-    result = ladder_lib.collect(module, f.root)
-    result.ladder = f.ladder
     train_flags = _split("train_flags", f.train_flags)
+    rung_commands("local", f.ladder, [], f.root, train_flags=train_flags)  # --workdir
+    ladder_file = str(Path(f.ladder).expanduser().resolve())
+    expected = expected_configs(ladder_file, module.RUNGS, train_flags)
+    result = ladder_lib.collect(module, f.root, expected)
+    result.ladder = f.ladder
     launcher_flags = _split("launcher_flags", f.launcher_flags)
     if launcher_flags and f.launcher not in ("tpu", "slurm"):
       raise ValueError(f"--launcher_flags is for --launcher=tpu or slurm, not {f.launcher}")
     todo = [r.variant for r in result.rungs if not r.finished]
     commands = rung_commands(f.launcher, f.ladder, todo, f.root, train_flags=train_flags,
                              launcher_flags=launcher_flags) if f.run else []
-    ladder_file = str(Path(f.ladder).expanduser().resolve())
-    problem = (f.run and todo and train_flags
-               and train_flags_error(ladder_file, todo[0], train_flags))
-    if problem:  # before any rung runs: one line, not one failed lev-train per rung
-      raise ValueError(problem)
     if f.launcher in ("tpu", "slurm"):
       check_launcher(commands)
   except (ladder_lib.LadderError, ValueError) as e:
@@ -324,7 +350,7 @@ def main(argv):
       failed = train_rungs(commands, f.launcher)
     except OSError as e:
       common.fail(PROG, f"cannot start {commands[0][1][0]}: {e.strerror}")
-    result = ladder_lib.collect(module, f.root)
+    result = ladder_lib.collect(module, f.root, expected)
     result.ladder = f.ladder
   for variant, status in failed.items():
     rung = result.rung(variant)
@@ -340,7 +366,7 @@ def main(argv):
 
 def run():
   _define_flags()
-  common.run(PROG, main, __name__, interrupted="interrupted (Ctrl-C); re-run the same "
+  common.run(PROG, main, __name__, interrupted="{cause}; re-run the same "
              "command to resume the unfinished rungs")
 
 

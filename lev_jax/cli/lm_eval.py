@@ -257,7 +257,9 @@ def output_path_problem(output_path: str) -> str | None:
   from lev_jax.cli import common  # pylint: disable=import-outside-toplevel
   if output_path.endswith(".json"):
     return common.output_file_error(f"--output_path={output_path}", output_path)
-  return common.folder_output_error("--output_path", output_path)
+  # newcomer pass 7: a run's folder got lm-eval's <id>/results_<time>.json inside it
+  return (common.run_folder_error("--output_path", output_path)
+          or common.folder_output_error("--output_path", output_path))
 
 
 def model_args_problem(args) -> str | None:
@@ -290,16 +292,14 @@ def model_args_problem(args) -> str | None:
   problem = _checkpoint_problem(str(given["checkpoint"]))
   if problem:
     return f"--model_args checkpoint={given['checkpoint']}: {problem}"
-  step = given.get("step", 0)
+  step = _integral(given.get("step", 0))
   if isinstance(step, bool) or not isinstance(step, int) or step < 0:
     return (f"--model_args step={step}: expected an integer >= 0 (a saved step; leave it "
             "out for the latest)")
   problem = "step" in given and _step_problem(str(given["checkpoint"]), step)
   if problem:
     return f"--model_args step={step}: {problem}"
-  max_len = given.get("max_len", 1)
-  if isinstance(max_len, float) and max_len.is_integer():  # lm-eval reads -1 as -1.0
-    max_len = int(max_len)
+  max_len = _integral(given.get("max_len", 1))
   if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
     return (f"--model_args max_len={max_len}: expected an integer >= 1 (tokens per forward "
             "pass; leave it out for the config's train.seq_len)")
@@ -307,12 +307,20 @@ def model_args_problem(args) -> str | None:
     return (f"--model_args dtype={given['dtype']}: expected one of {', '.join(DTYPES)} "
             "(leave it out for the saved dtype)")
   where = "--model_args batch_size" if "batch_size" in given else "--batch_size"
-  size = given.get("batch_size", getattr(args, "batch_size", None))
+  size = _integral(given.get("batch_size", getattr(args, "batch_size", None)))
   try:
     adapter.parse_batch_size(size)
   except ValueError:
     return f"{where}={size}: expected an integer >= 1 or 'auto'"
   return None
+
+
+def _integral(value):
+  """`value` as an int when it is a float holding one: lm-eval reads "-1" in model_args
+  as -1.0, which the user did not type (echoed in errors; a step of 2.0 is step 2)."""
+  if isinstance(value, float) and value.is_integer():
+    return int(value)
+  return value
 
 
 HELP_USAGE = """\
@@ -337,8 +345,9 @@ HELP_FLAGS = (
     ("--num_fewshot=0", "Examples in the few-shot context."),
     ("--limit=100", "At most this many documents per task (for a quick look)."),
     ("--output_path=results/lm_eval.json", "Write the results there (a .json path: that "
-     "file; samples beside it as samples_<task>_<time>.jsonl); a folder: lm-eval's "
-     "FOLDER/<model>/results_<time>.json."),
+     "file; samples beside it as samples_<task>_<time>.jsonl); a folder (not a run's "
+     "own): lm-eval's FOLDER/<model>/results_<time>.json, <model> a random id for "
+     "checkpoint= model_args. The path is printed."),
     ("--log_samples", "Also save each document's requests and answers."),
 )
 
@@ -358,15 +367,28 @@ def stamped_results(output_path: str) -> set[str]:
   return {n for n in os.listdir(folder) if stamped.match(n)}
 
 
-def place_results(output_path: str, before: set[str]) -> None:
+def results_files(output_path: str) -> set[str]:
+  """The paths of lm-eval's FOLDER/<model>/results_<time>.json files under the local
+  folder `output_path`; an empty set before any was written."""
+  path = os.path.abspath(os.path.expanduser(output_path))
+  stamped = re.compile("results" + _STAMP + "$")
+  if not os.path.isdir(path):
+    return set()
+  return {os.path.join(path, d, n) for d in os.listdir(path)
+          if os.path.isdir(os.path.join(path, d))
+          for n in os.listdir(os.path.join(path, d)) if stamped.match(n)}
+
+
+def place_results(output_path: str, before: set[str]) -> bool:
   """Renames the results file lm-eval just wrote for `--output_path=DIR/NAME.json` (the
   one `NAME_<time>.json` not in `before`, `stamped_results` before the run) to
-  DIR/NAME.json itself, as `--help` says (replacing an earlier one). Nothing when lm-eval
-  wrote none (e.g. nothing evaluated)."""
+  DIR/NAME.json itself, as `--help` says (replacing an earlier one); whether it did.
+  Nothing when lm-eval wrote none (e.g. nothing evaluated)."""
   path = os.path.abspath(os.path.expanduser(output_path))
   new = sorted(stamped_results(output_path) - before)
   if new:
     os.replace(os.path.join(os.path.dirname(path), new[-1]), path)
+  return bool(new)
 
 
 def quiet_pool_fork_warning() -> None:
@@ -456,14 +478,19 @@ def _run(argv: list[str]) -> None:
     print(f"lev-lm-eval: error: {problem}", file=sys.stderr)
     sys.exit(2)
   output = requested and requested[2]
-  exact = bool(output) and "://" not in output and output.endswith(".json")
+  local = bool(output) and "://" not in output
+  exact = local and output.endswith(".json")
   before = stamped_results(output) if exact else set()
+  written_before = results_files(output) if local and not exact else set()
   sys.argv = ["lm-eval", *argv, *batch_size_args(args)]
   quiet_pool_fork_warning()
   try:
     cli_evaluate()
-    if exact:
-      place_results(output, before)
+    written = sorted(results_files(output) - written_before) if local and not exact else []
+    if exact and place_results(output, before):
+      written = [os.path.abspath(os.path.expanduser(output))]
+    for path in written:  # lm-eval logs "Saving results aggregated" without the path
+      print(f"lev-lm-eval: results -> {path}", file=sys.stderr)
   except ValueError as e:  # InferenceError and our other input errors: one line
     lines = _unwrapped(str(e).strip()).splitlines() or [type(e).__name__]
     print(f"lev-lm-eval: error: {lines[0]}", file=sys.stderr)

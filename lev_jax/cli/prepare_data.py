@@ -107,7 +107,7 @@ def main(argv):
 
 def run():
   common.define_or_exit("lev-prepare-data", _define_flags)
-  common.run(PROG, main, __name__, interrupted="interrupted (Ctrl-C); finished shards are "
+  common.run(PROG, main, __name__, interrupted="{cause}; finished shards are "
              "kept: run the same command again to resume")
 
 

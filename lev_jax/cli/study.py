@@ -149,7 +149,10 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   module, configs = loaded or load_study(study)
   if eval_batches is None:
     eval_batches = getattr(module, "FINAL_EVAL_BATCHES", None)
-  result = runs.collect(module, root)
+  expected = ladder_cli.expected_configs(
+      str(Path(study_lib.split_spec(study)[0]).expanduser().resolve()), module.RUNGS,
+      train_flags)
+  result = runs.collect(module, root, expected)
   failed = {}
   if run:
     todo = [r.variant for r in result.rungs if not r.finished]
@@ -162,7 +165,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
     failed = {v: f"lev-train exited with status {s}" for v, s in
               ladder_cli.train_rungs(commands, "local", runner=runner, out=out,
                                      prog=PROG).items()}
-    result = runs.collect(module, root)
+    result = runs.collect(module, root, expected)
   result.ladder = str(study)
   evals, errors = evaluate_finished(result, eval_batches=eval_batches, evaluate=evaluate,
                                     out=out)
@@ -233,6 +236,9 @@ def folders_error(root: str, *, run: bool, report_dir: str | None,
              or (run and common.folder_output_error("--root", root))  # --root first
              or common.folder_output_error("--report_dir", report)  # before the runs
              or common.report_owner_error("--report_dir", report, STUDY_CSV))
+  if problem and not report_dir and problem.startswith(f"--report_dir={report}: "):
+    # newcomer pass 7: the flag the user never gave was named; the folder is --root's
+    problem = f"--root={root}: its default report folder {problem[len('--report_dir='):]}"
   if not problem and run:  # last: nothing is created for a refused command
     problem = common.created_folder_error("--root", root)  # every run writes there
   return problem
@@ -280,7 +286,7 @@ def main(argv):
 
 def run():
   _define_flags()
-  common.run(PROG, main, __name__, interrupted="interrupted (Ctrl-C); re-run the same "
+  common.run(PROG, main, __name__, interrupted="{cause}; re-run the same "
              "command to resume the unfinished runs")
 
 

@@ -33,6 +33,7 @@ submit.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 
@@ -93,8 +94,9 @@ _PREFLIGHT = re.compile(r"^(cpu|gpu|tpu):([0-9]+)x([0-9]+)$")
 def preflight(spec: str) -> None:
   """Validates flags.FLAGS.config for the job `spec` describes; prints one line.
 
-  Exits with status 2 and one line on a bad spec, config, mesh or batch, or an XLA_FLAGS
-  flag that XLA does not know (`common.xla_flags_error`).
+  Exits with status 2 and one line on a bad spec, config, mesh or batch, an XLA_FLAGS
+  flag that XLA does not know (`common.xla_flags_error`), or a JAX_PLATFORMS that would
+  stop the job (`jax_platforms_error`).
   """
   from lev_jax import train  # jax and flax; no backend is touched
   from lev_jax.sharding import ShardingError
@@ -109,11 +111,39 @@ def preflight(spec: str) -> None:
     ici, dcn = train.check_job(config, processes, devices, platform)
   except (ConfigError, ShardingError) as e:
     common.fail("lev-train", str(e))
-  problem = common.xla_flags_error()
+  problem = common.xla_flags_error() or jax_platforms_error(platform)
   if problem:
     common.fail("lev-train", problem)
   print(f"lev-train: preflight ok: {config.name} on {processes} x {devices} {platform} "
         f"devices, mesh (data, fsdp, tensor) = {tuple(ici)} x DCN {tuple(dcn)}")
+
+
+# JAX_PLATFORMS names jax accepts (jax/_src/xla_bridge.py, jax 0.10: "gpu" tries cuda
+# then rocm) and the ones a --preflight platform's job runs on.
+JAX_PLATFORM_NAMES = ("cpu", "tpu", "cuda", "rocm", "gpu")
+_PREFLIGHT_PLATFORMS = {"cpu": {"cpu"}, "tpu": {"tpu"}, "gpu": {"cuda", "rocm", "gpu"}}
+
+
+def jax_platforms_error(platform: str) -> str | None:
+  """The one line when JAX_PLATFORMS, as set here, would stop a `platform` job (cpu, gpu
+  or tpu) at its start: a name jax does not know, or none of `platform`'s backends (jax
+  starts only the listed ones and fails on one it cannot start). None when it is unset.
+  Checked by --preflight, which starts no backend (a real run meets
+  common.backend_error instead)."""
+  value = os.environ.get("JAX_PLATFORMS", "")
+  names = [n.strip().lower() for n in value.split(",") if n.strip()]
+  if not names:
+    return None
+  unknown = [n for n in names if n not in JAX_PLATFORM_NAMES]
+  if unknown:
+    return (f"JAX_PLATFORMS={value}: {', '.join(map(repr, unknown))} is not a jax platform; "
+            f"expected a comma-separated list of {', '.join(JAX_PLATFORM_NAMES)}, or leave it "
+            "unset for jax to choose")
+  if not set(names) & _PREFLIGHT_PLATFORMS[platform]:
+    return (f"JAX_PLATFORMS={value}: a {platform} job would not use its {platform} devices "
+            f"(jax starts only {', '.join(names)}); expected it to name "
+            f"{' or '.join(sorted(_PREFLIGHT_PLATFORMS[platform]))}, or leave it unset")
+  return None
 
 
 def finished_line(name: str, workdir, finished) -> str:
@@ -220,11 +250,11 @@ def main(argv):
       print(f"  {coverage(result['data'])}")
 
 
-def interrupted_line(workdir: str | None) -> str:
-  """What Ctrl-C before the first step (data, restore, the first compile) says: that
-  the checkpoints of `workdir` are unchanged when it has some, else that none was
-  written yet (a fresh run; `workdir` None: not yet chosen)."""
-  head = "interrupted (Ctrl-C) before the first step; "
+def interrupted_line(workdir: str | None, cause: str = common.INTERRUPTED) -> str:
+  """What Ctrl-C (or SIGTERM: `cause`) before the first step (data, restore, the first
+  compile) says: that the checkpoints of `workdir` are unchanged when it has some, else
+  that none was written yet (a fresh run; `workdir` None: not yet chosen)."""
+  head = f"{cause} before the first step; "
   if workdir is None:
     return head + "nothing was written: re-run to start"
   try:
@@ -244,7 +274,8 @@ def run():
   # (a second one aborts at once).
   interrupt.terminate_as_interrupt()
   common.run("lev-train", main, __name__,
-             interrupted=lambda: interrupted_line(_WORKDIR[0] if _WORKDIR else None))
+             interrupted=lambda cause: interrupted_line(_WORKDIR[0] if _WORKDIR else None,
+                                                         cause))
 
 
 if __name__ == "__main__":

@@ -411,8 +411,13 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
                       "(fingerprints differ); remove the folder or pass --overwrite")
     tokenizer = saved
   elif tokenizer is None:
+    sample_report = new_report()
     sample = prepared.training_sample(files["train"], strict=d.strict,
-                                      pile_set_names=tuple(d.pile_set_names))
+                                      pile_set_names=tuple(d.pile_set_names),
+                                      report=sample_report)
+    if not sample:  # newcomer pass 7: blamed on config.model.vocab_size
+      raise DataError(_empty_split_line("train", files["train"], sample_report,
+                                        tuple(d.pile_set_names)))
     tokenizer = tokenizer_lib.make_tokenizer(d, config.model.vocab_size, train_texts=sample)
 
   if state == "finished":
@@ -454,6 +459,17 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
           "seconds": time.perf_counter() - start}
 
 
+def _empty_split_line(split: str, split_files, report: dict, subsets: tuple) -> str:
+  """The error for a split whose files gave no document: the files, why each line was
+  skipped, and what a line must hold."""
+  shown = ", ".join(os.fspath(f) for f in split_files[:3])
+  more = f" and {len(split_files) - 3} more" if len(split_files) > 3 else ""
+  return (f"config.data.{_FIELDS[split]}: {shown}{more} gave no document "
+          f"({describe_skipped(report)}); expected Pile-format JSONL lines with a string "
+          '"text" field' + (f" in the subsets config.data.pile_set_names = {subsets}"
+                            if subsets else ""))
+
+
 def _finish(out: epath.Path, fmt: str, rid: str, identity: dict, tok_info: dict,
             files: dict, shards: list[Shard], done: dict, path_reports: dict) -> dict:
   """Report, token counts, TFDS metadata; ``dataset_info.json`` last."""
@@ -468,13 +484,10 @@ def _finish(out: epath.Path, fmt: str, rid: str, identity: dict, tok_info: dict,
         name=split, shard_lengths=[done[s.name]["report"]["records"] for s in split_shards],
         num_bytes=sum(done[s.name]["num_bytes"] for s in split_shards),
         filename_template=prepared.shard_template(out, split)))
-  if not splits["train"]["documents"]:
-    subsets = tuple(identity["pile_set_names"])
-    raise DataError(
-        f"the training split has no documents: {len(files['train'])} file(s) gave none "
-        f"({describe_skipped(splits['train'])}); check config.data.train_files"
-        + (f" and config.data.pile_set_names = {subsets} (the subsets kept)"
-           if subsets else ""))
+  for split, split_files in files.items():  # newcomer pass 7: an empty validation split
+    if split_files and not splits[split]["documents"]:  # was "prepared", exit 0
+      raise DataError(_empty_split_line(split, split_files, splits[split],
+                                        tuple(identity["pile_set_names"])))
   counts_V = np.zeros(tok_info["vocab_size"], np.int64)
   for shard in shards:
     if shard.counts_path is not None:

@@ -141,20 +141,22 @@ def describe_files(files: Sequence[epath.Path]) -> list[dict]:
 
 def training_sample(files: Sequence[epath.Path], *, strict: bool = False,
                     pile_set_names: Sequence[str] = (),
-                    max_characters: int = tokenizer_lib.MAX_TRAINING_CHARS) -> list[str]:
+                    max_characters: int = tokenizer_lib.MAX_TRAINING_CHARS,
+                    report: dict | None = None) -> list[str]:
   """Documents to train a SentencePiece vocabulary on, streamed from the train files.
 
   Reads the files round-robin (one document from each in turn, so every file is
   represented) with `corpus.iter_file` until `max_characters` characters or the end of
   every file. Deterministic for given files. Skipped lines are not logged (the full
-  read that follows logs them once).
+  read that follows logs them once); they are counted in `report` (`reports.new_report`)
+  when given.
 
   Raises:
     DataError: (strict) a bad line, naming ``file:line``.
   """
   # Quiet: the shards read these files again in full and report (and log) their skips.
   streams = [iter(corpus.iter_file(f, strict=strict, pile_set_names=pile_set_names,
-                                   warn=False))
+                                   warn=False, report=report))
              for f in files]
   texts, chars = [], 0
   while streams and chars < max_characters:

@@ -88,6 +88,37 @@ def _one_device_mesh(config):
   return make_mesh(config.mesh, devices=jax.devices()[:1])
 
 
+def _training_counts(im, data_counts_V):
+  """The training split's token counts the buckets use: those saved beside the
+  checkpoint (im.token_counts_V), checked against `data_counts_V` (what config.data gives
+  now) when both exist; else whichever exists; None when neither does.
+
+  Raises:
+    ConfigError: the two differ (the saved file edited, or the training data changed
+      since the run), naming the file and how many ids differ.
+  """
+  from absl import logging
+  import numpy as np
+  saved = im.token_counts_V
+  if saved is None:
+    return data_counts_V
+  path = os.path.join(os.fspath(im.source), TOKEN_COUNTS)
+  if data_counts_V is not None:
+    data = np.asarray(data_counts_V)
+    if saved.shape != data.shape or not np.array_equal(saved, data):
+      n = int(np.sum(saved != data)) if saved.shape == data.shape else None
+      what = (f"{n:,} of {data.size:,} ids' counts differ, sums {int(saved.sum()):,} vs "
+              f"{int(data.sum()):,}" if n is not None
+              else f"shape {saved.shape} vs {data.shape}")
+      raise ConfigError(
+          f"{path}: the saved training token counts differ from those of the training "
+          f"split config.data gives now ({what}): the file was edited, or the training "
+          "data changed since the run; expected them equal (restore the file, or delete it "
+          "to bucket by the data's counts)")
+  logging.info("frequency buckets from %s (%s training tokens)", path, f"{int(saved.sum()):,}")
+  return saved
+
+
 def perplexity(im, config, validation_override: bool = False, eval_step=None, *,
                split: str = "validation", check_data=None) -> dict:
   """{"validation", "validation_equal_mass"?, "data"}: `evaluate` results for `im` (one
@@ -108,7 +139,7 @@ def perplexity(im, config, validation_override: bool = False, eval_step=None, *,
   batches, counts, record = _eval_batches(config, im.tokenizer, validation_override, split)
   if check_data is not None:
     check_data(record)
-  counts = im.token_counts_V if im.token_counts_V is not None else counts
+  counts = _training_counts(im, counts)
   if counts is None:
     raise ConfigError(f"{im.source}: no {TOKEN_COUNTS} beside the checkpoint; "
                       "frequency buckets need the training split's counts")

@@ -16,9 +16,10 @@ What is read from each workdir (lev_jax/trainer.py writes it):
   lev_eval.json   optional (`lev-eval`): {"step", "validation", "downstream": {task:
                   {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "n", ...}}}
   checkpoints/<step>/config  the config the run was trained with (read without Orbax:
-                  lev_jax.checkpoint.latest_config_file); used when present (so
-                  `--config.train.steps=...` overrides count), else the ladder's
-                  get_config(variant)
+                  lev_jax.checkpoint.latest_config_file); used when present, else the
+                  ladder's get_config(variant); it must equal the rung's config
+                  (get_config(variant) with lev-ladder's --train_flags) in every field
+                  that decides results, else the rung is "other config", left out
 
 Each rung's parameter counts are lev-params' (lev_jax.params.count_params, on an
 abstract model). A rung that is missing, unfinished or unreadable is a Rung with that
@@ -33,12 +34,13 @@ import json
 import math
 import os
 import types
+from collections.abc import Mapping
 from pathlib import Path
 
 import ml_collections
 from etils import epath
 
-from lev_jax.checkpoint_checks import config_differences
+from lev_jax.checkpoint_checks import config_differences, result_fields
 from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load_experiment
 from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS, loads_json
 
@@ -119,10 +121,10 @@ class Rung:
     variant, kind, size: "tied_m" -> ("tied", "m").
     workdir: ROOT/VARIANT.
     status: "finished", "missing" (no workdir or no metrics), "unfinished", "unreadable"
-      (a file that does not parse), "other config" (a finished run whose stored model
-      shape differs from get_config(variant)'s: checkpoint_checks.SHAPE_FIELDS; other
-      fields may differ, e.g. lev-ladder --train_flags' train.steps); `reason` says
-      which, in words.
+      (a file that does not parse), "other config" (a finished run whose stored config
+      differs from the rung's, get_config(variant) with lev-ladder's --train_flags, in
+      its model shape, checkpoint_checks.SHAPE_FIELDS, or in another field that decides
+      results, `result_fields`); `reason` says which, in words.
     steps: train.steps; step: the last step logged (None before any row).
     tokens_per_step: train.global_batch_size * train.seq_len.
     params: lev-params counts {"embedding", "lev", "backbone", "head", "total"}.
@@ -273,26 +275,45 @@ def _read_json(path: epath.Path, what: str) -> dict:
 
 
 def _check_eval(result: dict, path) -> None:
+  """Raises LadderError when `result` lacks a field of an evaluate() result, or its
+  perplexity is not exp(loss) (an edited file: the report would quote either)."""
   for key in ("loss", "perplexity", "step", "buckets", "bucket_edges"):
     if key not in result:
       raise LadderError(f"{path}: no {key!r}; expected an evaluate() result with its step "
                         "(lev_jax/trainer.py writes it)")
+  try:
+    loss, ppl = _as_number(result["loss"]), _as_number(result["perplexity"])
+  except (TypeError, ValueError):
+    raise LadderError(f"{path}: loss {result['loss']!r}, perplexity {result['perplexity']!r}:"
+                      " expected numbers") from None
+  if math.isfinite(loss) and loss < 700 and not math.isclose(ppl, math.exp(loss),
+                                                               rel_tol=1e-9):
+    raise LadderError(f"{path}: perplexity {ppl} is not exp(loss) = {math.exp(loss):.6g} "
+                      f"(loss {loss}): the file was edited; expected lev-train's own result "
+                      "(delete it and re-run lev-train on the run to evaluate again)")
 
 
-def collect_rung(module, variant: str, root: epath.Path) -> Rung:
+def collect_rung(module, variant: str, root: epath.Path,
+                 expected: ml_collections.ConfigDict | None = None) -> Rung:
   """Reads ROOT/VARIANT; never raises for a missing, unfinished or unreadable rung (the
   Rung's status and reason say what is wrong).
+
+  expected: the config the rung is meant to be trained with (get_config(variant) with
+    lev-ladder's --train_flags applied); None: get_config(variant). A finished run
+    whose stored config differs from it in any field that decides results
+    (checkpoint_checks.result_fields: not its name, logging, saving or cache folders)
+    is "other config", left out of the analysis.
 
   Raises:
     LadderError: get_config(variant) fails (the ladder itself is broken).
   """
   try:
-    config = module.get_config(variant)
+    config = module.get_config(variant) if expected is None else expected
   except Exception as e:
     raise LadderError(f"ladder: get_config({variant!r}) failed: {type(e).__name__}: {e}") from e
   kind, size = split_variant(variant)
   workdir = root / variant
-  notes, source, ladder_config, other = [], "ladder", config, []
+  notes, source, ladder_config, other, settings = [], "ladder", config, [], []
   if workdir.is_dir():
     stored, note = _latest_checkpoint_config(workdir)
     if note:
@@ -303,8 +324,11 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
         config.train.steps  # noqa: B018 (a stored config without the fields is unusable)
         config.model.d_model  # noqa: B018
         source = "checkpoint"
-        # the model's shape only: --train_flags may change train.steps, the data, ...
-        other = config_differences(stored, ladder_config, stored_only=True)
+        other = config_differences(stored, ladder_config, stored_only=True)  # the shape
+        # newcomer pass 7: a 6-step run under a 300-step rung's name was "finished"
+        settings = [d for d in config_differences(stored, ladder_config,
+                                                  result_fields(ladder_config),
+                                                  stored_only=True) if d not in other]
       except (AttributeError, KeyError, TypeError):
         config = module.get_config(variant)
         notes.append(f"{workdir / CHECKPOINTS}: stored config lacks train/model fields; "
@@ -371,6 +395,14 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
                    f"({'; '.join(d.replace('this run', 'ladder') for d in other[:4])}{more}):"
                    " left out; move it aside and train the rung there")
     return rung
+  if settings:
+    more = f" and {len(settings) - 4} more" if len(settings) > 4 else ""
+    rung.status = "other config"
+    rung.reason = (f"{workdir} was trained with other settings than the ladder's {variant}"
+                   f" ({'; '.join(d.replace('this run', 'ladder') for d in settings[:4])}"
+                   f"{more}): left out; if --train_flags made them, give the same "
+                   "--train_flags here; else move it aside and train the rung there")
+    return rung
   rung.step = max(rung.step or 0, rung.steps)
   rung.final = final
   rung.status = "finished"
@@ -380,12 +412,16 @@ def collect_rung(module, variant: str, root: epath.Path) -> Rung:
   return rung
 
 
-def collect(ladder, root) -> LadderResult:
+def collect(ladder, root, expected: Mapping[str, ml_collections.ConfigDict] | None = None
+            ) -> LadderResult:
   """Reads every rung of `ladder` under `root` (local path or gs://).
 
   Args:
     ladder: the ladder module, or the path of its experiment file.
     root: the folder holding one workdir per variant.
+    expected: {variant: the config it is meant to be trained with} for variants whose
+      config is not get_config(variant) (lev-ladder's --train_flags applied); see
+      collect_rung.
 
   Returns:
     A LadderResult with one Rung per variant of RUNGS, in order.
@@ -398,4 +434,5 @@ def collect(ladder, root) -> LadderResult:
   where = getattr(module, "__file__", None) or str(ladder)
   return LadderResult(ladder=str(ladder) if not isinstance(ladder, types.ModuleType)
                       else where, root=str(root),
-                      rungs=[collect_rung(module, v, root_path) for v in module.RUNGS])
+                      rungs=[collect_rung(module, v, root_path, (expected or {}).get(v))
+                             for v in module.RUNGS])

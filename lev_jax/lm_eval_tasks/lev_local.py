@@ -42,14 +42,19 @@ def data_path(name: str) -> Path:
   """`name` under $LEV_LM_EVAL_DATA (or `name` itself when absolute).
 
   Raises:
-    DownstreamError: a relative name with $LEV_LM_EVAL_DATA unset, or no such file.
+    DownstreamError: a relative name with $LEV_LM_EVAL_DATA unset or not a folder (a
+      file, or missing), or no such file.
   """
   root = os.environ.get(DATA_ENV, "")
   if not os.path.isabs(name) and not root:
     raise DownstreamError(f"{DATA_ENV} is not set; expected the folder holding {name} "
                           "(the benchmarks' released files; docs/evaluation.md, "
                           "lm-eval tasks)")
-  path = Path(root, os.path.expanduser(name))
+  if not os.path.isabs(name) and not os.path.isdir(os.path.expanduser(root)):
+    what = "is a file" if os.path.exists(os.path.expanduser(root)) else "does not exist"
+    raise DownstreamError(f"{DATA_ENV}={root} {what}; expected the folder holding {name} "
+                          "(the benchmarks' released files; docs/evaluation.md)")
+  path = Path(os.path.expanduser(root), os.path.expanduser(name))
   if not path.is_file():
     raise DownstreamError(f"{path}: no such file (from {DATA_ENV}={root}); expected the "
                           f"released {Path(name).name}")
