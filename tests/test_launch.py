@@ -526,7 +526,7 @@ def test_tpu_compile_preflight_stops_a_job_that_does_not_fit(tmp_path, monkeypat
   # (A config that fits prints lev-compile's summary and goes on: tests/test_cli_compile.py
   # covers the compile itself; here, the launcher's refusal.)
   status, _ = run(tpu.main, [*base, "--config.model.vocab_size=65536",
-                             "--config.train.seq_len=512",
+                             "--config.model.n_layers=1", "--config.train.seq_len=512",
                              "--config.train.global_batch_size=1024"])
   err = capsys.readouterr().err
   assert status == 2 and err.startswith("launch/tpu.py: error: compile pre-flight: the train "

@@ -62,7 +62,17 @@ def test_importing_lev_jax_sets_it_before_any_backend():
   assert set(out.split()) == expected
 
 
-_GRADS_PROGRAM = """
+# The loss and every gradient as bytes, hashed (both programs end with it).
+_DIGEST = """
+digest = hashlib.sha256()
+for leaf in grads:
+  digest.update(np.asarray(leaf).tobytes())
+print(digest.hexdigest(), float(loss).hex())
+"""
+
+# Here: the gradient of one batch, exported (jax.export: the traced StableHLO, which XLA
+# compiles for the CPU that runs it) with the parameters, then run.
+_EXPORT_PROGRAM = """
 import hashlib, sys, numpy as np, jax
 sys.path.insert(0, sys.argv[1])
 from flax import nnx
@@ -72,36 +82,55 @@ config = tiny_config("lev")
 config.model.n_layers = 1
 config.train.seq_len, config.train.global_batch_size = 64, 8
 graphdef, params = nnx.split(train.create_model(config), nnx.Param)
+leaves, treedef = jax.tree.flatten(params)
+leaves = [np.asarray(leaf) for leaf in leaves]
 ids = np.random.default_rng(0).integers(0, 300, size=(8, 65)).astype(np.int32)
 batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": np.ones((8, 64), np.float32)}
-loss_and_grads = jax.value_and_grad(lambda p: train._sum_loss(p, graphdef, batch),
-                                    has_aux=True)
-(loss, _), grads = jax.jit(loss_and_grads)(params)
-digest = hashlib.sha256()
-for leaf in jax.tree.leaves(grads):
-  digest.update(np.asarray(leaf).tobytes())
-print(digest.hexdigest(), float(loss).hex())
-"""
+
+def loss_and_grads(leaves):
+  grad_fn = jax.value_and_grad(lambda p: train._sum_loss(p, graphdef, batch), has_aux=True)
+  (loss, _), grads = grad_fn(jax.tree.unflatten(treedef, leaves))
+  return loss, jax.tree.leaves(grads)
+
+exported = jax.export.export(jax.jit(loss_and_grads))(leaves)
+with open(sys.argv[2] + "/step.bin", "wb") as f:
+  f.write(exported.serialize())
+np.savez(sys.argv[2] + "/params.npz", *leaves)
+loss, grads = exported.call(leaves)
+""" + _DIGEST
+
+# On the emulated CPU: jax alone (no flax, no model code: under the emulator every
+# import costs ~20x), lev_jax's portable XLA:CPU flags, the same program and parameters.
+_RUN_PROGRAM = """
+import hashlib, sys, numpy as np
+import lev_jax  # portable.py's flags, before jax starts a backend
+import jax
+with open(sys.argv[1] + "/step.bin", "rb") as f:
+  exported = jax.export.deserialize(bytearray(f.read()))
+saved = np.load(sys.argv[1] + "/params.npz")
+loss, grads = exported.call([saved[f"arr_{i}"] for i in range(len(saved.files))])
+""" + _DIGEST
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or not shutil.which("qemu-x86_64"),
                     reason="needs an x86-64 host with qemu-user (apt-get install qemu-user)")
-def test_same_bits_on_an_emulated_haswell():
+def test_same_bits_on_an_emulated_haswell(tmp_path):
   """A Leviathan model's loss and gradients (every parameter's) here and on an emulated
   Intel Haswell (AVX2, no AVX-512, other caches; QEMU user mode) are the same bits (the
   optimizer's update is elementwise from there; the gradient is what differed:
-  portable.py). One layer, one batch: under the emulator the import alone takes ~25 s.
-  benchmarks/cpu_portability.py compares whole train steps of the smoke models."""
+  portable.py). One layer, one batch; the emulated process compiles and runs the
+  program traced here (jax.export), so it imports jax alone: the full import took ~40 s
+  of its ~80 under the emulator. benchmarks/cpu_portability.py compares whole train
+  steps of the smoke models, each machine tracing its own."""
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  tests = str(Path(__file__).parent)
-  start = lambda prefix: subprocess.Popen(
-      [*prefix, sys.executable, "-c", _GRADS_PROGRAM, tests], env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  procs = [start([]), start(["qemu-x86_64", "-cpu", "Haswell-v4"])]  # side by side
-  outs = [p.communicate(timeout=600) for p in procs]
-  for p, (_, err) in zip(procs, outs):
-    assert p.returncode == 0, err[-3000:]
-  assert outs[0][0].split() == outs[1][0].split()
+  here = subprocess.run([sys.executable, "-c", _EXPORT_PROGRAM, str(Path(__file__).parent),
+                         str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+  assert here.returncode == 0, here.stderr[-3000:]
+  emulated = subprocess.run(
+      ["qemu-x86_64", "-cpu", "Haswell-v4", sys.executable, "-c", _RUN_PROGRAM, str(tmp_path)],
+      env=env, capture_output=True, text=True, timeout=600)
+  assert emulated.returncode == 0, emulated.stderr[-3000:]
+  assert len(here.stdout.split()) == 2 and here.stdout.split() == emulated.stdout.split()
 
 
 def test_importing_lev_jax_after_a_backend_started_warns():
