@@ -38,6 +38,10 @@ SHAPE_FIELDS = {
             "output_norm"),
 }
 
+# The same as dotted names ("model.d_model"), as `config_differences` names them.
+SHAPE_FIELD_NAMES = frozenset(f"{section}.{f}" for section, fields in SHAPE_FIELDS.items()
+                              for f in fields)
+
 # Fields of SHAPE_FIELDS added after checkpoints were written, with the value every
 # run before them had: a stored config without the field is compared as holding it.
 FIELDS_ADDED = {"lev.output_norm": "none"}

@@ -480,15 +480,17 @@ def _run(argv: list[str]) -> None:
   output = requested and requested[2]
   local = bool(output) and "://" not in output
   exact = local and output.endswith(".json")
-  before = stamped_results(output) if exact else set()
-  written_before = results_files(output) if local and not exact else set()
+  before = (stamped_results(output) if exact else results_files(output) if local
+            else set())
   sys.argv = ["lm-eval", *argv, *batch_size_args(args)]
   quiet_pool_fork_warning()
   try:
     cli_evaluate()
-    written = sorted(results_files(output) - written_before) if local and not exact else []
-    if exact and place_results(output, before):
-      written = [os.path.abspath(os.path.expanduser(output))]
+    if exact:
+      placed = place_results(output, before)
+      written = [os.path.abspath(os.path.expanduser(output))] if placed else []
+    else:
+      written = sorted(results_files(output) - before) if local else []
     for path in written:  # lm-eval logs "Saving results aggregated" without the path
       print(f"lev-lm-eval: results -> {path}", file=sys.stderr)
   except ValueError as e:  # InferenceError and our other input errors: one line

@@ -18,7 +18,7 @@ import os
 
 from etils import epath
 
-from lev_jax.checkpoint_checks import SHAPE_FIELDS
+from lev_jax.checkpoint_checks import SHAPE_FIELD_NAMES
 from lev_jax.config import ConfigError, validate
 from lev_jax.workdir import EVAL_JSON, LEV_EVAL_JSON, TOKEN_COUNTS, loads_json, read_small_text
 
@@ -30,9 +30,8 @@ def apply_overrides(config, overrides: dict):
     ConfigError: an override of a field in checkpoint_checks.SHAPE_FIELDS, or an invalid
       resulting config (the field named).
   """
-  shape = {f"{section}.{f}" for section, fields in SHAPE_FIELDS.items() for f in fields}
   for field, value in overrides.items():
-    if field in shape:
+    if field in SHAPE_FIELD_NAMES:
       raise ConfigError(f"--config.{field}: the model's shape comes from the checkpoint "
                         "and cannot be overridden")
     node, *path, leaf = [config, *field.split(".")]

@@ -40,7 +40,7 @@ from pathlib import Path
 import ml_collections
 from etils import epath
 
-from lev_jax.checkpoint_checks import config_differences, result_fields
+from lev_jax.checkpoint_checks import SHAPE_FIELD_NAMES, config_differences, result_fields
 from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load_experiment
 from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS, loads_json
 
@@ -324,11 +324,12 @@ def collect_rung(module, variant: str, root: epath.Path,
         config.train.steps  # noqa: B018 (a stored config without the fields is unusable)
         config.model.d_model  # noqa: B018
         source = "checkpoint"
-        other = config_differences(stored, ladder_config, stored_only=True)  # the shape
-        # newcomer pass 7: a 6-step run under a 300-step rung's name was "finished"
-        settings = [d for d in config_differences(stored, ladder_config,
-                                                  result_fields(ladder_config),
-                                                  stored_only=True) if d not in other]
+        # every field that decides results (newcomer pass 7: a 6-step run under a
+        # 300-step rung's name was "finished"), the model's shape named first
+        diffs = config_differences(stored, ladder_config, result_fields(ladder_config),
+                                   stored_only=True)
+        other = [d for d in diffs if d.split(":", 1)[0] in SHAPE_FIELD_NAMES]
+        settings = [d for d in diffs if d not in other]
       except (AttributeError, KeyError, TypeError):
         config = module.get_config(variant)
         notes.append(f"{workdir / CHECKPOINTS}: stored config lacks train/model fields; "
@@ -388,19 +389,16 @@ def collect_rung(module, variant: str, root: epath.Path,
     rung.status = "unreadable"
     rung.reason = f"{eval_path}: final loss is {final['loss']} (diverged?)"
     return rung
-  if other:  # newcomer pass 6: another run copied in was summarised as the rung
-    more = f" and {len(other) - 4} more" if len(other) > 4 else ""
+  if other or settings:  # newcomer passes 6 and 7: another run summarised as the rung
+    diffs = other or settings
+    more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
+    listed = "; ".join(d.replace("this run", "ladder") for d in diffs[:4])
     rung.status = "other config"
     rung.reason = (f"{workdir} holds a model of another shape than the ladder's {variant} "
-                   f"({'; '.join(d.replace('this run', 'ladder') for d in other[:4])}{more}):"
-                   " left out; move it aside and train the rung there")
-    return rung
-  if settings:
-    more = f" and {len(settings) - 4} more" if len(settings) > 4 else ""
-    rung.status = "other config"
-    rung.reason = (f"{workdir} was trained with other settings than the ladder's {variant}"
-                   f" ({'; '.join(d.replace('this run', 'ladder') for d in settings[:4])}"
-                   f"{more}): left out; if --train_flags made them, give the same "
+                   f"({listed}{more}): left out; move it aside and train the rung there"
+                   if other else
+                   f"{workdir} was trained with other settings than the ladder's {variant} "
+                   f"({listed}{more}): left out; if --train_flags made them, give the same "
                    "--train_flags here; else move it aside and train the rung there")
     return rung
   rung.step = max(rung.step or 0, rung.steps)
