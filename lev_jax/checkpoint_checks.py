@@ -19,7 +19,6 @@ steps through these; lev_jax/inference.py checks a run's steps before reading th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -27,7 +26,7 @@ import time
 import ml_collections
 from etils import epath
 
-from lev_jax.workdir import write_json_atomic
+from lev_jax.workdir import file_sha256, write_json_atomic
 
 # Config sections whose values decide parameter shapes; a restore with any of them
 # changed is refused with the list of differences.
@@ -82,14 +81,6 @@ class CheckpointCorruptError(CheckpointMismatchError):
 MANIFEST = "checksums.json"
 
 
-def _sha256(path: epath.Path) -> str:
-  digest = hashlib.sha256()
-  with path.open("rb") as f:
-    for block in iter(lambda: f.read(1 << 22), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def _step_files(step_dir: epath.Path, skip=()) -> dict[str, epath.Path]:
   """{path relative to the step folder: path} of every file but the manifest and the
   top-level files named in `skip`."""
@@ -119,7 +110,7 @@ def write_manifest(step_dir, skip=()) -> None:
   files = _step_files(step_dir, skip)
   if not files:
     raise CheckpointCorruptError(f"checkpoint {step_dir}: no file to list in {MANIFEST}")
-  manifest = {"sha256": {rel: _sha256(p) for rel, p in sorted(files.items())},
+  manifest = {"sha256": {rel: file_sha256(p) for rel, p in sorted(files.items())},
               "bytes": {rel: p.stat().length for rel, p in sorted(files.items())}}
   write_json_atomic(step_dir / MANIFEST, manifest)
 
@@ -170,7 +161,7 @@ def verify_manifest(step_dir, checksums: bool = True) -> bool:
       raise CheckpointCorruptError(
           f"checkpoint {step_dir}: {rel} is {f.stat().length} bytes, its manifest says "
           f"{sizes[rel]} (the file was cut or changed after the save)")
-    if checksums and _sha256(f) != digest:
+    if checksums and file_sha256(f) != digest:
       raise CheckpointCorruptError(
           f"checkpoint {step_dir}: {rel} differs from its checksum (the file was changed "
           "or damaged after the save)")

@@ -53,9 +53,10 @@ from lev_jax.data.tokenizer_files import load_tokenizer, save_tokenizer
 from lev_jax.embeddings import input_table
 from lev_jax.lock import _pid_running
 from lev_jax.model import Decoder
-from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, LOCK,
-                             PREPARED_INFO, RUN_OUTPUTS, TOKEN_COUNTS, TOKENIZER,
-                             is_prepared_data, read_small_text, write_json_atomic)
+from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, EXPORT_CONFIG, EXPORT_JSON,
+                             EXPORT_PARAMS, LOCK, PREPARED_INFO, RUN_OUTPUTS, TOKEN_COUNTS,
+                             TOKENIZER, is_prepared_data, loads_json, read_small_text,
+                             write_json_atomic)
 
 EXPORT_FORMAT = "lev_jax.inference/1"
 
@@ -130,11 +131,33 @@ def _check_expected(saved: dict, expect: ml_collections.ConfigDict | None, where
                          + "; ".join(diffs))
 
 
+def _check_run_tokenizer(folder: epath.Path, tokenizer) -> None:
+  """A run's tokenizer/ is the one it trained with: its fingerprint equals the one its
+  data_report.json records (written by lev-train; runs from before it was recorded, and
+  exports, have none and are not checked).
+
+  Raises:
+    InferenceError: they differ (newcomer pass 8: another dataset's tokenizer/ copied
+      in was blamed on an intact token_counts.npy), naming both fingerprints.
+  """
+  report_path = folder / DATA_REPORT
+  try:
+    recorded = loads_json(read_small_text(report_path)).get("tokenizer_fingerprint")
+  except (OSError, ValueError, AttributeError):  # absent, unreadable: nothing to compare
+    return
+  if isinstance(recorded, str) and recorded != tokenizer.fingerprint:
+    raise InferenceError(
+        f"{folder / TOKENIZER}: tokenizer fingerprint {tokenizer.fingerprint[:16]} differs "
+        f"from {recorded[:16]}, the one this run trained with ({report_path}): the folder "
+        "was replaced; restore it (a lev-train of the run's own config writes it again)")
+
+
 def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict):
   """The tokenizer and counts saved beside a checkpoint; else rebuilt from the data."""
   counts_path = folder / TOKEN_COUNTS
   if (folder / TOKENIZER).exists():
     tokenizer = load_tokenizer(folder / TOKENIZER)
+    _check_run_tokenizer(folder, tokenizer)
     counts = read_npy(counts_path) if counts_path.exists() else None
     return tokenizer, counts
   from lev_jax import data as data_lib  # an older workdir: rebuild from the data config

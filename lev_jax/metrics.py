@@ -163,4 +163,3 @@ def truncate_metrics(workdir, step: int) -> int:
   if dropped:
     write_bytes_atomic(path, "".join(kept).encode())
   return dropped
-

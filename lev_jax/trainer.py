@@ -57,7 +57,8 @@ from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
 from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, ERRORS_LOG, EVAL_JSON, LOCK,
                              METRICS, PROFILE, PROFILE_TRACES, RUN_OUTPUTS, TOKEN_COUNTS,
-                             TOKENIZER, OutputWriteError, is_prepared_data, loads_json,
+                             TOKENIZER, OutputWriteError, eval_record_problem,
+                             is_prepared_data, loads_json, readable_rows,
                              write_json_atomic)
 
 
@@ -495,8 +496,9 @@ def _warn_if_extending(reader, step: int, config, workdir: epath.Path) -> None:
 
 
 def _finished_eval(path: epath.Path, step: int, warn: bool = True) -> dict | None:
-  """eval.json's result when it is readable and for `step`; else None (re-evaluate). An
-  unreadable one is logged when `warn`."""
+  """eval.json's result when it is readable, for `step`, and the evaluation metrics.jsonl
+  recorded at that step (`metrics.eval_record_problem`); else None (re-evaluate). An
+  unreadable or edited one is logged when `warn`."""
   if not path.exists():
     return None
   try:
@@ -505,7 +507,15 @@ def _finished_eval(path: epath.Path, step: int, warn: bool = True) -> dict | Non
     if warn:
       logging.warning("%s is unreadable (%s); evaluating again", path, e)
     return None
-  return finished if isinstance(finished, dict) and finished.get("step") == step else None
+  if not (isinstance(finished, dict) and finished.get("step") == step):
+    return None
+  problem = eval_record_problem(finished, readable_rows(path.parent))
+  if problem:  # newcomer pass 8: an edited perplexity was quoted as the run's result
+    if warn:
+      logging.warning("%s: %s: the file was edited or replaced; evaluating again", path,
+                      problem)
+    return None
+  return finished
 
 
 class _Health:

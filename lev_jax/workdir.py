@@ -65,6 +65,7 @@ reads it back), null a value not computed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -180,6 +181,21 @@ def loads_json(text: str):
   return back(json.loads(text))
 
 
+def file_sha256(path) -> str:
+  """The sha256 hex digest of the file at `path` (local or `etils.epath` URL), read in
+  4 MiB blocks.
+
+  Raises:
+    OSError: the file cannot be read.
+  """
+  from etils import epath  # pylint: disable=g-import-not-at-top  # a light module
+  digest = hashlib.sha256()
+  with epath.Path(path).open("rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
 # Most bytes read from a small file a user names or lev_jax wrote (a lev_eval.json, an
 # export's export.json and config.json, a prompts file): kilobytes each, so a device
 # (/dev/zero), a pipe or a mistaken huge file is refused, never read whole.
@@ -255,3 +271,74 @@ def is_prepared_data(folder) -> bool:
   folder = os.fspath(folder)
   return (os.path.isfile(os.path.join(folder, PREPARED_INFO))
           or os.path.isfile(os.path.join(folder, PREPARED_WORK, PREPARED_RUN_JSON)))
+
+
+def readable_rows(workdir) -> list[dict]:
+  """The rows of WORKDIR/metrics.jsonl that are JSON objects with an integer "step", in
+  file order (other lines are skipped: `truncate_metrics` handles them on resume); []
+  when the file is absent or cannot be read."""
+  from etils import epath  # pylint: disable=g-import-not-at-top  # a light module
+  path = epath.Path(workdir) / METRICS
+  try:
+    text = path.read_text()
+  except (OSError, UnicodeDecodeError):
+    return []
+  rows = []
+  for line in text.splitlines():
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(row, dict) and isinstance(row.get("step"), int):
+      rows.append(row)
+  return rows
+
+
+def _same_number(a, b) -> bool:
+  """Two metric values (numbers, or non-finite ones as text) are the same float."""
+  try:
+    a, b = float(a), float(b)
+  except (TypeError, ValueError):
+    return False
+  return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9)
+
+
+def eval_record_problem(result: dict, rows: list[dict]) -> str | None:
+  """Why `result` (an eval.json: an `evaluate` result with its "step") is not the
+  evaluation metrics.jsonl recorded at that step, or None when it is.
+
+  `_eval_and_log` writes both from one result: eval/loss, eval/perplexity and every
+  eval/perplexity_bucket_<lo>-<hi> row value equals the result's (JSON floats round-trip
+  exactly). The last metrics.jsonl row of that step holding eval/loss is compared (a
+  re-evaluation appends one). An eval.json edited by hand (newcomer pass 8: loss 0.0,
+  perplexity 1.00 reported as the run's result) differs from its row.
+
+  Args:
+    result: the eval.json object.
+    rows: metrics.jsonl's rows (`readable_rows`, or lev-ladder's own read).
+
+  Returns:
+    e.g. "its loss 0.0 differs from the step-8 evaluation in metrics.jsonl (6.79...)",
+    "metrics.jsonl holds no evaluation at step 8", or None.
+  """
+  step = result.get("step")
+  row = None
+  for candidate in rows:
+    if candidate.get("step") == step and "eval/loss" in candidate:
+      row = candidate
+  if row is None:
+    return f"{METRICS} holds no evaluation at step {step}"
+  pairs = [("loss", result.get("loss"), row["eval/loss"]),
+           ("perplexity", result.get("perplexity"), row.get("eval/perplexity"))]
+  for bucket in result.get("buckets") or []:
+    if not isinstance(bucket, dict) or bucket.get("perplexity") is None:
+      continue
+    lo, _, hi = str(bucket.get("range", "")).strip("[)").partition(",")
+    key = f"eval/perplexity_bucket_{lo}-{hi}"
+    if key in row:
+      pairs.append((f"bucket {bucket['range']} perplexity", bucket["perplexity"], row[key]))
+  for what, mine, recorded in pairs:
+    if not _same_number(mine, recorded):
+      return (f"its {what} {mine} differs from the step-{step} evaluation in {METRICS} "
+              f"({recorded})")
+  return None

@@ -202,6 +202,19 @@ def test_folder_output_error_names_a_file_or_an_unwritable_ancestor(tmp_path, mo
   assert "cannot write in" in common.folder_output_error("--x", str(tmp_path / "new"))
 
 
+def test_output_file_error_refuses_a_file_in_prepared_data(tmp_path):
+  """Newcomer pass 8: lev-eval wrote its result into lev-prepare-data's output."""
+  from lev_jax.cli import common
+  (tmp_path / "prep" / "prepare").mkdir(parents=True)
+  (tmp_path / "prep" / "dataset_info.json").write_text("{}")
+  path = tmp_path / "prep" / "prepare" / "e.json"
+  assert common.output_file_error(f"--output={path}", str(path)) == (
+      f"--output={path}: is inside {tmp_path / 'prep'}, lev-prepare-data's output "
+      "(prepared data; only lev-prepare-data writes there); expected a path outside it")
+  assert common.output_file_error(f"--json={tmp_path / 'e.json'}",
+                                  str(tmp_path / "e.json")) is None
+
+
 def test_checkpoint_tree_error_names_a_path_in_a_saved_checkpoint(tmp_path, monkeypatch):
   """A run's checkpoints/ (its step folders too) and an export's params/ are only
   written by lev-train and lev-export: every other output flag refuses them."""
@@ -480,10 +493,13 @@ def test_eval_help_does_not_dump_the_config(helps):
 
 
 @pytest.mark.parametrize("overrides", [[], ["--config.train.steps=3"]])
-def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_path, overrides):
-  """Issue 26: get_config returning a plain dict reached validate (AttributeError)."""
+@pytest.mark.parametrize("value,kind", [("{'train': {'steps': 5}}", "dict"), ("42", "int")])
+def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_path, overrides,
+                                                     value, kind):
+  """Issue 26: get_config returning a plain dict reached validate (AttributeError);
+  newcomer pass 8: an int was "'int' object has no attribute 'get'"."""
   path = tmp_path / "plain.py"
-  path.write_text("def get_config():\n  return {'train': {'steps': 5}}\n")
+  path.write_text(f"def get_config():\n  return {value}\n")
   monkeypatch.delitem(sys.modules, "config_config", raising=False)
   argv = ["lev-x", f"--config={path}", *overrides]
   from lev_jax.cli import common
@@ -493,7 +509,7 @@ def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_pat
     common.config_or_exit("lev-x", fv)
   err = capsys.readouterr().err
   assert e.value.code == 2 and err.count("\n") == 1, err
-  assert err.startswith(f"lev-x: error: --config={path}: get_config returned a dict; "
+  assert err.startswith(f"lev-x: error: --config={path}: get_config returned a {kind}; "
                         "expected an ml_collections.ConfigDict"), err
 
 

@@ -120,10 +120,27 @@ def test_bad_inputs_are_one_line_exit_2(source, tmp_path, capsys):
         match="a run's saved checkpoints (only that run's lev-train writes there)")
   assert os.listdir(tmp_path / "run" / "checkpoints" / "2") == []
   (tmp_path / "full" / "export.json").write_text("{}")  # an earlier export: replaced
+  # newcomer pass 8: --overwrite deleted an export nested in it without a word
+  fails(f"--checkpoint={path}", f"--output={tmp_path / 'full'}", "--overwrite",
+        match=f"--output={tmp_path / 'full'} is an earlier export that also holds "
+        "keep.txt, which lev-export did not write; --overwrite replaces the whole folder: "
+        "move them aside first")
+  (tmp_path / "full" / "keep.txt").unlink()
+  (tmp_path / "full" / "lev_eval.json").write_text("{}")  # goes with the export it scored
   lev_export(f"--checkpoint={path}", f"--output={tmp_path / 'full'}", "--overwrite",
              "--dtype=bfloat16")
   assert inference.load(tmp_path / "full").dtype == "bfloat16"
-  assert not (tmp_path / "full" / "keep.txt").exists()
+  assert not (tmp_path / "full" / "lev_eval.json").exists()
+  # newcomer pass 8: an export inside another export, or inside another run's folder
+  fails(f"--checkpoint={path}", f"--output={tmp_path / 'full' / 'sub'}",
+        match=f"--output={tmp_path / 'full' / 'sub'}: is inside {tmp_path / 'full'}, an "
+        "export (only lev-export writes there); expected a path outside it")
+  (tmp_path / "other" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "other" / "metrics.jsonl").touch()
+  fails(f"--checkpoint={path}", f"--output={tmp_path / 'other' / 'exp'}",
+        match=f"is inside {tmp_path / 'other'}, a training run's folder (only its "
+        "lev-train writes there)")
+  assert not (tmp_path / "full" / "sub").exists() and not (tmp_path / "other" / "exp").exists()
 
 
 def test_command_line_error_is_one_line(tmp_path):

@@ -24,9 +24,20 @@ def test_a_damaged_npy_file_is_named(tmp_path):
   path = tmp_path / "token_counts.npy"
   np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
   with pytest.raises(DataError, match=f"^{path}: damaged: not a .npy array file \\(it "
-                     "holds pickled Python objects, which are never loaded\\)$"):
+                     "holds an array of Python objects \\(pickled\\), which is never "
+                     "loaded\\)$"):
     read_npy(path)
-  path.write_text("not numpy\n")
+  # newcomer pass 8: random bytes and text were both "it holds pickled Python objects"
+  path.write_text("hello\n")
+  with pytest.raises(DataError, match=f"^{path}: damaged: not a .npy array file \\(no .npy "
+                     "header: 6 bytes starting b'hello\\\\n'\\)$"):
+    read_npy(path)
+  path.write_bytes(b"\x80\x04\x95" + bytes(range(40)))  # a pickle: not loaded either
+  with pytest.raises(DataError, match=f"^{path}: damaged: not a .npy array file \\(no .npy "
+                     "header: 43 bytes starting"):
+    read_npy(path)
+  np.save(path, np.arange(3))
+  path.write_bytes(path.read_bytes()[:-8])  # truncated: numpy's own words
   with pytest.raises(DataError, match=f"^{path}: damaged: not a .npy array file \\("):
     read_npy(path)
   np.save(path, np.arange(3))

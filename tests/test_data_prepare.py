@@ -256,6 +256,71 @@ def test_shard_of_another_run_is_refused(tmp_path, pile):
     prepare(c)
 
 
+def test_damaged_shards_and_edited_counts_are_named_then_prepared_again(tmp_path, pile):
+  """Newcomer pass 8: a shard with a flipped byte or emptied was a Riegeli traceback in
+  lev-train; the validation shard replaced by the test shard, or an edited
+  token_counts.npy, trained on without a word."""
+  c = _config(tmp_path, pile)
+  out = Path(c.data.prepared_dir)
+  prepare(c)
+  counts = (out / "token_counts.npy").read_bytes()
+  valid = out / "lev_text-validation.array_record-00000-of-00001"
+  test = out / "lev_text-test.array_record-00000-of-00001"
+  train = out / "lev_text-train.array_record-00001-of-00003"
+  original = valid.read_bytes()
+
+  data = bytearray(original)
+  data[len(data) // 2] ^= 0xFF
+  valid.write_bytes(bytes(data))
+  with pytest.raises(DataError, match=f"^{valid}: damaged shard of split 'validation': its "
+                     "sha256 differs from the one recorded when it was written: .*; "
+                     r"prepare the data again \(lev-prepare-data"):
+    prepared.open_prepared(out)
+  again = prepare(c)  # the damaged shard is written again, the others kept
+  assert again["written_shards"] == 1 and valid.read_bytes() == original
+
+  train.write_bytes(b"")
+  size = json.loads((out / "prepare" / f"{train.name}.json").read_text())["num_bytes"]
+  with pytest.raises(DataError, match=f"^{train}: damaged shard of split 'train': 0 bytes, "
+                     f"but its preparation wrote {size:,}"):
+    prepared.open_prepared(out)
+  assert prepare(c)["written_shards"] == 1
+
+  valid.write_bytes(test.read_bytes())  # sizes differ: found without hashing
+  with pytest.raises(DataError, match=f"^{valid}: damaged shard .*bytes, but its "
+                     "preparation wrote"):
+    prepared.open_prepared(out)
+  prepare(c)
+  assert _texts(prepared.open_prepared(out), "validation") == pile["validation"]
+
+  edited = np.load(out / "token_counts.npy")
+  edited[:] = 7
+  np.save(out / "token_counts.npy", edited)
+  with pytest.raises(DataError, match=r"token_counts.npy: 259 of 259 ids' counts differ "
+                     r"from the train shards' counts in .*prepare \(sums 1,813 vs"):
+    prepared.open_prepared(out)
+  assert prepare(c)["written_shards"] == 0  # finished again from the shards' counts
+  assert (out / "token_counts.npy").read_bytes() == counts
+
+
+def test_a_shard_damaged_inside_is_named_when_read(tmp_path, pile, monkeypatch):
+  """Datasets above HASH_LIMIT_BYTES are checked by size at open; a read of a damaged
+  record raises DataError naming the dataset (was Riegeli's RuntimeError)."""
+  c = _config(tmp_path, pile)
+  out = Path(c.data.prepared_dir)
+  prepare(c)
+  shard = out / "lev_text-train.array_record-00000-of-00003"
+  data = bytearray(shard.read_bytes())
+  for offset in range(64, 512):  # the first records' chunk: its hash no longer matches
+    data[offset] ^= 0xFF
+  shard.write_bytes(bytes(data))
+  monkeypatch.setattr(prepared, "HASH_LIMIT_BYTES", 0)
+  source = prepared.open_prepared(out).source("train")
+  with pytest.raises(DataError, match=f"^{out}: a shard of split 'train' cannot be read "
+                     r"\(.*\): it was damaged since preparation; prepare the data again"):
+    [source[i] for i in range(len(source))]  # pylint: disable=expression-not-assigned
+
+
 def test_open_and_prepare_errors(tmp_path, pile):
   with pytest.raises(DataError, match="no such folder"):
     prepared.open_prepared(tmp_path / "nowhere")
@@ -297,6 +362,13 @@ def test_open_and_prepare_errors(tmp_path, pile):
                      r'string "text" field$'):
     prepare(_config(tmp_path, pile, validation_files=(str(empty),)),
             output_dir=tmp_path / "out_empty_val")
+  # newcomer pass 8: the folder left said only "did not finish ... run it again"
+  with pytest.raises(DataError, match=r"out_empty_val: preparation did not finish: "
+                     r'lev-prepare-data stopped with "config.data.validation_files: .*'
+                     r'empty.jsonl gave no document .*"; fix that, then run'):
+    prepared.open_prepared(tmp_path / "out_empty_val")
+  prepare(_config(tmp_path, pile), output_dir=tmp_path / "out_empty_val", overwrite=True)
+  assert not (tmp_path / "out_empty_val" / "prepare" / prepared.STOPPED_FILE).exists()
   for tokenizer in ("bytes", "sentencepiece"):
     c = _config(tmp_path, pile, train_files=(str(garbage),), tokenizer=tokenizer)
     c.model.vocab_size = 259 if tokenizer == "bytes" else 512

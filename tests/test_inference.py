@@ -85,6 +85,23 @@ def test_export_dtype_is_applied_and_recorded(tmp_path):
   np.testing.assert_allclose(logits(half.model), logits(im.model), atol=0.1)
 
 
+def test_a_run_s_replaced_tokenizer_is_named(tmp_path):
+  """Newcomer pass 8: another dataset's tokenizer/ copied into a run was blamed on its
+  intact token_counts.npy (with the advice to delete it); the run's data_report.json
+  records the fingerprint it trained with."""
+  write_workdir(tmp_path, byte_config("tied"), steps=(1,))
+  fingerprint = ByteTokenizer().fingerprint
+  report = tmp_path / "data_report.json"
+  report.write_text(json.dumps({"source": "embedded", "tokenizer_fingerprint": fingerprint}))
+  assert inference.load(tmp_path).tokenizer == ByteTokenizer()
+  report.write_text(json.dumps({"source": "embedded", "tokenizer_fingerprint": "0" * 64}))
+  with pytest.raises(inference.InferenceError, match=re.escape(
+      f"{tmp_path / 'tokenizer'}: tokenizer fingerprint {fingerprint[:16]} differs from "
+      f"{'0' * 16}, the one this run trained with ({report}): the folder was replaced; "
+      "restore it")):
+    inference.load(tmp_path)
+
+
 def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
   path, _ = lev_workdir
   cases = [

@@ -196,6 +196,10 @@ def test_stored_checkpoint_config_decides_steps_and_tokens(tmp_path):
       f"{root / 'tied_a'} holds a model of another shape than the ladder's tied_a "
       f"(model.d_model: checkpoint 48, ladder {load_ladder(ladder).get_config('tied_a').model.d_model}"
       "): left out; move it aside and train the rung there")
+  # newcomer pass 8: lev-study's lines spoke of "the ladder's" run and "the rung"
+  reason = collect(ladder, root, {"tied_a": expected}, owner="study").rung("tied_a").reason
+  assert "another shape than the study's tied_a (model.d_model: checkpoint 48, study " in reason
+  assert reason.endswith("left out; move it aside and train the run there"), reason
 
 
 def test_a_broken_metrics_line_is_reported_with_file_and_line(tmp_path):
@@ -232,6 +236,25 @@ def test_an_eval_json_whose_perplexity_is_not_exp_of_its_loss_is_unreadable(tmp_
       f"{path}: perplexity {result['perplexity']} is not exp(loss) = ")
   assert rung.reason.endswith(": the file was edited; expected lev-train's own result "
                               "(delete it and re-run lev-train on the run to evaluate again)")
+
+
+def test_an_eval_json_edited_consistently_is_unreadable(tmp_path):
+  """Newcomer pass 8: loss and perplexity both edited (perplexity = exp(loss)) were
+  reported (-99.7 %); metrics.jsonl's row of the same evaluation tells."""
+  ladder = write_ladder(tmp_path / "l.py", {"a": 16})
+  root = tmp_path / "root"
+  write_rung(root, "tied_a", 2.0)
+  path = root / "tied_a" / "eval.json"
+  result = json.loads(path.read_text())
+  recorded = result["loss"]
+  result.update(loss=1.6, perplexity=math.exp(1.6))
+  path.write_text(json.dumps(result))
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "unreadable"
+  assert rung.reason == (
+      f"{path}: its loss 1.6 differs from the step-{result['step']} evaluation in "
+      f"metrics.jsonl ({recorded}): the file was edited or replaced; expected lev-train's "
+      "own result (delete it and re-run lev-train on the run to evaluate again)")
 
 
 @pytest.mark.parametrize("source,match", [

@@ -329,6 +329,41 @@ def test_a_streamed_run_reports_its_counts_at_every_checkpoint(tmp_path, caplog)
   assert last["train"]["tokens"] == sum(map(len, docs)) and last["train_tokens"] == 6 * 23
 
 
+def test_an_edited_eval_json_is_not_taken_as_the_finished_result(tmp_path, caplog):
+  """Newcomer pass 8: a finished run's eval.json edited to loss 0, perplexity 1 was
+  quoted by the re-run ("already finished ... perplexity 1.00"); metrics.jsonl's row of
+  the same evaluation tells (loss, perplexity and bucket perplexities)."""
+  from lev_jax import trainer  # noqa: PLC0415
+  from etils import epath  # noqa: PLC0415
+  path = epath.Path(tmp_path / "eval.json")
+  result = {"step": 4, "loss": 6.5, "perplexity": math.exp(6.5),
+            "buckets": [{"range": "[1,10)", "perplexity": 30.0},
+                        {"range": "[10,100)", "perplexity": None}]}
+  row = {"step": 4, "time": 0.0, "eval/loss": 6.5, "eval/perplexity": math.exp(6.5),
+         "eval/perplexity_bucket_1-10": 30.0}
+  (tmp_path / "metrics.jsonl").write_text(
+      json.dumps({"step": 4, "train/loss": 7.0}) + "\n{cut by a kil\n" + json.dumps(row)
+      + "\n")
+  path.write_text(json.dumps(result))
+  assert trainer._finished_eval(path, 4) == result
+  for edit, what in (({"loss": 0.0, "perplexity": 1.0}, "its loss 0.0 differs from the "
+                      "step-4 evaluation in metrics.jsonl (6.5)"),
+                     ({"buckets": [{"range": "[1,10)", "perplexity": 3.0}]},
+                      "its bucket [1,10) perplexity 3.0 differs from the step-4 evaluation "
+                      "in metrics.jsonl (30.0)")):
+    path.write_text(json.dumps({**result, **edit}))
+    caplog.clear()
+    assert trainer._finished_eval(path, 4) is None
+    assert caplog.messages == [f"{path}: {what}: the file was edited or replaced; "
+                               "evaluating again"]
+  path.write_text(json.dumps(result))
+  (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 4, "train/loss": 7.0}) + "\n")
+  caplog.clear()
+  assert trainer._finished_eval(path, 4) is None
+  assert caplog.messages == [f"{path}: metrics.jsonl holds no evaluation at step 4: the file "
+                             "was edited or replaced; evaluating again"]
+
+
 def test_an_unreadable_eval_json_is_warned_about_once(tmp_path, caplog, monkeypatch):
   """Newcomer pass 4: lev-train reads a run twice (before its lock, then to train): an
   unreadable eval.json was warned about twice. The second read (train_and_evaluate with

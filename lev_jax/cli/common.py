@@ -127,16 +127,20 @@ def _kind(path: str) -> str:
 def output_file_error(label: str, path: str) -> str | None:
   """The one line when the local file `path` (shown as `label`, e.g. "--output=r.json"),
   which a command writes through a temporary beside it and a rename, cannot be written
-  there: a dangling symbolic link (the rename would replace the link, not write where it
-  points), something other than a regular file or a folder (a device such as /dev/full,
-  a pipe, a socket: never read, never replaced), or an existing folder in which no file
-  can be created (probed by creating and removing the write's own temporary name,
-  .NAME.tmp-<pid>: the permission bits do not tell for root, a read-only mount or
-  /proc). A folder at `path`, or a missing parent folder, is the caller's to name. None
-  when it can be written, or for a remote URL (left to the write)."""
+  there: inside lev-prepare-data's output (only it writes there); a dangling symbolic
+  link (the rename would replace the link, not write where it points); something other
+  than a regular file or a folder (a device such as /dev/full, a pipe, a socket: never
+  read, never replaced); or an existing folder in which no file can be created (probed
+  by creating and removing the write's own temporary name, .NAME.tmp-<pid>: the
+  permission bits do not tell for root, a read-only mount or /proc). A folder at
+  `path`, or a missing parent folder, is the caller's to name. None when it can be
+  written, or for a remote URL (left to the write)."""
   if "://" in path:
     return None
   local = os.path.abspath(os.path.expanduser(path))
+  prepared = _enclosing(os.path.dirname(local), _prepared_folder)
+  if prepared:  # newcomer pass 8: lev-eval wrote its result into prepared data
+    return _is_inside_line(label.split("=", 1)[0], path, prepared)
   if os.path.islink(local) and not os.path.exists(local):
     return (f"{label}: is a symbolic link to {os.readlink(local)}, which does not exist; "
             "expected a new path or a regular file")
@@ -259,6 +263,25 @@ def _run_folder(folder: str) -> str | None:
   if sum(os.path.exists(os.path.join(folder, n)) for n in (LOCK, *RUN_OUTPUTS)) >= 2:
     return "a training run's folder (only its lev-train writes there)"
   return None
+
+
+def within_owned_folder_error(flag: str, path: str) -> str | None:
+  """The one line when the local path `path` (of flag `flag`, e.g. "--output"), a new
+  folder or file a command writes, lies inside a training run's folder, an export or
+  lev-prepare-data's output (its parent folder is one, or inside one: `_run_folder`,
+  `_export_folder`): only their own command writes there, and a later --overwrite of
+  the outer one deletes what was put inside (newcomer pass 8: an export nested in an
+  export was removed without a word). `path` itself being one is the caller's to
+  judge. None elsewhere, or for a remote URL."""
+  if "://" in path:
+    return None
+  parent = os.path.dirname(os.path.realpath(os.path.expanduser(path)))
+  found = _enclosing(parent, lambda folder: _export_folder(folder) or _run_folder(folder))
+  return found and _is_inside_line(flag, path, found)
+
+
+def _prepared_folder(folder: str) -> str | None:
+  return _run_folder(folder) if is_prepared_data(folder) else None
 
 
 def run_folder_error(flag: str, path: str) -> str | None:
@@ -995,7 +1018,10 @@ def config_or_exit(prog: str, fv: flags.FlagValues = flags.FLAGS):
   get_config returned something else than an ml_collections.ConfigDict included)."""
   try:
     config = fv.config
-    config.get("name")  # a file that failed to load raises on first use
+    # A file that failed to load raises on first use; a get_config returning something
+    # else (newcomer pass 8: an int, "'int' object has no attribute 'get'") is named below.
+    if isinstance(config, ml_collections.ConfigDict):
+      config.get("name")
   except Exception as e:  # config_flags defers file errors until first access
     given = fv["config"].serialize().split("=", 1)[-1]
     if not given.strip():  # --config= is a path flag too (define_path)

@@ -37,7 +37,7 @@ from lev_jax.cli import common
 from lev_jax.config import DTYPES
 from lev_jax.lock import LOCK_FLAG_HELP
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF,
-                             TOKEN_COUNTS, TOKENIZER)
+                             LEV_EVAL_JSON, TOKEN_COUNTS, TOKENIZER)
 
 PROG = "lev-export"
 MB = 1 << 20
@@ -73,12 +73,16 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
       run's checkpoints or export's parameters (common.checkpoint_tree_error); OUTPUT is
       a file; OUTPUT is a non-empty folder that is not an earlier export (no
       EXPORT_JSON in it: a training run, the user's files), `overwrite` or not; OUTPUT
-      is an earlier export and not `overwrite`; a local OUTPUT is a symbolic link
+      is an earlier export and not `overwrite`, or one holding files lev-export did not
+      write (lev-eval's lev_eval.json aside: it goes with the export it evaluated);
+      OUTPUT lies inside a run's folder, an export or prepared data
+      (common.within_owned_folder_error); a local OUTPUT is a symbolic link
       (dangling or not: the rename into place would replace the link; its target named).
   """
   from lev_jax.inference import check_not_source
   check_not_source(checkpoint, output)
-  inside = common.checkpoint_tree_error("--output", output)
+  inside = (common.checkpoint_tree_error("--output", output)
+            or common.within_owned_folder_error("--output", output))
   if inside:
     raise ValueError(inside)
   if "://" in output:
@@ -104,6 +108,11 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
                      "replaces an earlier export)")
   if nonempty and not overwrite:
     raise ValueError(f"--output={output} is not empty; pass --overwrite to replace it")
+  foreign = sorted(held - set(common.EXPORT_OUTPUTS) - {LEV_EVAL_JSON})
+  if foreign:  # newcomer pass 8: --overwrite deleted a nested export without a word
+    raise ValueError(f"--output={output} is an earlier export that also holds "
+                     f"{', '.join(foreign)}, which lev-export did not write; --overwrite "
+                     "replaces the whole folder: move them aside first")
 
 
 def output_error(output: str, error: OSError) -> str | None:

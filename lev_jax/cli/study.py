@@ -152,7 +152,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   expected = ladder_cli.expected_configs(
       str(Path(study_lib.split_spec(study)[0]).expanduser().resolve()), module.RUNGS,
       train_flags)
-  result = runs.collect(module, root, expected)
+  result = runs.collect(module, root, expected, owner="study")
   failed = {}
   if run:
     todo = [r.variant for r in result.rungs if not r.finished]
@@ -165,7 +165,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
     failed = {v: f"lev-train exited with status {s}" for v, s in
               ladder_cli.train_rungs(commands, "local", runner=runner, out=out,
                                      prog=PROG).items()}
-    result = runs.collect(module, root, expected)
+    result = runs.collect(module, root, expected, owner="study")
   result.ladder = str(study)
   evals, errors = evaluate_finished(result, eval_batches=eval_batches, evaluate=evaluate,
                                     out=out)

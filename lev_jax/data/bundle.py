@@ -28,7 +28,7 @@ class DataBundle:
   Attributes:
     tokenizer: ``vocab_size == config.model.vocab_size`` (checked by `load`).
     report: ``{"source", "train": read report, "validation": read report or None,
-      "train_tokens", "tokenizer_path", "counts_path", ...}`` (+ the preparation report
+      "train_tokens", "tokenizer_path", "tokenizer_fingerprint", "counts_path", ...}`` (+ the preparation report
       of a prepared dataset); as `load` left it: for jsonl_stream, whose counts grow as
       the streams are read, `current_report` has them.
     token_counts_V: int64 [config.model.vocab_size], occurrences of each id (one eos

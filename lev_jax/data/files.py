@@ -52,19 +52,28 @@ def npy_bytes(array: np.ndarray) -> bytes:
   return buf.getvalue()
 
 
+# The first bytes of every .npy file (https://numpy.org/doc/stable/reference/generated/
+# numpy.lib.format.html).
+NPY_MAGIC = b"\x93NUMPY"
+
+
 def read_npy(path) -> np.ndarray:
   """The array in a ``.npy`` file (local or `etils.epath` URL).
 
   Raises:
-    DataError: ``PATH: damaged ...``: not a ``.npy`` array file (truncated, another
-      file in its place, or pickled objects, which are never loaded).
+    DataError: ``PATH: damaged ...``: not a ``.npy`` array file: no .npy header
+      (another file in its place), a truncated one, or an array of Python objects
+      (pickled; never loaded).
     OSError: the file cannot be read.
   """
   data = epath.Path(path).read_bytes()
+  if not data.startswith(NPY_MAGIC):  # np.load would try it as a pickle and say so
+    raise DataError(f"{path}: damaged: not a .npy array file (no .npy header: "
+                    f"{len(data):,} bytes starting {data[:8]!r})")
   try:
     return np.load(io.BytesIO(data), allow_pickle=False)
   except (ValueError, EOFError, OSError) as e:  # numpy's words name no file
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if "pickle" in reason:  # numpy's advice (load it unsafely) is not for a user
-      reason = "it holds pickled Python objects, which are never loaded"
+      reason = "it holds an array of Python objects (pickled), which is never loaded"
     raise DataError(f"{path}: damaged: not a .npy array file ({reason})") from e

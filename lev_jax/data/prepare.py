@@ -39,6 +39,7 @@ from lev_jax.data import tokenizer_files
 from lev_jax.data.errors import DataError
 from lev_jax.data.reports import describe_skipped, new_report
 from lev_jax.parent_watch import exit_with_parent
+from lev_jax.workdir import file_sha256
 from lev_jax import progress as progress_logs
 
 _FIELDS = {"train": "train_files", "validation": "validation_files", "test": "test_files"}
@@ -94,8 +95,9 @@ def _write_shard(shard: Shard) -> dict:
 
   Returns:
     The stats written to ``prepare/{shard}.json``: ``{"run_id", "split", "shard",
-    "index", "count", "source", "source_bytes", "num_bytes" (the shard file),
-    "seconds", "report": `prepared.split_report` of the file}``.
+    "index", "count", "source", "source_bytes", "num_bytes" and "sha256" (of the
+    shard file: `prepared.check_shard_files` compares them at every open), "seconds",
+    "report": `prepared.split_report` of the file}``.
   """
   tokenizer, fmt = _WORKER["tokenizer"], _WORKER["fmt"]
   serialize = prepared.features(fmt).serialize_example
@@ -127,7 +129,7 @@ def _write_shard(shard: Shard) -> dict:
       shutil.rmtree(tmp_dir, ignore_errors=True)
     raise
   writer.close()
-  num_bytes = int(tmp.stat().length)
+  num_bytes, sha256 = int(tmp.stat().length), file_sha256(tmp)
   if local:
     tmp.replace(out)
   else:
@@ -139,6 +141,7 @@ def _write_shard(shard: Shard) -> dict:
   stats = {"run_id": _WORKER["run_id"], "split": shard.split, "shard": out.name,
            "index": shard.index, "count": shard.count, "source": shard.source,
            "source_bytes": shard.source_bytes, "num_bytes": num_bytes,
+           "sha256": sha256,
            "seconds": round(time.perf_counter() - start, 3),
            "report": prepared.split_report(report, tokens, records)}
   write_bytes_atomic(shard.stats_path,
@@ -275,7 +278,23 @@ def _finished_stats(shard: Shard, rid: str, overwrite: bool) -> dict | None:
     return None
   if shard.counts_path is not None and not shard.counts_path.exists():
     return None
+  damaged = prepared.shard_problem(epath.Path(shard.path), stats)
+  if damaged:  # newcomer pass 8: flipped or emptied shards; written again
+    logging.warning("%s: %s; writing it again", shard.path, damaged)
+    return None
   return stats
+
+
+def _opens(out: epath.Path) -> bool:
+  """Whether the finished dataset `out` opens with every check (`prepared.open_prepared`:
+  e.g. an edited token_counts.npy); when not, the reason is logged and it is finished
+  again (its report, counts and metadata rewritten from the shards' own)."""
+  try:
+    prepared.open_prepared(out)
+  except DataError as e:
+    logging.warning("%s; finishing it again", e)
+    return False
+  return True
 
 
 def _check_strays(out: epath.Path, shards: list[Shard], overwrite: bool) -> None:
@@ -394,6 +413,8 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
         done[shard.name] = stats
   complete = all((out / f).exists() for f in (prepared.REPORT_FILE, prepared.COUNTS_FILE))
   if state == "finished" and len(done) == len(shards) and complete:
+    complete = _opens(out)
+  if state == "finished" and len(done) == len(shards) and complete:
     logging.info("%s: already prepared (run %s); nothing to do.", out, rid)
     report = prepared.read_json(out / prepared.REPORT_FILE)
     return {**report, "output_dir": os.fspath(out), "already_prepared": True,
@@ -421,16 +442,17 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
     tokenizer = tokenizer_lib.make_tokenizer(d, config.model.vocab_size, train_texts=sample)
 
   if state == "finished":
-    logging.warning("%s: %d of %d shards of run %s (or its report) are missing; writing "
-                    "them again.", out, len(shards) - len(done), len(shards), rid)
+    if len(done) < len(shards):
+      logging.warning("%s: %d of %d shards of run %s are missing or damaged; writing "
+                      "them again.", out, len(shards) - len(done), len(shards), rid)
     (out / prepared.INFO_FILE).unlink()  # unfinished until they are back
   work.mkdir(parents=True, exist_ok=True)
   run_file = work / prepared.RUN_FILE
   if not run_file.exists():
     write_bytes_atomic(run_file, (json.dumps(
         {"run_id": rid, "identity": identity}, indent=2) + "\n").encode())
-  for p in work.iterdir():  # temporary files of killed workers
-    if ".tmp" in p.name:
+  for p in work.iterdir():  # temporary files of killed workers, an earlier stop's reason
+    if ".tmp" in p.name or p.name == prepared.STOPPED_FILE:
       p.unlink()
   if saved is None:
     tokenizer_files.save_tokenizer(tokenizer, tok_dir, vocab_multiple)
@@ -452,7 +474,12 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
   for stats in written:
     done[stats["shard"]] = stats
 
-  report = _finish(out, fmt, rid, identity, tok_info, files, shards, done, path_reports)
+  try:
+    report = _finish(out, fmt, rid, identity, tok_info, files, shards, done, path_reports)
+  except DataError as e:  # newcomer pass 8: lev-train then said only "did not finish"
+    write_bytes_atomic(work / prepared.STOPPED_FILE, (json.dumps(
+        {"run_id": rid, "error": str(e)}, indent=2) + "\n").encode())
+    raise
   return {**report, "output_dir": os.fspath(out), "already_prepared": False,
           "written_shards": len(written),
           "written_tokens": sum(s["report"]["tokens"] for s in written),

@@ -57,7 +57,7 @@ from lev_jax.data.errors import DataError
 from lev_jax.data.files import read_npy
 from lev_jax.data.reports import merge_reports
 from lev_jax.workdir import (CHECKPOINTS, METRICS, PREPARED_INFO, PREPARED_RUN_JSON,
-                             PREPARED_WORK, RUN_OUTPUTS)
+                             PREPARED_WORK, RUN_OUTPUTS, file_sha256)
 
 DATASET_NAME = "lev_text"
 FILE_FORMAT = "array_record"
@@ -70,10 +70,19 @@ REPORT_FILE = "report.json"
 WORK_DIR = PREPARED_WORK  # lev_jax/workdir.py names them: other commands tell this folder
 RUN_FILE = PREPARED_RUN_JSON  # from a run's (`is_prepared_data`)
 INFO_FILE = PREPARED_INFO
+# In WORK_DIR: {"run_id", "error"} of a run that stopped on bad input after writing its
+# shards (e.g. a split whose files gave no document); removed when a run starts.
+STOPPED_FILE = "stopped.json"
 # ArrayRecord options: one record per chunk group, so any record is read on its own
 # (https://github.com/google/array_record, "group_size"; TFDS writes the same).
 WRITER_OPTIONS = "group_size:1"
 _RERUN = "run lev-prepare-data --config=... again to complete it"
+# Every shard is hashed at each open while a dataset's shards together hold at most this
+# many bytes (sha256: about 2 s per GiB on one core); larger ones are checked by size,
+# and a shard damaged inside is named when it is read (`ShardSource`).
+HASH_LIMIT_BYTES = 1 << 30
+_PREPARE_AGAIN = ("prepare the data again (lev-prepare-data --config=... rewrites the "
+                  "damaged shards)")
 
 
 def features(fmt: str) -> tfds.features.FeaturesDict:
@@ -336,7 +345,7 @@ class PreparedDataset:
     """A random-access source of `split`'s records (TFDS ``as_data_source``).
 
     Returns:
-      A ``tfds.data_sources.ArrayRecordDataSource``: ``len(source)`` records,
+      A `ShardSource` over TFDS's ``ArrayRecordDataSource``: ``len(source)`` records,
       ``source[i]`` / ``source.__getitems__(indices)`` -> dicts of NumPy values (see
       the module docstring; Text features come back as UTF-8 ``bytes``). It pickles,
       so grain worker processes can read it (``grain.MapDataset.source``). A split
@@ -350,10 +359,62 @@ class PreparedDataset:
                       f"{sorted(self.splits)}")
     if not self.splits[split]:  # ArrayRecordDataSource refuses an empty file list
       return []
-    return self._builder.as_data_source(split)
+    return ShardSource(self._builder.as_data_source(split), os.fspath(self.path), split)
+
+
+class ShardSource:
+  """A split's TFDS ArrayRecord data source whose read errors name the dataset.
+
+  ArrayRecord and Riegeli raise a bare RuntimeError for a shard damaged inside (e.g.
+  "Corrupted Riegeli/records file: chunk data hash mismatch ..."), which reached the
+  user as a traceback from the training loop; datasets above HASH_LIMIT_BYTES are not
+  hashed at open, so this is where such damage shows. Same protocol as the wrapped
+  source (grain's RandomAccessDataSource: ``len``, ``[i]``, ``__getitems__``); pickles.
+
+  Raises (on reads):
+    DataError: a read failed inside ArrayRecord / Riegeli, naming the dataset, the
+      split and the library's first line.
+  """
+
+  def __init__(self, source, path: str, split: str):
+    self._source, self._path, self._split = source, path, split
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def _damaged(self, error: RuntimeError) -> DataError:
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return DataError(f"{self._path}: a shard of split {self._split!r} cannot be read "
+                     f"({first}): it was damaged since preparation; {_PREPARE_AGAIN}")
+
+  def __getitem__(self, index):
+    try:
+      return self._source[index]
+    except RuntimeError as e:  # ArrayRecord / Riegeli: the only RuntimeErrors here
+      raise self._damaged(e) from e
+
+  def __getitems__(self, indices):
+    try:
+      return self._source.__getitems__(indices)
+    except RuntimeError as e:
+      raise self._damaged(e) from e
+
+  def __repr__(self) -> str:
+    return f"ShardSource({self._path!r}, split={self._split!r})"
 
 
 def _not_finished(path: epath.Path, why: str) -> DataError:
+  """"preparation did not finish"; with the error that stopped it when lev-prepare-data
+  recorded one (STOPPED_FILE), which running it again as it was would repeat."""
+  stopped = path / WORK_DIR / STOPPED_FILE
+  try:
+    error = json.loads(stopped.read_text()).get("error") if stopped.exists() else None
+  except (OSError, ValueError, AttributeError):
+    error = None
+  if isinstance(error, str) and error:
+    return DataError(f"{path}: preparation did not finish: lev-prepare-data stopped with "
+                     f"\"{error}\"; fix that, then run lev-prepare-data --config=... "
+                     "again to complete it")
   return DataError(f"{path}: preparation did not finish ({why}); {_RERUN}")
 
 
@@ -400,14 +461,34 @@ def unfinished_work(path: epath.Path, dataset_run_id: str | None) -> str | None:
   return None
 
 
-def check_shard_runs(path: epath.Path, builder, dataset_run_id: str) -> None:
-  """Each shard listed in ``dataset_info.json`` exists and its ``prepare/{shard}.json``
-  records `dataset_run_id` (skipped when there is no ``prepare/``: `LevText` output).
+def shard_problem(shard: epath.Path, stats: dict, hash_it: bool = True) -> str | None:
+  """Why the finished shard `shard` differs from what its ``prepare/{shard}.json``
+  (`stats`) records: another size, or (`hash_it`, when the stats hold one) another
+  sha256; None when it agrees. Stats written before sizes and hashes were recorded
+  check nothing."""
+  size, recorded = int(shard.stat().length), stats.get("num_bytes")
+  if isinstance(recorded, int) and size != recorded:
+    return (f"{size:,} bytes, but its preparation wrote {recorded:,}: the file was "
+            "replaced, truncated or damaged since")
+  digest = stats.get("sha256")
+  if hash_it and isinstance(digest, str) and file_sha256(shard) != digest:
+    return ("its sha256 differs from the one recorded when it was written: the file was "
+            "damaged or replaced since")
+  return None
+
+
+def check_shards(path: epath.Path, builder, dataset_run_id: str) -> None:
+  """Each shard listed in ``dataset_info.json`` exists, its ``prepare/{shard}.json``
+  records `dataset_run_id`, and it has the size (and, for datasets of at most
+  HASH_LIMIT_BYTES, the sha256) recorded there. Without ``prepare/`` (`LevText`
+  output) only existence is checked.
 
   Raises:
-    DataError: a missing shard, or a shard of another preparation run (named).
+    DataError: a missing shard, a shard of another preparation run, or a shard whose
+      size or content changed since it was written (named, with the fix).
   """
   work = path / WORK_DIR
+  listed = []
   for split, info in builder.info.splits.items():
     count = len(info.shard_lengths)
     for index in range(count):
@@ -421,12 +502,52 @@ def check_shard_runs(path: epath.Path, builder, dataset_run_id: str) -> None:
       if not stats_path.exists():
         raise DataError(f"{shard}: no {stats_path.name} in {work}: the shard was not "
                         f"written by this preparation run; {_RERUN}")
-      recorded = read_json(stats_path).get("run_id")
+      stats = read_json(stats_path)
+      recorded = stats.get("run_id")
       if recorded != dataset_run_id:
         raise DataError(f"{shard}: written by preparation run {recorded} "
                         f"({stats_path}), but the dataset is run {dataset_run_id}: "
                         "shards of different runs never mix; prepare again into a new "
                         "folder (or with --overwrite)")
+      listed.append((split, shard, stats))
+  total = sum(int(stats.get("num_bytes") or 0) for _, _, stats in listed)
+  for split, shard, stats in listed:
+    why = shard_problem(shard, stats, hash_it=total <= HASH_LIMIT_BYTES)
+    if why:
+      raise DataError(f"{shard}: damaged shard of split {split!r}: {why}; "
+                      f"{_PREPARE_AGAIN}")
+
+
+def check_token_counts(path: epath.Path, counts_V: np.ndarray, builder) -> None:
+  """``token_counts.npy`` (`counts_V`) is the sum of the train shards'
+  ``prepare/{shard}.counts.npy`` it was written from (skipped without ``prepare/`` or
+  without every one of them: `LevText` output).
+
+  Raises:
+    DataError: they differ (the file was edited or replaced), naming the file and how
+      many ids differ.
+  """
+  work = path / WORK_DIR
+  info = builder.info.splits.get("train") if work.exists() else None
+  if info is None:
+    return
+  count = len(info.shard_lengths)
+  parts = [work / f"{shard_path(path, 'train', i, count).name}.counts.npy"
+           for i in range(count)]
+  if not all(p.exists() for p in parts):
+    return
+  summed_V = np.zeros_like(counts_V)
+  for p in parts:
+    part_V = read_npy(p)
+    if part_V.shape != counts_V.shape:
+      return  # the shapes are checked against the tokenizer by the caller
+    summed_V += part_V
+  if not np.array_equal(summed_V, counts_V):
+    n = int(np.sum(summed_V != counts_V))
+    raise DataError(f"{path / COUNTS_FILE}: {n:,} of {counts_V.size:,} ids' counts differ "
+                    f"from the train shards' counts in {work} (sums "
+                    f"{int(counts_V.sum()):,} vs {int(summed_V.sum()):,}): the file was "
+                    f"edited or replaced since preparation; {_PREPARE_AGAIN}")
 
 
 def open_prepared(path) -> PreparedDataset:
@@ -452,7 +573,9 @@ def open_prepared(path) -> PreparedDataset:
       preparation did not finish (``prepare/`` without ``dataset_info.json``, an
       unreadable one, or work files of an unfinished run):
       "...: preparation did not finish; run lev-prepare-data --config=... again to
-      complete it"; a shard of another preparation run (named); not a lev_text
+      complete it"; a shard of another preparation run, or one whose size or sha256
+      changed since it was written, or a token_counts.npy that is not the sum of the
+      train shards' counts (`check_shards`, `check_token_counts`; named); not a lev_text
       dataset (unexpected features or a newer format version); token counts of the
       wrong shape.
   """
@@ -485,7 +608,7 @@ def open_prepared(path) -> PreparedDataset:
   why = unfinished_work(path, metadata.get("run_id"))
   if why:
     raise _not_finished(path, why)
-  check_shard_runs(path, builder, metadata.get("run_id"))
+  check_shards(path, builder, metadata.get("run_id"))
   report = (read_json(path / REPORT_FILE) if (path / REPORT_FILE).exists()
             else metadata.get("report"))
   counts_V = None
@@ -495,6 +618,7 @@ def open_prepared(path) -> PreparedDataset:
     if counts_V.shape != (vocab,) or counts_V.dtype != np.int64:
       raise DataError(f"{path / COUNTS_FILE}: {counts_V.dtype} {counts_V.shape}; expected "
                       f"int64 ({vocab},) (the tokenizer's vocab_size)")
+    check_token_counts(path, counts_V, builder)
   splits = {name: int(info.num_examples) for name, info in builder.info.splits.items()}
   return PreparedDataset(path=path, metadata=metadata, format=fmt, splits=splits,
                          report=report, token_counts_V=counts_V, _builder=builder)

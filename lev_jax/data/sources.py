@@ -286,14 +286,15 @@ def load(config: ml_collections.ConfigDict) -> DataBundle:
   report = {"source": d.source, "validation": None, "corpus_paths": None}
   if d.source in ("jsonl", "jsonl_stream"):
     _check_disjoint(d)
-  if d.source in ("embedded", "jsonl"):
-    return _in_memory(config, report)
-  if d.source == "jsonl_stream":
-    return _streamed(config, report)
-  if d.source == "prepared":
-    return _prepared(config, report)
-  raise DataError(f"config.data.source = {d.source!r}: expected 'embedded', 'jsonl', "
-                  "'jsonl_stream' or 'prepared'")
+  loaders = {"embedded": _in_memory, "jsonl": _in_memory, "jsonl_stream": _streamed,
+             "prepared": _prepared}
+  if d.source not in loaders:
+    raise DataError(f"config.data.source = {d.source!r}: expected 'embedded', 'jsonl', "
+                    "'jsonl_stream' or 'prepared'")
+  bundle = loaders[d.source](config, report)
+  # In the run's data_report.json: lev-eval tells a replaced tokenizer/ by it.
+  report["tokenizer_fingerprint"] = bundle.tokenizer.fingerprint
+  return bundle
 
 
 def evaluation_batches(config: ml_collections.ConfigDict, tokenizer, *,

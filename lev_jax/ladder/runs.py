@@ -42,7 +42,8 @@ from etils import epath
 
 from lev_jax.checkpoint_checks import SHAPE_FIELD_NAMES, config_differences, result_fields
 from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load_experiment
-from lev_jax.workdir import CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS, loads_json
+from lev_jax.workdir import (CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS,
+                             eval_record_problem, loads_json)
 
 # Per-group optimizer figures of metrics.jsonl (lev_jax/trainer.py) kept at their last value.
 GROUP_METRICS = ("train/grad_norm/", "train/update_ratio/")
@@ -294,10 +295,12 @@ def _check_eval(result: dict, path) -> None:
 
 
 def collect_rung(module, variant: str, root: epath.Path,
-                 expected: ml_collections.ConfigDict | None = None) -> Rung:
+                 expected: ml_collections.ConfigDict | None = None,
+                 owner: str = "ladder") -> Rung:
   """Reads ROOT/VARIANT; never raises for a missing, unfinished or unreadable rung (the
   Rung's status and reason say what is wrong).
 
+  owner: "ladder" or "study" (lev-study's runs), as the reasons name it.
   expected: the config the rung is meant to be trained with (get_config(variant) with
     lev-ladder's --train_flags applied); None: get_config(variant). A finished run
     whose stored config differs from it in any field that decides results
@@ -364,6 +367,11 @@ def collect_rung(module, variant: str, root: epath.Path,
     final = _read_json(eval_path, EVAL_JSON) if eval_path.exists() else None
     if final is not None:
       _check_eval(final, eval_path)
+      problem = eval_record_problem(final, rows)
+      if problem:  # newcomer pass 8: a consistent edit of loss and perplexity
+        raise LadderError(f"{eval_path}: {problem}: the file was edited or replaced; "
+                          "expected lev-train's own result (delete it and re-run "
+                          "lev-train on the run to evaluate again)")
     lev_eval_path = workdir / LEV_EVAL_JSON
     if lev_eval_path.exists():
       rung.lev_eval = _read_json(lev_eval_path, LEV_EVAL_JSON)
@@ -392,14 +400,15 @@ def collect_rung(module, variant: str, root: epath.Path,
   if other or settings:  # newcomer passes 6 and 7: another run summarised as the rung
     diffs = other or settings
     more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
-    listed = "; ".join(d.replace("this run", "ladder") for d in diffs[:4])
+    listed = "; ".join(d.replace("this run", owner) for d in diffs[:4])
+    member = "rung" if owner == "ladder" else "run"  # newcomer pass 8: a study's "rung"
     rung.status = "other config"
-    rung.reason = (f"{workdir} holds a model of another shape than the ladder's {variant} "
-                   f"({listed}{more}): left out; move it aside and train the rung there"
-                   if other else
-                   f"{workdir} was trained with other settings than the ladder's {variant} "
+    rung.reason = (f"{workdir} holds a model of another shape than the {owner}'s {variant} "
+                   f"({listed}{more}): left out; move it aside and train the {member} "
+                   "there" if other else
+                   f"{workdir} was trained with other settings than the {owner}'s {variant} "
                    f"({listed}{more}): left out; if --train_flags made them, give the same "
-                   "--train_flags here; else move it aside and train the rung there")
+                   f"--train_flags here; else move it aside and train the {member} there")
     return rung
   rung.step = max(rung.step or 0, rung.steps)
   rung.final = final
@@ -410,8 +419,8 @@ def collect_rung(module, variant: str, root: epath.Path,
   return rung
 
 
-def collect(ladder, root, expected: Mapping[str, ml_collections.ConfigDict] | None = None
-            ) -> LadderResult:
+def collect(ladder, root, expected: Mapping[str, ml_collections.ConfigDict] | None = None,
+            owner: str = "ladder") -> LadderResult:
   """Reads every rung of `ladder` under `root` (local path or gs://).
 
   Args:
@@ -420,6 +429,8 @@ def collect(ladder, root, expected: Mapping[str, ml_collections.ConfigDict] | No
     expected: {variant: the config it is meant to be trained with} for variants whose
       config is not get_config(variant) (lev-ladder's --train_flags applied); see
       collect_rung.
+    owner: "ladder" or "study": the word the reasons use for `ladder` (its variants are
+      "rungs" or "runs").
 
   Returns:
     A LadderResult with one Rung per variant of RUNGS, in order.
@@ -432,5 +443,5 @@ def collect(ladder, root, expected: Mapping[str, ml_collections.ConfigDict] | No
   where = getattr(module, "__file__", None) or str(ladder)
   return LadderResult(ladder=str(ladder) if not isinstance(ladder, types.ModuleType)
                       else where, root=str(root),
-                      rungs=[collect_rung(module, v, root_path, (expected or {}).get(v))
+                      rungs=[collect_rung(module, v, root_path, (expected or {}).get(v), owner)
                              for v in module.RUNGS])

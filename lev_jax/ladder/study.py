@@ -428,7 +428,7 @@ def load_study_module(spec):
       (an empty one, "FILE:", too), or one naming a run outside RUNGS.
   """
   path, piece = split_spec(spec)
-  module = runs.load_ladder(path, kind="study")
+  module = runs.load_ladder(path, owner="study")
   if piece is None:
     return module
   pieces = getattr(module, "PIECES", None)
@@ -458,7 +458,7 @@ def collect(study, root) -> tuple[runs.LadderResult, dict]:
   module = load_study_module(study)
   configs = {run: module.get_config(run) for run in module.RUNGS}
   check_factors(configs)
-  result = runs.collect(module, root)
+  result = runs.collect(module, root, owner="study")
   return result, cells_of(configs)
 
 
