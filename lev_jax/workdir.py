@@ -304,14 +304,15 @@ def _same_number(a, b) -> bool:
 
 
 def eval_record_problem(result: dict, rows: list[dict]) -> str | None:
-  """Why `result` (an eval.json: an `evaluate` result with its "step") is not the
+  """Why `result` (an eval.json: an `evaluate` result with its "step") is not an
   evaluation metrics.jsonl recorded at that step, or None when it is.
 
   `_eval_and_log` writes both from one result: eval/loss, eval/perplexity and every
   eval/perplexity_bucket_<lo>-<hi> row value equals the result's (JSON floats round-trip
-  exactly). The last metrics.jsonl row of that step holding eval/loss is compared (a
-  re-evaluation appends one). An eval.json edited by hand (newcomer pass 8: loss 0.0,
-  perplexity 1.00 reported as the run's result) differs from its row.
+  exactly). Any metrics.jsonl row of that step holding eval/loss may match (a
+  re-evaluation appends one); a mismatch is described against the last. An eval.json
+  edited by hand (newcomer pass 8: loss 0.0, perplexity 1.00 reported as the run's
+  result) matches none.
 
   Args:
     result: the eval.json object.
@@ -322,12 +323,17 @@ def eval_record_problem(result: dict, rows: list[dict]) -> str | None:
     "metrics.jsonl holds no evaluation at step 8", or None.
   """
   step = result.get("step")
-  row = None
-  for candidate in rows:
-    if candidate.get("step") == step and "eval/loss" in candidate:
-      row = candidate
-  if row is None:
+  candidates = [row for row in rows if row.get("step") == step and "eval/loss" in row]
+  if not candidates:
     return f"{METRICS} holds no evaluation at step {step}"
+  problems = [_row_difference(result, row) for row in candidates]
+  return None if None in problems else problems[-1]
+
+
+def _row_difference(result: dict, row: dict) -> str | None:
+  """The first of loss, perplexity and bucket perplexities in which `result` differs
+  from the metrics.jsonl `row` of its step, as a phrase; None when none does."""
+  step = result.get("step")
   pairs = [("loss", result.get("loss"), row["eval/loss"]),
            ("perplexity", result.get("perplexity"), row.get("eval/perplexity"))]
   for bucket in result.get("buckets") or []:

@@ -493,7 +493,8 @@ def test_eval_help_does_not_dump_the_config(helps):
 
 
 @pytest.mark.parametrize("overrides", [[], ["--config.train.steps=3"]])
-@pytest.mark.parametrize("value,kind", [("{'train': {'steps': 5}}", "dict"), ("42", "int")])
+@pytest.mark.parametrize("value,kind", [("{'train': {'steps': 5}}", "a dict"),
+                                        ("42", "an int")])
 def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_path, overrides,
                                                      value, kind):
   """Issue 26: get_config returning a plain dict reached validate (AttributeError);
@@ -509,7 +510,7 @@ def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_pat
     common.config_or_exit("lev-x", fv)
   err = capsys.readouterr().err
   assert e.value.code == 2 and err.count("\n") == 1, err
-  assert err.startswith(f"lev-x: error: --config={path}: get_config returned a {kind}; "
+  assert err.startswith(f"lev-x: error: --config={path}: get_config returned {kind}; "
                         "expected an ml_collections.ConfigDict"), err
 
 

@@ -1,6 +1,7 @@
 """The whole trainer on the embedded data: learning, exact resume, outputs, bad input."""
 
 import json
+import math
 import shutil
 
 import jax

@@ -893,18 +893,46 @@ def unknown_override(config, argv) -> str | None:
   return None
 
 
-def _config_being_overridden(error: BaseException):
-  """The ConfigDict ml_collections was applying the overrides to when `error` was
-  raised: the `config` local of its config_flags frames (None if there is none)."""
+def _overridden_object(error: BaseException):
+  """What ml_collections was applying the overrides to when `error` was raised: the
+  `config` local of its config_flags frames (None if there is none)."""
   tb = error.__traceback__
   while tb is not None:
     frame = tb.tb_frame
     if frame.f_globals.get("__name__", "").startswith("ml_collections.config_flags"):
       config = frame.f_locals.get("config")
-      if isinstance(config, ml_collections.ConfigDict):
+      if config is not None:
         return config
     tb = tb.tb_next
   return None
+
+
+def _config_being_overridden(error: BaseException):
+  """The ConfigDict ml_collections was applying the overrides to when `error` was
+  raised (None if there is none, or it is not a ConfigDict)."""
+  config = _overridden_object(error)
+  return config if isinstance(config, ml_collections.ConfigDict) else None
+
+
+def _not_a_config_dict_line(given: str, value) -> str:
+  """`--config=GIVEN: get_config returned an int; expected an ml_collections.ConfigDict
+  ...` for a get_config whose result `value` is not a ConfigDict."""
+  name = type(value).__name__
+  article = "an" if name[:1].lower() in "aeiou" else "a"
+  return (f"--config={given}: get_config returned {article} {name}; expected an "
+          "ml_collections.ConfigDict (e.g. config.base_config() with fields changed, as "
+          "experiments/smoke.py builds them)")
+
+
+def _overrides_on_a_non_config(error: BaseException, argv) -> str | None:
+  """`_not_a_config_dict_line` when `error` is ml_collections failing to apply an
+  override to a get_config result that is not a ConfigDict (newcomer pass 8: an int
+  with --config.train.steps=3 was "Attribute <class 'int'>.train does not exist")."""
+  value = _overridden_object(error)
+  path = _config_file(argv)
+  if value is None or isinstance(value, ml_collections.ConfigDict) or not path:
+    return None
+  return _not_a_config_dict_line(path, value)
 
 
 def _config_file(argv) -> str | None:
@@ -1002,6 +1030,7 @@ def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
   that does not load; re-raises anything else (a bug deserves its traceback)."""
   message = (_not_a_python_file(_config_file(argv)) or config_file_error(error, argv)
              or _no_get_config(error, argv) or malformed_override(error, argv)
+             or _overrides_on_a_non_config(error, argv)
              or _not_a_config_file(_config_file(argv)))
   if message is None and isinstance(error, (AttributeError, LookupError)) and _overrides(argv):
     config = _config_being_overridden(error)
@@ -1018,10 +1047,12 @@ def config_or_exit(prog: str, fv: flags.FlagValues = flags.FLAGS):
   get_config returned something else than an ml_collections.ConfigDict included)."""
   try:
     config = fv.config
-    # A file that failed to load raises on first use; a get_config returning something
-    # else (newcomer pass 8: an int, "'int' object has no attribute 'get'") is named below.
-    if isinstance(config, ml_collections.ConfigDict):
-      config.get("name")
+    # A file that failed to load raises on first use (config_flags' _ErrorConfig); a
+    # get_config result without .get (newcomer pass 8: an int, "'int' object has no
+    # attribute 'get'") is named below.
+    getter = getattr(config, "get", None)
+    if getter is not None:
+      getter("name")
   except Exception as e:  # config_flags defers file errors until first access
     given = fv["config"].serialize().split("=", 1)[-1]
     if not given.strip():  # --config= is a path flag too (define_path)
@@ -1031,10 +1062,7 @@ def config_or_exit(prog: str, fv: flags.FlagValues = flags.FLAGS):
     fail(prog, _not_a_config_file(path) or _not_a_python_file(path) or
          f"--config={given}: {_last_line(e)}")
   if not isinstance(config, ml_collections.ConfigDict):
-    given = fv["config"].serialize().split("=", 1)[-1]
-    fail(prog, f"--config={given}: get_config returned a {type(config).__name__}; "
-         "expected an ml_collections.ConfigDict (e.g. config.base_config() with fields "
-         "changed, as experiments/smoke.py builds them)")
+    fail(prog, _not_a_config_dict_line(fv["config"].serialize().split("=", 1)[-1], config))
   return config
 
 

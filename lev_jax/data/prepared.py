@@ -81,8 +81,8 @@ _RERUN = "run lev-prepare-data --config=... again to complete it"
 # many bytes (sha256: about 2 s per GiB on one core); larger ones are checked by size,
 # and a shard damaged inside is named when it is read (`ShardSource`).
 HASH_LIMIT_BYTES = 1 << 30
-_PREPARE_AGAIN = ("prepare the data again (lev-prepare-data --config=... rewrites the "
-                  "damaged shards)")
+_PREPARE_AGAIN = ("prepare the data again (lev-prepare-data --config=... rewrites what "
+                  "was damaged)")
 
 
 def features(fmt: str) -> tfds.features.FeaturesDict:

@@ -428,7 +428,7 @@ def load_study_module(spec):
       (an empty one, "FILE:", too), or one naming a run outside RUNGS.
   """
   path, piece = split_spec(spec)
-  module = runs.load_ladder(path, owner="study")
+  module = runs.load_ladder(path, kind="study")
   if piece is None:
     return module
   pieces = getattr(module, "PIECES", None)
