@@ -149,7 +149,8 @@ def _check_run_tokenizer(folder: epath.Path, tokenizer) -> None:
     raise InferenceError(
         f"{folder / TOKENIZER}: tokenizer fingerprint {tokenizer.fingerprint[:16]} differs "
         f"from {recorded[:16]}, the one this run trained with ({report_path}): the folder "
-        "was replaced; restore it (a lev-train of the run's own config writes it again)")
+        "was replaced (or that file edited); restore it (a lev-train of the run's own "
+        "config writes both again)")
 
 
 def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict):

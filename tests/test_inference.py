@@ -97,8 +97,8 @@ def test_a_run_s_replaced_tokenizer_is_named(tmp_path):
   report.write_text(json.dumps({"source": "embedded", "tokenizer_fingerprint": "0" * 64}))
   with pytest.raises(inference.InferenceError, match=re.escape(
       f"{tmp_path / 'tokenizer'}: tokenizer fingerprint {fingerprint[:16]} differs from "
-      f"{'0' * 16}, the one this run trained with ({report}): the folder was replaced; "
-      "restore it")):
+      f"{'0' * 16}, the one this run trained with ({report}): the folder was replaced (or "
+      "that file edited); restore it")):
     inference.load(tmp_path)
 
 
