@@ -301,6 +301,17 @@ def test_damaged_shards_and_edited_counts_are_named_then_prepared_again(tmp_path
   assert prepare(c)["written_shards"] == 0  # finished again from the shards' counts
   assert (out / "token_counts.npy").read_bytes() == counts
 
+  report = json.loads((out / "report.json").read_text())
+  report["splits"]["validation"]["tokens"] += 1000
+  (out / "report.json").write_text(json.dumps(report))
+  with pytest.raises(DataError, match=r"report.json: differs from the report in .*"
+                     r"metadata.json \(lev-prepare-data writes the same in both\): one of "
+                     "them was edited"):
+    prepared.open_prepared(out)
+  prepare(c)
+  assert prepared.open_prepared(out).report["splits"]["validation"]["tokens"] == (
+      report["splits"]["validation"]["tokens"] - 1000)
+
 
 def test_a_shard_damaged_inside_is_named_when_read(tmp_path, pile, monkeypatch):
   """Datasets above HASH_LIMIT_BYTES are checked by size at open; a read of a damaged

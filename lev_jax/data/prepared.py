@@ -574,8 +574,9 @@ def open_prepared(path) -> PreparedDataset:
       unreadable one, or work files of an unfinished run):
       "...: preparation did not finish; run lev-prepare-data --config=... again to
       complete it"; a shard of another preparation run, or one whose size or sha256
-      changed since it was written, or a token_counts.npy that is not the sum of the
-      train shards' counts (`check_shards`, `check_token_counts`; named); not a lev_text
+      changed since it was written, a token_counts.npy that is not the sum of the
+      train shards' counts (`check_shards`, `check_token_counts`), or a report.json
+      that differs from metadata.json's report (named); not a lev_text
       dataset (unexpected features or a newer format version); token counts of the
       wrong shape.
   """
@@ -611,6 +612,12 @@ def open_prepared(path) -> PreparedDataset:
   check_shards(path, builder, metadata.get("run_id"))
   report = (read_json(path / REPORT_FILE) if (path / REPORT_FILE).exists()
             else metadata.get("report"))
+  recorded = metadata.get("report")
+  if (recorded is not None and report is not None
+      and json.loads(json.dumps(recorded)) != json.loads(json.dumps(report))):
+    raise DataError(f"{path / REPORT_FILE}: differs from the report in "
+                    f"{path / 'metadata.json'} (lev-prepare-data writes the same in both): "
+                    f"one of them was edited; {_PREPARE_AGAIN}")
   counts_V = None
   if (path / COUNTS_FILE).exists():
     counts_V = read_npy(path / COUNTS_FILE)
