@@ -257,8 +257,10 @@ def _claim_folder(out: epath.Path, rid: str, overwrite: bool) -> str:
   return "new"
 
 
-def _finished_stats(shard: Shard, rid: str, overwrite: bool) -> dict | None:
-  """The shard's stats when it is finished for run `rid`, else None.
+def _finished_stats(shard: Shard, rid: str, overwrite: bool,
+                    hash_it: bool = True) -> dict | None:
+  """The shard's stats when it is finished for run `rid` and its file is as they record
+  (size; sha256 with `hash_it`: `prepared.shard_problem`), else None.
 
   Raises:
     DataError: stats of another run (removed instead when `overwrite`).
@@ -278,7 +280,7 @@ def _finished_stats(shard: Shard, rid: str, overwrite: bool) -> dict | None:
     return None
   if shard.counts_path is not None and not shard.counts_path.exists():
     return None
-  damaged = prepared.shard_problem(epath.Path(shard.path), stats)
+  damaged = prepared.shard_problem(epath.Path(shard.path), stats, hash_it)
   if damaged:  # newcomer pass 8: flipped or emptied shards; written again
     logging.warning("%s: %s; writing it again", shard.path, damaged)
     return None
@@ -407,8 +409,9 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
   done = {}
   if state != "new":
     _check_strays(out, shards, overwrite)
+    hash_it = prepared.hashes_checked(out, [epath.Path(s.path) for s in shards])
     for shard in shards:
-      stats = _finished_stats(shard, rid, overwrite)
+      stats = _finished_stats(shard, rid, overwrite, hash_it)
       if stats is not None:
         done[shard.name] = stats
   complete = all((out / f).exists() for f in (prepared.REPORT_FILE, prepared.COUNTS_FILE))

@@ -77,9 +77,10 @@ STOPPED_FILE = "stopped.json"
 # (https://github.com/google/array_record, "group_size"; TFDS writes the same).
 WRITER_OPTIONS = "group_size:1"
 _RERUN = "run lev-prepare-data --config=... again to complete it"
-# Every shard is hashed at each open while a dataset's shards together hold at most this
-# many bytes (sha256: about 2 s per GiB on one core); larger ones are checked by size,
-# and a shard damaged inside is named when it is read (`ShardSource`).
+# Every shard of a local dataset is hashed at each open (and lev-prepare-data's re-run)
+# while its shards together hold at most this many bytes (sha256: about 2 s per GiB on
+# one core); larger or remote ones are checked by size, and a shard damaged inside is
+# named when it is read (`ShardSource`).
 HASH_LIMIT_BYTES = 1 << 30
 _PREPARE_AGAIN = ("prepare the data again (lev-prepare-data --config=... rewrites what "
                   "was damaged)")
@@ -477,10 +478,19 @@ def shard_problem(shard: epath.Path, stats: dict, hash_it: bool = True) -> str |
   return None
 
 
+def hashes_checked(path: epath.Path, shards: Sequence[epath.Path]) -> bool:
+  """Whether the shards' sha256 are checked: a local dataset whose existing `shards`
+  hold at most HASH_LIMIT_BYTES together (a remote one would be downloaded at every
+  open; sizes are still checked)."""
+  if "://" in os.fspath(path):
+    return False
+  return sum(int(s.stat().length) for s in shards if s.exists()) <= HASH_LIMIT_BYTES
+
+
 def check_shards(path: epath.Path, builder, dataset_run_id: str) -> None:
   """Each shard listed in ``dataset_info.json`` exists, its ``prepare/{shard}.json``
-  records `dataset_run_id`, and it has the size (and, for datasets of at most
-  HASH_LIMIT_BYTES, the sha256) recorded there. Without ``prepare/`` (`LevText`
+  records `dataset_run_id`, and it has the size (and, for local datasets of at most
+  HASH_LIMIT_BYTES: `hashes_checked`, the sha256) recorded there. Without ``prepare/`` (`LevText`
   output) only existence is checked.
 
   Raises:
@@ -510,9 +520,9 @@ def check_shards(path: epath.Path, builder, dataset_run_id: str) -> None:
                         "shards of different runs never mix; prepare again into a new "
                         "folder (or with --overwrite)")
       listed.append((split, shard, stats))
-  total = sum(int(stats.get("num_bytes") or 0) for _, _, stats in listed)
+  hash_it = hashes_checked(path, [shard for _, shard, _ in listed])
   for split, shard, stats in listed:
-    why = shard_problem(shard, stats, hash_it=total <= HASH_LIMIT_BYTES)
+    why = shard_problem(shard, stats, hash_it)
     if why:
       raise DataError(f"{shard}: damaged shard of split {split!r}: {why}; "
                       f"{_PREPARE_AGAIN}")
