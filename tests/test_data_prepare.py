@@ -315,20 +315,26 @@ def test_damaged_shards_and_edited_counts_are_named_then_prepared_again(tmp_path
 
 def test_a_shard_damaged_inside_is_named_when_read(tmp_path, pile, monkeypatch):
   """Datasets above HASH_LIMIT_BYTES are checked by size at open; a read of a damaged
-  record raises DataError naming the dataset (was Riegeli's RuntimeError)."""
+  record raises DataError naming its shard and how to rewrite it (was Riegeli's
+  RuntimeError traceback)."""
   c = _config(tmp_path, pile)
   out = Path(c.data.prepared_dir)
   prepare(c)
-  shard = out / "lev_text-train.array_record-00000-of-00003"
+  shard = out / "lev_text-train.array_record-00001-of-00003"  # the 2nd: records 7, 8, ...
   data = bytearray(shard.read_bytes())
   for offset in range(64, 512):  # the first records' chunk: its hash no longer matches
     data[offset] ^= 0xFF
   shard.write_bytes(bytes(data))
   monkeypatch.setattr(prepared, "HASH_LIMIT_BYTES", 0)
   source = prepared.open_prepared(out).source("train")
-  with pytest.raises(DataError, match=f"^{out}: a shard of split 'train' cannot be read "
-                     r"\(.*\): it was damaged since preparation; prepare the data again"):
-    [source[i] for i in range(len(source))]  # pylint: disable=expression-not-assigned
+  with pytest.raises(DataError, match=f"^{shard}: damaged shard of split 'train': its record "
+                     r"0 cannot be read \(.*\); delete the file and run lev-prepare-data "
+                     r"--config=\.\.\. again, which writes it anew$"):
+    source.__getitems__(list(range(len(source))))
+  shard.unlink()  # as the line says
+  assert prepare(c)["written_shards"] == 1
+  source = prepared.open_prepared(out).source("train")
+  assert len(source.__getitems__(list(range(len(source))))) == len(source)
 
 
 def test_open_and_prepare_errors(tmp_path, pile):

@@ -360,48 +360,65 @@ class PreparedDataset:
                       f"{sorted(self.splits)}")
     if not self.splits[split]:  # ArrayRecordDataSource refuses an empty file list
       return []
-    return ShardSource(self._builder.as_data_source(split), os.fspath(self.path), split)
+    info = self._builder.info.splits[split]
+    count = len(info.shard_lengths)
+    return ShardSource(self._builder.as_data_source(split), split,
+                       [shard_path(self.path, split, i, count) for i in range(count)],
+                       info.shard_lengths)
 
 
 class ShardSource:
-  """A split's TFDS ArrayRecord data source whose read errors name the dataset.
+  """A split's TFDS ArrayRecord data source whose read errors name the damaged shard.
 
   ArrayRecord and Riegeli raise a bare RuntimeError for a shard damaged inside (e.g.
   "Corrupted Riegeli/records file: chunk data hash mismatch ..."), which reached the
   user as a traceback from the training loop; datasets above HASH_LIMIT_BYTES are not
-  hashed at open, so this is where such damage shows. Same protocol as the wrapped
-  source (grain's RandomAccessDataSource: ``len``, ``[i]``, ``__getitems__``); pickles.
+  hashed at open, so this is where such damage shows. Record i of the split is in the
+  shard whose cumulative record count first passes i (TFDS reads shards in order). Same
+  protocol as the wrapped source (grain's RandomAccessDataSource: ``len``, ``[i]``,
+  ``__getitems__``); pickles.
 
   Raises (on reads):
-    DataError: a read failed inside ArrayRecord / Riegeli, naming the dataset, the
-      split and the library's first line.
+    DataError: a read failed inside ArrayRecord / Riegeli: the shard file, the record
+      and the library's first line, and the fix (delete the shard; lev-prepare-data
+      writes it anew).
   """
 
-  def __init__(self, source, path: str, split: str):
-    self._source, self._path, self._split = source, path, split
+  def __init__(self, source, split: str, shards: Sequence[str], shard_lengths: Sequence[int]):
+    self._source, self._split = source, split
+    self._shards = [os.fspath(s) for s in shards]
+    self._ends = np.cumsum(np.asarray(shard_lengths, np.int64)).tolist()
 
   def __len__(self) -> int:
     return len(self._source)
 
-  def _damaged(self, error: RuntimeError) -> DataError:
+  def _damaged(self, error: RuntimeError, index: int) -> DataError:
     first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return DataError(f"{self._path}: a shard of split {self._split!r} cannot be read "
-                     f"({first}): it was damaged since preparation; {_PREPARE_AGAIN}")
+    shard = min(int(np.searchsorted(self._ends, index, side="right")), len(self._shards) - 1)
+    local = index - (self._ends[shard - 1] if shard else 0)
+    return DataError(f"{self._shards[shard]}: damaged shard of split {self._split!r}: its "
+                     f"record {local} cannot be read ({first}); delete the file and run "
+                     "lev-prepare-data --config=... again, which writes it anew")
 
   def __getitem__(self, index):
     try:
       return self._source[index]
     except RuntimeError as e:  # ArrayRecord / Riegeli: the only RuntimeErrors here
-      raise self._damaged(e) from e
+      raise self._damaged(e, int(index)) from e
 
   def __getitems__(self, indices):
     try:
       return self._source.__getitems__(indices)
     except RuntimeError as e:
-      raise self._damaged(e) from e
+      for index in indices:  # which one: read them one at a time
+        try:
+          self._source[index]
+        except RuntimeError as one:
+          raise self._damaged(one, int(index)) from e
+      raise self._damaged(e, int(indices[0])) from e
 
   def __repr__(self) -> str:
-    return f"ShardSource({self._path!r}, split={self._split!r})"
+    return f"ShardSource(split={self._split!r}, {len(self._shards)} shards)"
 
 
 def _not_finished(path: epath.Path, why: str) -> DataError:
