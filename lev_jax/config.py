@@ -583,6 +583,23 @@ def unknown_field(node, schema, prefix: str = "config") -> str | None:
   return None
 
 
+def missing_fields(node, schema, prefix: str = "config") -> list[str]:
+  """The sections and fields of `schema` (e.g. base_config()) that the config `node`
+  lacks: e.g. ["config.data", ..., "config.train"] for a ConfigDict holding only a name.
+  A section's own sub-sections (eval.downstream: one entry per task) are free-form and
+  not required."""
+  missing = []
+  for key, value in schema.items():
+    field = f"{prefix}.{key}"
+    if key not in node:
+      if not (prefix != "config" and isinstance(value, ml_collections.ConfigDict)):
+        missing.append(field)
+    elif prefix == "config" and isinstance(value, ml_collections.ConfigDict) and isinstance(
+        node[key], (ml_collections.ConfigDict, dict)):
+      missing += missing_fields(node[key], value, field)
+  return missing
+
+
 def validate(c: ml_collections.ConfigDict, *,
              allow_unknown: bool = False) -> ml_collections.ConfigDict:
   """Checks every field once; returns the config unchanged.
@@ -594,17 +611,25 @@ def validate(c: ml_collections.ConfigDict, *,
       an experiment file would leave the field it meant at its default).
   Raises:
     ConfigError: `c` is not a ConfigDict (e.g. a get_config returning a dict); a field
-      base_config() does not define (named, the closest names suggested); else naming
+      base_config() does not define (named, the closest names suggested) or one it
+      defines that `c` lacks (named); else naming
       the first bad field, its value and the allowed values (a nan or inf in any field
       of any section first).
   """
   if not isinstance(c, ml_collections.ConfigDict):
     raise ConfigError(f"the config is a {type(c).__name__}; expected an "
                       "ml_collections.ConfigDict (get_config returns one)")
+  base = base_config()
   if not allow_unknown:
-    unknown = unknown_field(c, base_config())
+    unknown = unknown_field(c, base)
     if unknown:
       raise ConfigError(unknown)
+  missing = missing_fields(c, base)
+  if missing:  # newcomer pass 9: a ConfigDict({"name": ...}) was a KeyError traceback
+    more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+    raise ConfigError(f"the config lacks {', '.join(missing[:6])}{more}; expected one built "
+                      "from lev_jax.config.base_config() with fields changed (as "
+                      "experiments/smoke.py builds them)")
   _check_finite(c)
   _check_seeds(c)
   m, lv, t = c.model, c.lev, c.train

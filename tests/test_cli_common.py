@@ -494,7 +494,7 @@ def test_eval_help_does_not_dump_the_config(helps):
 
 @pytest.mark.parametrize("overrides", [[], ["--config.train.steps=3"]])
 @pytest.mark.parametrize("value,kind", [("{'train': {'steps': 5}}", "a dict"),
-                                        ("42", "an int")])
+                                        ("42", "an int"), ("None", "None")])
 def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_path, overrides,
                                                      value, kind):
   """Issue 26: get_config returning a plain dict reached validate (AttributeError);
@@ -512,6 +512,19 @@ def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_pat
   assert e.value.code == 2 and err.count("\n") == 1, err
   assert err.startswith(f"lev-x: error: --config={path}: get_config returned {kind}; "
                         "expected an ml_collections.ConfigDict"), err
+
+
+def test_a_get_config_that_raises_names_the_file_and_line(monkeypatch, capsys, tmp_path):
+  """Newcomer pass 9: `lev-train: error: boom` did not say the config file raised."""
+  path = tmp_path / "raising.py"
+  path.write_text("def get_config(v=None):\n  raise ValueError('boom')\n")
+  monkeypatch.delitem(sys.modules, "config_config", raising=False)
+  argv = ["lev-x", f"--config={path}:x"]
+  with pytest.raises(SystemExit) as e:
+    _, parse = _config_command(monkeypatch, argv)
+    parse(argv)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err == f"lev-x: error: {path}:2: get_config raised ValueError: boom\n"
 
 
 def test_a_bad_boolean_or_a_missing_required_flag_is_one_plain_line(capsys):

@@ -296,3 +296,17 @@ def test_from_dict_names_the_source_and_the_field():
   with pytest.raises(ConfigError, match=r"^ckpt/2: the stored config is not valid: "
                      "config.model.embedding = 'tabled'"):
     from_dict(stored, "ckpt/2")
+
+
+def test_a_config_lacking_base_config_fields_is_one_line():
+  """Newcomer pass 9: get_config returning ConfigDict({"name": "x"}) was a KeyError
+  traceback ("'seed'") in lev-train and lev-params."""
+  import ml_collections  # noqa: PLC0415
+  with pytest.raises(ConfigError, match=r"^the config lacks config.data, config.eval, "
+                     r"config.lev, config.mesh, config.model, config.optim and 2 more; "
+                     "expected one built from lev_jax.config.base_config"):
+    validate(ml_collections.ConfigDict({"name": "x"}))
+  c = base_config()
+  del c.train["steps"]
+  with pytest.raises(ConfigError, match=r"^the config lacks config.train.steps; "):
+    validate(c)

@@ -617,7 +617,8 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
       rest = fv(argv)
     except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
       line = re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e))
-      fail(prog, override_value_error(argv, fv) or _bad_override_value(e, fv)
+      fail(prog, _get_config_raised(e, argv) or override_value_error(argv, fv)
+           or _bad_override_value(e, fv)
            or _override_without_config(e, fv) or _config_field_hint(e, fv)
            or _required_flag(e, fv) or _REPEATED_FLAG.sub("", line))
     except Exception as e:  # raised by ml_collections while it loads --config=FILE
@@ -627,6 +628,28 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
       fail(prog, problem)
     return rest
   return parse
+
+
+# absl's words for a config file whose get_config raised (ml_collections config_flags).
+_PARSING_CONFIG = "Error whilst parsing config file"
+_TRACEBACK_LINE = re.compile(r'File "(.+)", line (\d+)')
+
+
+def _get_config_raised(error: flags.Error, argv) -> str | None:
+  """`FILE:LINE: get_config raised ValueError: boom` when `error` is absl reporting that
+  the config file's get_config raised (its message ends with that traceback's text;
+  newcomer pass 9: the line was only "boom"); None for another error."""
+  path = _config_file(argv)
+  text = str(error)
+  if not path or _PARSING_CONFIG not in text:
+    return None
+  real = os.path.realpath(os.path.expanduser(path))
+  line = None
+  for m in _TRACEBACK_LINE.finditer(text):
+    if os.path.realpath(m.group(1)) == real:
+      line = m.group(2)
+  where = f"{path}:{line}" if line else f"--config={path}"
+  return f"{where}: get_config raised {_last_line(error)}"
 
 
 def config_first(argv: list[str]) -> list[str]:
@@ -893,18 +916,24 @@ def unknown_override(config, argv) -> str | None:
   return None
 
 
+_NOTHING = object()
+
+
 def _overridden_object(error: BaseException):
   """What ml_collections was applying the overrides to when `error` was raised: the
-  `config` local of its config_flags frames (None if there is none)."""
+  `config` local of its config_flags frames (`_NOTHING` if there is none; a get_config
+  returning None gives None)."""
   tb = error.__traceback__
+  found = _NOTHING
   while tb is not None:
     frame = tb.tb_frame
-    if frame.f_globals.get("__name__", "").startswith("ml_collections.config_flags"):
-      config = frame.f_locals.get("config")
-      if config is not None:
-        return config
+    if (frame.f_globals.get("__name__", "").startswith("ml_collections.config_flags")
+        and "config" in frame.f_locals):
+      found = frame.f_locals["config"]
+      if found is not None:
+        return found
     tb = tb.tb_next
-  return None
+  return found
 
 
 def _config_being_overridden(error: BaseException):
@@ -918,8 +947,8 @@ def _not_a_config_dict_line(given: str, value) -> str:
   """`--config=GIVEN: get_config returned an int; expected an ml_collections.ConfigDict
   ...` for a get_config whose result `value` is not a ConfigDict."""
   name = type(value).__name__
-  article = "an" if name[:1].lower() in "aeiou" else "a"
-  return (f"--config={given}: get_config returned {article} {name}; expected an "
+  what = "None" if value is None else f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+  return (f"--config={given}: get_config returned {what}; expected an "
           "ml_collections.ConfigDict (e.g. config.base_config() with fields changed, as "
           "experiments/smoke.py builds them)")
 
@@ -930,7 +959,7 @@ def _overrides_on_a_non_config(error: BaseException, argv) -> str | None:
   with --config.train.steps=3 was "Attribute <class 'int'>.train does not exist")."""
   value = _overridden_object(error)
   path = _config_file(argv)
-  if value is None or isinstance(value, ml_collections.ConfigDict) or not path:
+  if value is _NOTHING or isinstance(value, ml_collections.ConfigDict) or not path:
     return None
   return _not_a_config_dict_line(path, value)
 
