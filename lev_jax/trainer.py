@@ -46,7 +46,7 @@ from lev_jax.checkpoint_checks import (CheckpointCorruptError, config_difference
                                        result_fields, verify_manifest)
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
-from lev_jax.data.tokenizer_files import save_tokenizer
+from lev_jax.data.tokenizer_files import TOKENIZER_JSON, save_tokenizer
 from lev_jax.eval.evaluate import coverage, evaluate
 from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
@@ -58,8 +58,8 @@ from lev_jax.train import abstract_state, init_state, make_eval_step, make_train
 from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, ERRORS_LOG, EVAL_JSON, LOCK,
                              METRICS, PROFILE, PROFILE_TRACES, RUN_OUTPUTS, TOKEN_COUNTS,
                              TOKENIZER, OutputWriteError, eval_record_problem,
-                             is_prepared_data, loads_json, readable_rows,
-                             write_json_atomic)
+                             is_prepared_data, loads_json, read_small_text,
+                             readable_rows, write_json_atomic)
 
 
 @contextlib.contextmanager
@@ -169,9 +169,10 @@ class _StopSignals:
     if signum == signal.SIGINT and self.requested is not None:
       first = signal.Signals[self.requested]
       after = "again" if first == signal.SIGINT else f"after {first.name}"
-      os.write(2, f"\nCtrl-C {after}: aborted at once, no checkpoint of this step; the "
-               "latest complete checkpoint is kept (a partial one is removed when the "
-               "run is restarted)\n".encode())
+      os.write(2, f"\nCtrl-C {after}: aborted at once, no checkpoint of this step; "
+               "earlier complete checkpoints are kept, if there are any (a partial one is "
+               "removed when the run is restarted; with none, the re-run starts at step "
+               "0)\n".encode())
       workdir_lock.release_held()  # a new workdir holding only its lock is not kept
       os._exit(128 + first)  # the first signal's status: 130, or 143 after SIGTERM
     if signum == signal.SIGINT:
@@ -301,6 +302,44 @@ def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
     if ((p.is_dir() and not os.access(p, os.W_OK | os.X_OK)) or
         (p.name == METRICS and not os.access(p, os.W_OK))):
       raise ConfigError(f"{p}: is not writable")
+
+
+def _recorded_fingerprint(workdir: epath.Path) -> tuple[str, str] | None:
+  """(fingerprint, where) of the tokenizer a run in `workdir` trained with:
+  data_report.json's "tokenizer_fingerprint" (written at the run's start), else
+  tokenizer/tokenizer.json's; None when neither is readable."""
+  for path, key in ((workdir / DATA_REPORT, "tokenizer_fingerprint"),
+                    (workdir / TOKENIZER / TOKENIZER_JSON, "fingerprint")):
+    try:
+      value = loads_json(read_small_text(path)).get(key)
+    except (OSError, ValueError, AttributeError):
+      continue
+    if isinstance(value, str) and value:
+      return value, str(path)
+  return None
+
+
+def _check_resumed_tokenizer(workdir: epath.Path, tokenizer) -> None:
+  """A resumed run's data gives the tokenizer it trained with (newcomer pass 9: after
+  data.prepared_dir was prepared again with other files, a resume trained on under a
+  new vocabulary and replaced the run's tokenizer/).
+
+  Raises:
+    ConfigError: the run has checkpoints and the fingerprint it recorded
+      (`_recorded_fingerprint`) differs from `tokenizer`'s; nothing was changed.
+  """
+  checkpoints = workdir / CHECKPOINTS
+  if not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
+    return
+  recorded = _recorded_fingerprint(workdir)
+  if recorded is None or recorded[0] == tokenizer.fingerprint:
+    return
+  raise ConfigError(
+      f"--workdir={workdir}: this run trained with tokenizer {recorded[0][:16]} "
+      f"({recorded[1]}), but config.data now gives tokenizer {tokenizer.fingerprint[:16]}: "
+      "the data or its tokenizer changed since (e.g. data.prepared_dir prepared again), "
+      "and resuming would mix two vocabularies. Nothing was changed: restore the run's "
+      "data, or train in a new --workdir")
 
 
 def _check_run_folder(workdir: epath.Path) -> None:
@@ -512,8 +551,8 @@ def _finished_eval(path: epath.Path, step: int, warn: bool = True) -> dict | Non
   problem = eval_record_problem(finished, readable_rows(path.parent))
   if problem:  # newcomer pass 8: an edited perplexity was quoted as the run's result
     if warn:
-      logging.warning("%s: %s: the file was edited or replaced; evaluating again", path,
-                      problem)
+      logging.warning("%s: %s: one of the two was edited; evaluating step %d again (its "
+                      "row is appended to %s)", path, problem, step, METRICS)
     return None
   return finished
 
@@ -756,6 +795,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   _check_workdir(workdir, profile=bool(t.profile_steps) and t.profile_steps[1] > 0)
   _check_run_folder(workdir)
   bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree
+  _check_resumed_tokenizer(workdir, bundle.tokenizer)
   bundle.eval_data()  # DataError now, not after training, if validation is too small
   part = partition(config)
   _check_state_fits(part)

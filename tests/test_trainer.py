@@ -318,6 +318,15 @@ def test_a_streamed_run_reports_its_counts_at_every_checkpoint(tmp_path, caplog)
   assert first["counted_at_step"] == 1 and first["counted"]["train"] == "partial"
   assert 1 <= first["train"]["documents"] < 6 and first["train"]["tokens"] > 0
   assert first["validation"]["count"] == "partial" and first["validation"]["documents"] >= 1
+  # newcomer pass 9: a resume on data with another tokenizer trained on (two vocabularies)
+  report_text = (run / "data_report.json").read_text()
+  recorded = first["tokenizer_fingerprint"]
+  (run / "data_report.json").write_text(report_text.replace(recorded, "0" * 64))
+  with pytest.raises(ConfigError, match=f"^--workdir={run}: this run trained with tokenizer "
+                     f"{'0' * 16} .*data_report.json\\), but config.data now gives tokenizer "
+                     f"{recorded[:16]}: the data or its tokenizer changed since"):
+    train_and_evaluate(c, run)
+  (run / "data_report.json").write_text(report_text)
   with caplog.at_level("INFO"):
     train_and_evaluate(c, run)  # resumes with the counts of checkpoint 1
   # Issue 13.9f: the eval log line says how much of the validation split was read.
@@ -355,14 +364,15 @@ def test_an_edited_eval_json_is_not_taken_as_the_finished_result(tmp_path, caplo
     path.write_text(json.dumps({**result, **edit}))
     caplog.clear()
     assert trainer._finished_eval(path, 4) is None
-    assert caplog.messages == [f"{path}: {what}: the file was edited or replaced; "
-                               "evaluating again"]
+    assert caplog.messages == [f"{path}: {what}: one of the two was edited; evaluating "
+                               "step 4 again (its row is appended to metrics.jsonl)"]
   path.write_text(json.dumps(result))
   (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 4, "train/loss": 7.0}) + "\n")
   caplog.clear()
   assert trainer._finished_eval(path, 4) is None
-  assert caplog.messages == [f"{path}: metrics.jsonl holds no evaluation at step 4: the file "
-                             "was edited or replaced; evaluating again"]
+  assert caplog.messages == [f"{path}: metrics.jsonl holds no evaluation at step 4: one of "
+                             "the two was edited; evaluating step 4 again (its row is "
+                             "appended to metrics.jsonl)"]
 
 
 def test_an_unreadable_eval_json_is_warned_about_once(tmp_path, caplog, monkeypatch):
@@ -508,8 +518,9 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line():
   assert proc.stderr.strip().splitlines() == [
       "Ctrl-C: saving a checkpoint of the current step, then stopping (Ctrl-C again "
       "aborts at once)", "",
-      "Ctrl-C again: aborted at once, no checkpoint of this step; the latest complete "
-      "checkpoint is kept (a partial one is removed when the run is restarted)"]
+      "Ctrl-C again: aborted at once, no checkpoint of this step; earlier complete "
+      "checkpoints are kept, if there are any (a partial one is removed when the run is "
+      "restarted; with none, the re-run starts at step 0)"]
   from lev_jax.trainer import _StopSignals
   stop = _StopSignals()  # in this process: installed, then the previous handlers back
   with ctrl_c_not_ignored():
