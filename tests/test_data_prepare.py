@@ -301,6 +301,21 @@ def test_damaged_shards_and_edited_counts_are_named_then_prepared_again(tmp_path
   assert prepare(c)["written_shards"] == 0  # finished again from the shards' counts
   assert (out / "token_counts.npy").read_bytes() == counts
 
+  # newcomer pass 9: a re-run said "0 shard(s) written" over a replaced tokenizer/
+  metadata_text = (out / "metadata.json").read_text()
+  metadata = json.loads(metadata_text)
+  metadata["tokenizer"]["fingerprint"] = "0" * 64
+  (out / "metadata.json").write_text(json.dumps(metadata))
+  with pytest.raises(DataError, match=r"tokenizer: tokenizer fingerprint .* differs from "
+                     r"0000000000000000 in .*metadata.json: the tokenizer does not belong to "
+                     r"this data; restore the folder, or prepare the data again"):
+    prepared.open_prepared(out).tokenizer  # pylint: disable=expression-not-assigned
+  with pytest.raises(DataError, match=r"tokenizer: tokenizer fingerprint .* differs from "
+                     r"0000000000000000, the one the shards were written with .*: the folder "
+                     "was replaced; restore it, or prepare the data again with --overwrite"):
+    prepare(c)
+  (out / "metadata.json").write_text(metadata_text)
+
   report = json.loads((out / "report.json").read_text())
   report["splits"]["validation"]["tokens"] += 1000
   (out / "report.json").write_text(json.dumps(report))
@@ -467,6 +482,14 @@ def test_cli_summary_and_strict_error(tmp_path, pile, capsys, monkeypatch):
   assert f"{root / 'train' / 'a.jsonl'}:2" in err
   status, _, err = _cli(args, capsys, monkeypatch)  # no prepared_dir, no --output_dir
   assert status == 2 and "config.data.prepared_dir" in err
+  # newcomer pass 9: a dataset written inside another dataset (or a run, an export)
+  status, _, err = _cli([*args, f"--output_dir={tmp_path / 'cli' / 'sub'}"], capsys,
+                        monkeypatch)
+  assert status == 2 and err == (
+      f"lev-prepare-data: error: --output_dir={tmp_path / 'cli' / 'sub'}: is inside "
+      f"{tmp_path / 'cli'}, lev-prepare-data's output (prepared data; only lev-prepare-data "
+      "writes there); expected a path outside it\n")
+  assert not (tmp_path / "cli" / "sub").exists()
 
 
 def test_tfds_builder_writes_a_dataset_open_prepared_reads(tmp_path, pile):

@@ -82,8 +82,9 @@ def main(argv):
   try:
     validate(config)  # before the folder or its lock is created
     output_dir = flags.FLAGS.output_dir or config.data.prepared_dir
-    inside = output_dir and common.checkpoint_tree_error(
-        "--output_dir" if flags.FLAGS.output_dir else "config.data.prepared_dir", output_dir)
+    flag = "--output_dir" if flags.FLAGS.output_dir else "config.data.prepared_dir"
+    inside = output_dir and (common.checkpoint_tree_error(flag, output_dir)
+                             or common.within_owned_folder_error(flag, output_dir))
     if inside:
       common.fail(PROG, inside)
     # The lock sits beside the folder: --overwrite removes the folder itself.

@@ -218,6 +218,14 @@ def _finished_run_id(out: epath.Path) -> str | None:
     return None
 
 
+def _finished_fingerprint(out: epath.Path) -> str | None:
+  """The tokenizer fingerprint a finished dataset's metadata.json records, or None."""
+  try:
+    return json.loads((out / "metadata.json").read_text())["tokenizer"]["fingerprint"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
 def _claim_folder(out: epath.Path, rid: str, overwrite: bool) -> str:
   """"new", "resume" or "finished" (same run); removes another run's data only when
   `overwrite`; DataError otherwise (see `prepare`)."""
@@ -292,7 +300,7 @@ def _opens(out: epath.Path) -> bool:
   e.g. an edited token_counts.npy); when not, the reason is logged and it is finished
   again (its report, counts and metadata rewritten from the shards' own)."""
   try:
-    prepared.open_prepared(out)
+    prepared.open_prepared(out).tokenizer  # noqa: B018 (its fingerprint is checked)
   except DataError as e:
     logging.warning("%s; finishing it again", e)
     return False
@@ -430,6 +438,12 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
   saved = None
   if state != "new" and (tok_dir / tokenizer_files.TOKENIZER_JSON).exists():
     saved = tokenizer_files.load_tokenizer(tok_dir)
+    recorded = _finished_fingerprint(out) if state == "finished" else None
+    if recorded and saved.fingerprint != recorded:  # newcomer pass 9: "0 shards written"
+      raise DataError(f"{tok_dir}: tokenizer fingerprint {saved.fingerprint[:16]} differs "
+                      f"from {recorded[:16]}, the one the shards were written with "
+                      f"({out / 'metadata.json'}): the folder was replaced; restore it, or "
+                      "prepare the data again with --overwrite")
     if tokenizer is not None and saved.fingerprint != tokenizer.fingerprint:
       raise DataError(f"{tok_dir}: holds another tokenizer than config.data names "
                       "(fingerprints differ); remove the folder or pass --overwrite")

@@ -324,7 +324,8 @@ class PreparedDataset:
       raise DataError(f"{self.path / TOKENIZER_DIR}: tokenizer fingerprint "
                       f"{tokenizer.fingerprint[:16]} differs from {recorded[:16]} in "
                       f"{self.path / 'metadata.json'}: the tokenizer does not belong to "
-                      "this data")
+                      "this data; restore the folder, or prepare the data again "
+                      "(lev-prepare-data --config=... --overwrite)")
     return tokenizer
 
   @property
@@ -651,7 +652,9 @@ def open_prepared(path) -> PreparedDataset:
     vocab = int((metadata.get("tokenizer") or {}).get("vocab_size", -1))
     if counts_V.shape != (vocab,) or counts_V.dtype != np.int64:
       raise DataError(f"{path / COUNTS_FILE}: {counts_V.dtype} {counts_V.shape}; expected "
-                      f"int64 ({vocab},) (the tokenizer's vocab_size)")
+                      f"int64 ({vocab},), the tokenizer's vocab_size in "
+                      f"{path / 'metadata.json'}: one of the two was edited or replaced; "
+                      f"{_PREPARE_AGAIN}")
     check_token_counts(path, counts_V, builder)
   splits = {name: int(info.num_examples) for name, info in builder.info.splits.items()}
   return PreparedDataset(path=path, metadata=metadata, format=fmt, splits=splits,
