@@ -72,6 +72,13 @@ def test_an_output_inside_a_saved_checkpoint_is_one_line(tmp_path, capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err.startswith(
         f"lev-compile: error: --{flag}={path}: is inside {tmp_path / 'run' / 'checkpoints'}")
+  (tmp_path / "exp").mkdir()  # newcomer pass 9: --json inside an export passed
+  (tmp_path / "exp" / "export.json").write_text("{}")
+  with pytest.raises(SystemExit):
+    compile_cli._check_outputs(json_path=str(tmp_path / "exp" / "c.json"), dump_hlo=None)
+  assert capsys.readouterr().err.startswith(
+      f"lev-compile: error: --json={tmp_path / 'exp' / 'c.json'}: is inside "
+      f"{tmp_path / 'exp'}, an export (only lev-export writes there)")
 
 
 def test_a_topology_error_names_the_flag():

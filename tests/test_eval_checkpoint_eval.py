@@ -1,6 +1,7 @@
 """lev-eval: perplexity and frequency buckets of a checkpoint, overrides, baseline, CLI."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -157,6 +158,43 @@ def test_an_output_inside_a_saved_checkpoint_is_refused(tmp_path, capsys):
         f"lev-eval: error: --output={output}: is {output}, a run's own file (only that "
         "run's lev-train writes it); expected another path")
   eval_cli._check_output_writable(None, str(tmp_path / "run"))  # lev_eval.json: its own
+  # newcomer pass 9: into another run's folder (as its lev_eval.json), or an export's
+  (tmp_path / "exp").mkdir()
+  (tmp_path / "exp" / "export.json").write_text("{}")
+  for folder, what in (("run", "a training run's folder (only its lev-train writes there)"),
+                       ("exp", "an export (only lev-export writes there)")):
+    output = str(tmp_path / folder / "lev_eval.json")
+    with pytest.raises(SystemExit):
+      eval_cli._check_output_writable(output, str(tmp_path / "other"))
+    assert capsys.readouterr().err.strip() == (
+        f"lev-eval: error: --output={output}: is inside {tmp_path / folder}, {what}; "
+        "expected a path outside it")
+    eval_cli._check_output_writable(output, str(tmp_path / folder))  # its own: fine
+  (tmp_path / "prep").mkdir()
+  (tmp_path / "prep" / "dataset_info.json").write_text("{}")
+  with pytest.raises(SystemExit):  # newcomer pass 9: the default --output was named
+    eval_cli._check_output_writable(None, str(tmp_path / "prep"))
+  assert capsys.readouterr().err.strip() == (
+      f"lev-eval: error: --checkpoint={tmp_path / 'prep'}: is prepared data "
+      "(lev-prepare-data's output), not a checkpoint; expected a lev-train workdir or a "
+      "lev-export folder")
+
+
+def test_a_folder_s_lev_eval_json_of_another_checkpoint_is_no_baseline(tmp_path):
+  """Newcomer pass 9: a lev_eval.json put in a run's folder by `lev-eval --output` was
+  compared as that run's result."""
+  (tmp_path / "tied").mkdir()
+  (tmp_path / "tied" / "lev_eval.json").write_text(json.dumps(
+      {"checkpoint": str(tmp_path / "other"), "validation": {}, "data": {}}))
+  with pytest.raises(ConfigError, match=re.escape(
+      f"--baseline={tmp_path / 'tied'}: {tmp_path / 'tied' / 'lev_eval.json'} is the result "
+      f"of {tmp_path / 'other'}, not of this folder (lev-eval --output put it there); "
+      f"expected the folder's own (lev-eval --checkpoint={tmp_path / 'tied'})")):
+    checkpoint_eval._read_baseline(tmp_path / "tied")
+  (tmp_path / "tied" / "lev_eval.json").write_text(json.dumps(
+      {"checkpoint": str(tmp_path / "tied"), "validation": {}, "data": {}}))
+  assert checkpoint_eval._read_baseline(tmp_path / "tied")[1] == str(
+      tmp_path / "tied" / "lev_eval.json")
 
 
 def test_an_existing_output_that_is_not_a_lev_eval_result_is_kept(tmp_path, capsys):

@@ -265,18 +265,22 @@ def _run_folder(folder: str) -> str | None:
   return None
 
 
-def within_owned_folder_error(flag: str, path: str) -> str | None:
+def within_owned_folder_error(flag: str, path: str, own: str | None = None) -> str | None:
   """The one line when the local path `path` (of flag `flag`, e.g. "--output"), a new
   folder or file a command writes, lies inside a training run's folder, an export or
   lev-prepare-data's output (its parent folder is one, or inside one: `_run_folder`,
   `_export_folder`): only their own command writes there, and a later --overwrite of
   the outer one deletes what was put inside (newcomer pass 8: an export nested in an
   export was removed without a word). `path` itself being one is the caller's to
-  judge. None elsewhere, or for a remote URL."""
+  judge; `own` (a local folder: the run or export a command reads, e.g. lev-eval's
+  --checkpoint) is allowed. None elsewhere, or for a remote URL."""
   if "://" in path:
     return None
   parent = os.path.dirname(os.path.realpath(os.path.expanduser(path)))
   found = _enclosing(parent, lambda folder: _export_folder(folder) or _run_folder(folder))
+  if found and own and "://" not in own and found[0] == os.path.realpath(
+      os.path.expanduser(own)):
+    return None
   return found and _is_inside_line(flag, path, found)
 
 

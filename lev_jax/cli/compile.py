@@ -69,8 +69,9 @@ def _check_outputs(json_path: str | None, dump_hlo: str | None) -> None:
   for flag, path in (("--json", json_path), ("--dump_hlo", dump_hlo)):
     if path is not None and not path.strip():
       common.fail(PROG, f"{flag} is empty: expected a path")
-    inside = path and common.checkpoint_tree_error(flag, path)
-    if inside:
+    inside = path and (common.checkpoint_tree_error(flag, path)
+                       or common.within_owned_folder_error(flag, path))
+    if inside:  # newcomer pass 9: --json inside an export passed
       common.fail(PROG, inside)
   if json_path:
     parent = os.path.dirname(os.path.abspath(json_path))

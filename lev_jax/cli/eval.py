@@ -41,7 +41,7 @@ from ml_collections import config_flags
 from lev_jax.cli import common
 from lev_jax.config import DTYPES, base_config
 from lev_jax.eval.checkpoint_eval import evaluate_checkpoint
-from lev_jax.workdir import LEV_EVAL_JSON, read_small_text, write_json_atomic
+from lev_jax.workdir import LEV_EVAL_JSON, is_prepared_data, read_small_text, write_json_atomic
 
 PROG = "lev-eval"
 
@@ -142,8 +142,14 @@ def _check_output_writable(output: str | None, checkpoint: str) -> None:
   flag = f"--output={output}" if output else f"--output (default {path})"
   if "://" in str(folder):
     return
-  inside = output and common.checkpoint_tree_error("--output", output)
-  if inside:
+  if "://" not in checkpoint and is_prepared_data(checkpoint):  # newcomer pass 9: its
+    common.fail(PROG, f"--checkpoint={checkpoint}: is prepared data (lev-prepare-data's "
+                "output), not a checkpoint; expected a lev-train workdir or a lev-export "
+                "folder")  # default --output in it was named instead
+  inside = output and (common.checkpoint_tree_error("--output", output)
+                       or common.within_owned_folder_error("--output", output,
+                                                           own=checkpoint))
+  if inside:  # newcomer pass 9: into another run's or export's folder
     common.fail(PROG, inside)
   if path.is_dir():
     common.fail(PROG, f"{flag}: is a folder; expected the result file's path, e.g. "

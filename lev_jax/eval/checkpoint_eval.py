@@ -163,15 +163,17 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
     ConfigError: no such file or folder, not a regular file (a device, a pipe), no
       lev_eval.json in the folder, unreadable (more than workdir.SMALL_FILE_LIMIT
       bytes, not UTF-8, not JSON), or holding no validation result (lev-train's
-      eval.json named as such); or (unless
+      eval.json named as such); a folder's lev_eval.json recording another checkpoint;
+      or (unless
       allow_different_data) not recording the data it was evaluated on.
   """
   path = epath.Path(baseline_path)
   if not path.exists():
     raise ConfigError(f"--baseline={baseline_path}: no such file or folder (expected "
                       f"another run's {LEV_EVAL_JSON}, or the folder holding it)")
+  folder = None
   if path.is_dir():
-    path = path / LEV_EVAL_JSON
+    folder, path = path, path / LEV_EVAL_JSON
   local = "://" not in os.fspath(path)
   if local and os.path.exists(path) and not os.path.isfile(path):  # /dev/zero never ends
     raise ConfigError(f"--baseline={baseline_path}: {path} is not a regular file; expected "
@@ -189,6 +191,12 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
                         "or the folder holding it")
     raise ConfigError(f"--baseline={path}: it holds no validation result to compare with "
                       f"(expected a {LEV_EVAL_JSON} written by lev-eval)")
+  recorded = base.get("checkpoint")
+  if (folder is not None and isinstance(recorded, str) and "://" not in recorded
+      and local and os.path.realpath(recorded) != os.path.realpath(folder)):
+    raise ConfigError(f"--baseline={baseline_path}: {path} is the result of {recorded}, "
+                      f"not of this folder (lev-eval --output put it there); expected the "
+                      f"folder's own (lev-eval --checkpoint={folder})")
   if not isinstance(base.get("data"), dict) and not allow_different_data:
     raise ConfigError(f"--baseline={path}: it does not record the data it was evaluated "
                       "on (written by an older lev-eval); re-run lev-eval on the baseline, "
