@@ -400,6 +400,12 @@ def test_open_and_prepare_errors(tmp_path, pile):
     prepared.open_prepared(tmp_path / "out_empty_val")
   prepare(_config(tmp_path, pile), output_dir=tmp_path / "out_empty_val", overwrite=True)
   assert not (tmp_path / "out_empty_val" / "prepare" / prepared.STOPPED_FILE).exists()
+  fake = tmp_path / "fake.jsonl.zst"  # newcomer pass 9: only "truncated_file 1"
+  fake.write_bytes(b"this is not zstd " * 50)
+  with pytest.raises(DataError, match=r"fake.jsonl.zst gave no document \(truncated_file 1: "
+                     r"a .zst that zstd could not read to its end, truncated, damaged or not "
+                     r"zstd at all\)"):
+    prepare(_config(tmp_path, pile, train_files=(str(fake),)), output_dir=tmp_path / "out_z")
   for tokenizer in ("bytes", "sentencepiece"):
     c = _config(tmp_path, pile, train_files=(str(garbage),), tokenizer=tokenizer)
     c.model.vocab_size = 259 if tokenizer == "bytes" else 512

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -508,10 +509,11 @@ def _empty_split_line(split: str, split_files, report: dict, subsets: tuple) -> 
   skipped, and what a line must hold."""
   shown = ", ".join(os.fspath(f) for f in split_files[:3])
   more = f" and {len(split_files) - 3} more" if len(split_files) > 3 else ""
-  return (f"config.data.{_FIELDS[split]}: {shown}{more} gave no document "
-          f"({describe_skipped(report)}); expected Pile-format JSONL lines with a string "
-          '"text" field' + (f" in the subsets config.data.pile_set_names = {subsets}"
-                            if subsets else ""))
+  skipped = re.sub(r"(truncated_file [\d,]+)", r"\1: a .zst that zstd could not read to "
+                   "its end, truncated, damaged or not zstd at all", describe_skipped(report))
+  return (f"config.data.{_FIELDS[split]}: {shown}{more} gave no document ({skipped}); "
+          'expected Pile-format JSONL lines with a string "text" field'
+          + (f" in the subsets config.data.pile_set_names = {subsets}" if subsets else ""))
 
 
 def _finish(out: epath.Path, fmt: str, rid: str, identity: dict, tok_info: dict,
