@@ -647,6 +647,9 @@ def _get_config_raised(error: flags.Error, argv) -> str | None:
   text = str(error)
   if not path or _PARSING_CONFIG not in text:
     return None
+  own = re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(error))
+  if os.path.basename(path) in own:  # the file's own words name it (an unknown variant)
+    return own
   real = os.path.realpath(os.path.expanduser(path))
   line = None
   for m in _TRACEBACK_LINE.finditer(text):
