@@ -74,7 +74,8 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
       a file; OUTPUT is a non-empty folder that is not an earlier export (no
       EXPORT_JSON in it: a training run, the user's files), `overwrite` or not; OUTPUT
       is an earlier export and not `overwrite`, or one holding files lev-export did not
-      write (lev-eval's lev_eval.json aside: it goes with the export it evaluated);
+      write (lev-eval's lev_eval.json among them: it scores the export being replaced,
+      so --overwrite names it rather than delete it);
       OUTPUT lies inside a run's folder, an export or prepared data
       (common.within_owned_folder_error); a local OUTPUT is a symbolic link
       (dangling or not: the rename into place would replace the link; its target named).
@@ -108,11 +109,13 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
                      "replaces an earlier export)")
   if nonempty and not overwrite:
     raise ValueError(f"--output={output} is not empty; pass --overwrite to replace it")
-  foreign = sorted(held - set(common.EXPORT_OUTPUTS) - {LEV_EVAL_JSON})
+  foreign = sorted(held - set(common.EXPORT_OUTPUTS))
   if foreign:  # newcomer pass 8: --overwrite deleted a nested export without a word
+    scores = (f" ({LEV_EVAL_JSON} scores the export being replaced)"
+              if LEV_EVAL_JSON in foreign else "")
     raise ValueError(f"--output={output} is an earlier export that also holds "
-                     f"{', '.join(foreign)}, which lev-export did not write; --overwrite "
-                     "replaces the whole folder: move them aside first")
+                     f"{', '.join(foreign)}, which lev-export did not write{scores}; "
+                     "--overwrite replaces the whole folder: move them aside first")
 
 
 def output_error(output: str, error: OSError) -> str | None:
