@@ -307,8 +307,9 @@ def _verify_export(root: epath.Path, info: dict, config_json: bool) -> None:
 
   Raises:
     InferenceError: the checksums are not {file: hex digest}, a listed file is missing
-      (token_counts.npy aside: without it the data's counts are used), its size or sha256 differs, or a file of params/ or tokenizer/ is not listed: one
-      line naming the file and saying to export the checkpoint again.
+      (token_counts.npy aside: without it the data's counts are used), its size or
+      sha256 differs, or a file of params/ or tokenizer/ is not listed: one line naming
+      the file and saying to export the checkpoint again.
   """
   record = root / EXPORT_JSON
   sums = info.get("checksums")

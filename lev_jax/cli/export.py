@@ -19,12 +19,15 @@ back the earlier export a kill left aside while replacing it).
 
 The source checkpoint is only read. A non-empty OUTPUT is refused unless it is an
 earlier export (holding export.json) and --overwrite is given (the old folder is
-replaced only once the new export is complete); OUTPUT may not be
-the checkpoint, inside it, or hold it. One export per OUTPUT: it holds PARENT/.NAME.lock
-beside OUTPUT (lev_jax.lock; OUTPUT itself is replaced by a rename), and a second
-export to the same OUTPUT stops at once naming the holder; --force_unlock removes a
-lock left by a run on another host that is gone; --nolock writes without the lock (a
-filesystem without flock).
+replaced only once the new export is complete); an earlier export holding files
+lev-export did not write (lev-eval's lev_eval.json among them) is refused, naming them.
+OUTPUT may not be the checkpoint, inside it, or hold it. export.json records the sha256
+of every file and the tokenizer's fingerprint, which every load checks.
+
+One export per OUTPUT: it holds PARENT/.NAME.lock beside OUTPUT (lev_jax.lock; OUTPUT
+itself is replaced by a rename), and a second export to the same OUTPUT stops at once
+naming the holder; --force_unlock removes a lock left by a run on another host that is
+gone; --nolock writes without the lock (a filesystem without flock).
 """
 
 from __future__ import annotations
