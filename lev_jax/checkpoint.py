@@ -574,6 +574,29 @@ def read_params(directory, abstract_params):
   return ocp.StandardCheckpointer().restore(epath.Path(directory), abstract_params)
 
 
+def params_shape_differences(directory, abstract_params) -> list[str]:
+  """How the parameter tree `write_params` saved in `directory` differs in shape from
+  `abstract_params` (read from Orbax's metadata alone: no array is read), so a restore
+  that cannot fit is refused before it starts (a failed restore leaves tensorstore
+  coroutines that print tracebacks at exit).
+
+  Returns:
+    One line per differing leaf, in tree order: "NAME: stored (32, 4), expected (64, 4)",
+    "NAME: not stored", "NAME: stored, not expected"; [] when they fit.
+  Raises:
+    Orbax / tensorstore errors (any type): a missing or damaged folder.
+  """
+  stored = ocp.StandardCheckpointer().metadata(epath.Path(directory))
+  stored = getattr(stored, "item_metadata", stored)  # StepMetadata (Orbax >= 0.11)
+  have = {_name(p): tuple(m.shape) for p, m in jax.tree_util.tree_flatten_with_path(stored)[0]
+          if hasattr(m, "shape")}
+  want = {_name(p): tuple(a.shape)
+          for p, a in jax.tree_util.tree_flatten_with_path(abstract_params)[0]}
+  out = [f"{n}: stored {have[n]}, expected {s}" if n in have else f"{n}: not stored"
+         for n, s in want.items() if have.get(n) != s]
+  return out + [f"{n}: stored, not expected" for n in have if n not in want]
+
+
 def latest_config_file(directory) -> epath.Path | None:
   """The file holding the config item of the highest step folder of a `Checkpointer`
   folder (Orbax's JsonCheckpointHandler: <step>/config/metadata, plain JSON), for

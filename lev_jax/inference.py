@@ -21,6 +21,14 @@ source checkpoint is only read. An export killed midway (kill -9) leaves that te
 (`.NAME.tmp-<pid>@<host>-<hex>`), or, killed while replacing an earlier export, that one
 aside (`.NAME.old-...`): the next export to NAME cleans them up (`clean_stale`).
 
+export.json records the sha256 and size of every file written before it ("checksums",
+as a checkpoint step's checksums.json) and the tokenizer's fingerprint
+("tokenizer_fingerprint"). Loading an export checks them before restoring (hashing the
+files it reads at every load: params/, config.json, tokenizer/, token_counts.npy, not
+hf/), then the shapes config.json gives against params/'s stored ones, then that every
+restored value is finite: a damaged, edited or swapped file is one InferenceError line
+naming it. An export made before the checksums were recorded loads with a warning.
+
 The folder names are lev_jax.workdir's; every Orbax read and write is
 lev_jax.checkpoint's (`CheckpointReader`, `write_params`, `read_params`). Source: Flax
 NNX docs, "nnx.split / nnx.merge".
@@ -54,11 +62,16 @@ from lev_jax.embeddings import input_table
 from lev_jax.lock import _pid_running
 from lev_jax.model import Decoder
 from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, EXPORT_CONFIG, EXPORT_JSON,
-                             EXPORT_PARAMS, LOCK, PREPARED_INFO, RUN_OUTPUTS, TOKEN_COUNTS,
-                             TOKENIZER, is_prepared_data, loads_json, read_small_text,
-                             write_json_atomic)
+                             EXPORT_PARAMS, HF, LOCK, PREPARED_INFO, RUN_OUTPUTS,
+                             TOKEN_COUNTS, TOKENIZER, file_sha256, is_prepared_data,
+                             loads_json, read_small_text, write_json_atomic)
 
 EXPORT_FORMAT = "lev_jax.inference/1"
+
+# The export's folders whose every file `load` reads and export.json must list.
+_CHECKED_FOLDERS = (EXPORT_PARAMS, TOKENIZER)
+
+_warned_unverified: set[str] = set()  # exports already warned about (once per process)
 
 
 class InferenceError(ValueError):
@@ -134,16 +147,23 @@ def _check_expected(saved: dict, expect: ml_collections.ConfigDict | None, where
 def _check_run_tokenizer(folder: epath.Path, tokenizer) -> None:
   """A run's tokenizer/ is the one it trained with: its fingerprint equals the one its
   data_report.json records (written by lev-train; runs from before it was recorded, and
-  exports, have none and are not checked).
+  exports, have none and are not checked; an unreadable one is a warning naming it:
+  the check is off).
 
   Raises:
     InferenceError: they differ (newcomer pass 8: another dataset's tokenizer/ copied
       in was blamed on an intact token_counts.npy), naming both fingerprints.
   """
   report_path = folder / DATA_REPORT
+  if not report_path.exists():  # a run from before data_report.json: nothing to compare
+    return
   try:
     recorded = loads_json(read_small_text(report_path)).get("tokenizer_fingerprint")
-  except (OSError, ValueError, AttributeError):  # absent, unreadable: nothing to compare
+  except (OSError, ValueError, AttributeError) as e:  # garbage: say the check is off
+    logging.warning("%s: cannot be read (%s); %s cannot be checked against the tokenizer "
+                    "the run trained with", report_path,
+                    e if not isinstance(e, AttributeError) else "not a JSON object",
+                    folder / TOKENIZER)
     return
   if isinstance(recorded, str) and recorded != tokenizer.fingerprint:
     raise InferenceError(
@@ -236,6 +256,7 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
     except Exception as e:  # tensorstore / Orbax errors of a damaged step are of any type
       raise InferenceError(f"{where} cannot be read: it is incomplete or corrupt "
                            f"({error_line(e)}){hint}") from e
+  _check_finite(params, where)
   params = _cast(params, dtype)
   tokenizer, counts = _tokenizer_and_counts(root, config)
   return InferenceModel(nnx.merge(graphdef, params), config, tokenizer, step, counts,
@@ -255,6 +276,135 @@ def _read_json(path: epath.Path):
     raise InferenceError(f"{path}: unreadable export file ({e})") from e
 
 
+def _export_files(folder: epath.Path) -> dict[str, epath.Path]:
+  """{path relative to `folder`: path} of every file of an export (but export.json and
+  what other commands add at its top level, e.g. lev-eval's lev_eval.json, which are
+  never read back), recursively."""
+  out, folders = {}, [folder]
+  while folders:  # epath has no recursive glob on every backend (gs://)
+    for p in folders.pop().iterdir():
+      if p.is_dir():
+        folders.append(p)
+      else:
+        out[str(p.relative_to(folder))] = p
+  return {rel: p for rel, p in out.items() if "/" in rel or rel in (EXPORT_CONFIG,
+                                                                    TOKEN_COUNTS)}
+
+
+def _checksums(folder: epath.Path) -> dict:
+  """export.json's "checksums" of `folder`: {"sha256": {file: hex}, "bytes": {file: size}}
+  (checkpoint_checks.MANIFEST's layout)."""
+  files = sorted(_export_files(folder).items())
+  return {"sha256": {rel: file_sha256(p) for rel, p in files},
+          "bytes": {rel: p.stat().length for rel, p in files}}
+
+
+def _verify_export(root: epath.Path, info: dict, config_json: bool) -> None:
+  """Checks the files `load` reads (all but hf/) against export.json's "checksums":
+  config.json alone (`config_json`; checked after `_check_export_shapes`, so an edit
+  that changed the model's shapes is named as such) or every other one. An export
+  without them (made by an older lev_jax) is a warning, once per process.
+
+  Raises:
+    InferenceError: the checksums are not {file: hex digest}, a listed file is missing
+      (token_counts.npy aside: without it the data's counts are used), its size or
+      sha256 differs, or a file of params/ or tokenizer/ is not listed: one line naming
+      the file and saying to export the checkpoint again.
+  """
+  record = root / EXPORT_JSON
+  sums = info.get("checksums")
+  if sums is None:
+    if os.fspath(root) not in _warned_unverified:
+      _warned_unverified.add(os.fspath(root))
+      logging.warning("export %s: %s records no checksums (made by an older lev_jax); "
+                      "its files are read unverified: export the checkpoint again to add "
+                      "them", root, EXPORT_JSON)
+    return
+  expected = sums.get("sha256") if isinstance(sums, dict) else None
+  sizes = sums.get("bytes", {}) if isinstance(sums, dict) else None
+  if (not isinstance(expected, dict) or not expected or not isinstance(sizes, dict)
+      or not all(isinstance(k, str) and isinstance(v, str) for k, v in expected.items())):
+    raise InferenceError(f"{record}: \"checksums\" is not lev-export's {{\"sha256\": "
+                         "{file: hex}, \"bytes\": {file: size}}; export the checkpoint again")
+  again = "export the checkpoint again"
+  unlisted = sorted(rel for rel in _export_files(root) if not config_json
+                    and rel.split("/")[0] in _CHECKED_FOLDERS and rel not in expected)
+  if unlisted:
+    raise InferenceError(f"{root / unlisted[0]}: not in the checksums {EXPORT_JSON} records "
+                         f"(added after the export, or the folder replaced); {again}")
+  for rel, digest in sorted(expected.items()):
+    if rel.split("/")[0] == HF or (rel == EXPORT_CONFIG) != config_json:  # hf/: not read
+      continue
+    f = root / rel
+    edited = (f"edited after the export: restore it or {again}" if rel == EXPORT_CONFIG
+              else f"the file was changed or damaged after the export: {again}")
+    if not f.exists() and rel == TOKEN_COUNTS:  # deleted on purpose: lev-eval's advice
+      continue  # when it differs from the data's counts (the data's are used then)
+    if not f.exists():
+      raise InferenceError(f"{f}: missing; {EXPORT_JSON} lists it (deleted after the "
+                           f"export): {again}")
+    if rel in sizes and f.stat().length != sizes[rel]:  # first: no file is read
+      raise InferenceError(f"{f}: {f.stat().length} bytes, {EXPORT_JSON} records "
+                           f"{sizes[rel]}; {edited}")
+    if file_sha256(f) != digest:
+      raise InferenceError(f"{f}: differs from the sha256 {EXPORT_JSON} records; {edited}")
+
+
+def _check_export_tokenizer(root: epath.Path, info: dict) -> None:
+  """The export's tokenizer/ is the one it was exported with: its fingerprint equals
+  export.json's "tokenizer_fingerprint" (exports made before it was recorded are not
+  checked; a tokenizer/ that cannot be loaded is left to the checksums, then to
+  `_tokenizer_and_counts`, which name its file).
+
+  Raises:
+    InferenceError: they differ (a tokenizer/ of another corpus copied in), naming
+      tokenizer/, export.json and both fingerprints.
+  """
+  recorded = info.get("tokenizer_fingerprint")
+  if not isinstance(recorded, str) or not (root / TOKENIZER).exists():
+    return
+  try:
+    found = load_tokenizer(root / TOKENIZER).fingerprint
+  except Exception:  # a damaged tokenizer/: the checksums name the file
+    return
+  if found != recorded:
+    raise InferenceError(
+        f"{root / TOKENIZER}: tokenizer fingerprint {found[:16]} differs from "
+        f"{recorded[:16]}, the one {root / EXPORT_JSON} records: the folder was replaced "
+        "(or that file edited); restore it or export the checkpoint again")
+
+
+def _check_finite(params, where: str) -> None:
+  """Raises InferenceError naming the first parameter holding a NaN or infinity."""
+  bad = checkpoint.nonfinite_leaves(params)
+  if bad:
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    raise InferenceError(f"{where}: parameter {bad[0].removesuffix('/value')}{more} holds "
+                         "NaN or infinite values; expected a finite model (a run that "
+                         "diverged, or damaged files)")
+
+
+def _check_export_shapes(root: epath.Path, abstract) -> None:
+  """The shapes config.json gives fit params/'s stored ones (Orbax metadata only).
+
+  Raises:
+    InferenceError: they differ (config.json edited), naming the first differing
+      parameter; or params/'s metadata cannot be read (incomplete or corrupt).
+  """
+  try:
+    diffs = checkpoint.params_shape_differences(root / EXPORT_PARAMS, abstract)
+  except Exception as e:  # tensorstore / Orbax errors of a damaged export are of any type
+    raise InferenceError(f"{root / EXPORT_PARAMS}: cannot read the parameters' metadata: "
+                         f"the export is incomplete or corrupt ({error_line(e)}); export "
+                         "the checkpoint again") from e
+  if diffs:
+    more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+    raise InferenceError(
+        f"{root / EXPORT_CONFIG}: its model shapes differ from those stored in "
+        f"{root / EXPORT_PARAMS}/ ({diffs[0].replace('/value:', ':')}{more}): the config "
+        "was edited after the export; restore it or export the checkpoint again")
+
+
 def _load_export(root: epath.Path, step: int | None, dtype, expect) -> InferenceModel:
   info = _read_json(root / EXPORT_JSON)
   saved = _read_json(root / EXPORT_CONFIG)
@@ -269,14 +419,20 @@ def _load_export(root: epath.Path, step: int | None, dtype, expect) -> Inference
   if expect is not None and info.get("materialized_lev"):
     expect = ml_collections.ConfigDict(expect.to_dict())
     expect.model.embedding = "untied"  # the materialised table replaced LEV
+  _check_export_tokenizer(root, info)  # before the checksums: a swap named as such
+  _verify_export(root, info, config_json=False)
   _check_expected(saved, expect, f"export {root}")
   config = _config_from_json(saved, root / EXPORT_CONFIG)
   graphdef, abstract = _abstract(config)
+  _check_export_shapes(root, abstract)
+  _verify_export(root, info, config_json=True)  # an edit that kept the shapes
   try:
     params = checkpoint.read_params(root / EXPORT_PARAMS, abstract)
   except Exception as e:  # tensorstore / Orbax errors of a damaged export are of any type
     raise InferenceError(f"{root / EXPORT_PARAMS}: cannot restore the parameters: the export "
-                         f"is incomplete or corrupt ({error_line(e)})") from e
+                         f"is incomplete or corrupt ({error_line(e)}); export the checkpoint "
+                         "again") from e
+  _check_finite(params, f"export {root}")
   params = _cast(params, dtype)
   tokenizer, counts = _tokenizer_and_counts(root, config)
   return InferenceModel(nnx.merge(graphdef, params), config, tokenizer, info["step"], counts,
@@ -298,8 +454,11 @@ def load(path, *, step: int | None = None, dtype: str | None = None,
     InferenceModel.
   Raises:
     InferenceError: no such folder, no checkpoint / step, unreadable or invalid stored
-      config, shape mismatch with `expect_config` (every differing field named), or
-      parameters that do not fit the stored config.
+      config, shape mismatch with `expect_config` (every differing field named),
+      parameters that do not fit the stored config, a file that differs from the
+      checksums (a step's checksums.json; an export's export.json: every file `load`
+      reads is hashed at each load, about 2 s per GiB), an export's tokenizer/ whose
+      fingerprint differs from export.json's, or a parameter holding NaN or infinity.
   """
   _check_dtype(dtype)
   root = _path(path)
@@ -466,8 +625,10 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
       the export (lev-export --hf writes hf/). Its result is returned as info["also"].
   Returns:
     The `export.json` record: format, source, step, dtype, embedding (original),
-    materialized_lev, params (count), bytes (of the parameters), created (UTC); with
-    `also`, its result under "also" (not in export.json).
+    materialized_lev, params (count), bytes (of the parameters), created (UTC),
+    tokenizer_fingerprint, checksums ({"sha256": {file: hex}, "bytes": {file: size}} of
+    every file but export.json, hf/'s included); with `also`, its result under "also"
+    (not in export.json).
   Raises:
     InferenceError: bad dtype, `out_dir` exists without `overwrite`, `out_dir` is a
       symbolic link (local), `out_dir` is the
@@ -510,7 +671,9 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
             "params": int(sum(x.size for x in leaves)),
             "bytes": int(sum(x.size * x.dtype.itemsize for x in leaves)),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds")}
+                timespec="seconds"),
+            "tokenizer_fingerprint": im.tokenizer.fingerprint}
+    info["checksums"] = _checksums(tmp)  # every file written so far, hf/ included
     write_json_atomic(tmp / EXPORT_JSON, info)  # last: the folder is complete
   except checkpoint.CheckpointWriteError as e:  # e.g. disk full: one line
     tmp.rmtree(missing_ok=True)

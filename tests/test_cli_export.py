@@ -126,11 +126,17 @@ def test_bad_inputs_are_one_line_exit_2(source, tmp_path, capsys):
         "keep.txt, which lev-export did not write; --overwrite replaces the whole folder: "
         "move them aside first")
   (tmp_path / "full" / "keep.txt").unlink()
-  (tmp_path / "full" / "lev_eval.json").write_text("{}")  # goes with the export it scored
+  (tmp_path / "full" / "lev_eval.json").write_text("{}")  # lev-eval's score of it
+  # newcomer pass 9: --overwrite deleted lev-eval's lev_eval.json without a word
+  fails(f"--checkpoint={path}", f"--output={tmp_path / 'full'}", "--overwrite",
+        match=f"--output={tmp_path / 'full'} is an earlier export that also holds "
+        "lev_eval.json, which lev-export did not write (lev_eval.json scores the export "
+        "being replaced); --overwrite replaces the whole folder: move them aside first")
+  assert (tmp_path / "full" / "lev_eval.json").read_text() == "{}"
+  (tmp_path / "full" / "lev_eval.json").unlink()
   lev_export(f"--checkpoint={path}", f"--output={tmp_path / 'full'}", "--overwrite",
              "--dtype=bfloat16")
   assert inference.load(tmp_path / "full").dtype == "bfloat16"
-  assert not (tmp_path / "full" / "lev_eval.json").exists()
   # newcomer pass 8: an export inside another export, or inside another run's folder
   fails(f"--checkpoint={path}", f"--output={tmp_path / 'full' / 'sub'}",
         match=f"--output={tmp_path / 'full' / 'sub'}: is inside {tmp_path / 'full'}, an "

@@ -200,3 +200,157 @@ def test_save_never_writes_over_or_around_its_source(lev_workdir, tmp_path):
     with pytest.raises(inference.InferenceError, match="inside it or holds it"):
       inference.save(im, out, overwrite=True)
   assert inference.load(path).step == 2
+
+
+@pytest.fixture(scope="module")
+def tied_export(tmp_path_factory):
+  """A tied export (step 3, with token counts) to copy and damage."""
+  from lev_jax.train import create_model
+  c = byte_config("tied")
+  im = inference.InferenceModel(create_model(c), c, ByteTokenizer(), step=3,
+                                token_counts_V=np.arange(259, dtype=np.int64))
+  path = tmp_path_factory.mktemp("tied") / "export"
+  inference.save(im, path)
+  return path
+
+
+def _copy(export, dst):
+  import shutil
+  shutil.copytree(export, dst)
+  return dst
+
+
+def _edit_json(path, **changes):
+  data = json.loads(path.read_text())
+  data.update(changes)
+  path.write_text(json.dumps(data))
+  return data
+
+
+AGAIN = "export the checkpoint again"
+
+
+def test_an_export_records_checksums_and_a_damaged_file_is_named(tied_export, tmp_path,
+                                                                  caplog):
+  """Newcomer pass 9: flipped bytes in an export's params/ gave `validation loss nan`
+  (exit 0) and lev-sample decoded from it; export.json now records every file's sha256."""
+  info = json.loads((tied_export / "export.json").read_text())
+  listed = set(info["checksums"]["sha256"])
+  assert {"config.json", "token_counts.npy", "tokenizer/tokenizer.json"} <= listed
+  assert any(f.startswith("params/") for f in listed) and "export.json" not in listed
+  assert info["tokenizer_fingerprint"] == ByteTokenizer().fingerprint
+  assert inference.load(tied_export).step == 3 and "unverified" not in caplog.text
+  flipped = _copy(tied_export, tmp_path / "flipped")
+  target = max((p for p in (flipped / "params").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)  # the largest: an array chunk
+  data = bytearray(target.read_bytes())
+  data[len(data) // 2] ^= 0x01
+  target.write_bytes(bytes(data))
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(
+      f"{target}: differs from the sha256 export.json records; the file was changed or "
+      f"damaged after the export: {AGAIN}") + "$"):
+    inference.load(flipped)
+  gone = _copy(tied_export, tmp_path / "gone")
+  (gone / "tokenizer" / "tokenizer.json").unlink()
+  with pytest.raises(inference.InferenceError, match=re.escape(
+      f"{gone / 'tokenizer' / 'tokenizer.json'}: missing; export.json lists it (deleted "
+      f"after the export): {AGAIN}")):
+    inference.load(gone)
+  (gone / "token_counts.npy").unlink()  # lev-eval's advice for counts the data contradicts
+  (gone / "tokenizer" / "tokenizer.json").write_bytes(
+      (tied_export / "tokenizer" / "tokenizer.json").read_bytes())
+  assert inference.load(gone).token_counts_V is None
+  added = _copy(tied_export, tmp_path / "added")
+  (added / "params" / "extra").write_text("x")
+  with pytest.raises(inference.InferenceError, match=re.escape(
+      f"{added / 'params' / 'extra'}: not in the checksums export.json records")):
+    inference.load(added)
+  (added / "params" / "extra").unlink()
+  (added / "lev_eval.json").write_text("{}")  # lev-eval's default output: not read back
+  assert inference.load(added).step == 3
+
+
+def test_an_export_from_before_checksums_loads_with_one_warning(tied_export, tmp_path,
+                                                                caplog):
+  old = _copy(tied_export, tmp_path / "old")
+  info = json.loads((old / "export.json").read_text())
+  del info["checksums"], info["tokenizer_fingerprint"]
+  (old / "export.json").write_text(json.dumps(info))
+  assert inference.load(old).step == 3 and inference.load(old).step == 3
+  assert caplog.text.count(f"export {old}: export.json records no checksums (made by an "
+                           "older lev_jax); its files are read unverified") == 1
+
+
+def test_an_export_with_non_finite_parameters_is_refused(tmp_path):
+  """Newcomer pass 9: a NaN model evaluated to `validation loss nan` with exit 0."""
+  from lev_jax.train import create_model
+  c = byte_config("tied")
+  model = create_model(c)
+  model.final_norm.scale[...] = model.final_norm.scale[...].at[0].set(jnp.nan)
+  inference.save(inference.InferenceModel(model, c, ByteTokenizer(), step=1), tmp_path / "e")
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(
+      f"export {tmp_path / 'e'}: parameter final_norm/scale holds NaN or infinite values; "
+      "expected a finite model") + ".*$"):
+    inference.load(tmp_path / "e")
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("checksums", [True, False])
+def test_an_export_config_edited_to_other_shapes_is_one_line(tied_export, tmp_path,
+                                                             checksums):
+  """Newcomer pass 9: d_model 32 -> 64 in config.json was the right line, then Orbax's
+  pending reads printed "Event loop is closed" tracebacks; the shapes config.json gives
+  are now compared with params/'s stored ones before any array is read."""
+  edited = _copy(tied_export, tmp_path / "edited")
+  if not checksums:  # an export from before them: the shapes alone find the edit
+    info = json.loads((edited / "export.json").read_text())
+    del info["checksums"]
+    (edited / "export.json").write_text(json.dumps(info))
+  config = json.loads((edited / "config.json").read_text())
+  config["model"]["d_model"] = 64
+  (edited / "config.json").write_text(json.dumps(config))
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(
+      f"{edited / 'config.json'}: its model shapes differ from those stored in "
+      f"{edited / 'params'}/ (") + r"[a-z_/0-9]+: stored \(.*\), expected \(.*\) \(and \d+ "
+      r"more\)\): the config was edited after the export; restore it or export the "
+      r"checkpoint again$"):
+    inference.load(edited)
+  if checksums:  # an edit that keeps the shapes: the checksum names it
+    config["model"]["d_model"] = 32
+    config["name"] = "renamed"
+    (edited / "config.json").write_text(json.dumps(config))
+    with pytest.raises(inference.InferenceError, match=re.escape(
+        f"{edited / 'config.json'}: ") + ".*edited after the export: restore it or "
+        "export the checkpoint again$"):
+      inference.load(edited)
+
+
+def test_an_export_s_replaced_tokenizer_is_named(tied_export, tmp_path):
+  """Newcomer pass 9: another corpus's tokenizer/ in an export was blamed on its intact
+  token_counts.npy; export.json records the fingerprint the export was made with."""
+  swapped = _copy(tied_export, tmp_path / "swapped")
+  _edit_json(swapped / "export.json", tokenizer_fingerprint="0" * 64)  # as another's
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(
+      f"{swapped / 'tokenizer'}: tokenizer fingerprint "
+      f"{ByteTokenizer().fingerprint[:16]} differs from {'0' * 16}, the one "
+      f"{swapped / 'export.json'} records: the folder was replaced (or that file edited); "
+      f"restore it or {AGAIN}") + "$"):
+    inference.load(swapped)
+
+
+def test_a_run_s_unreadable_data_report_is_a_warning_that_the_tokenizer_is_unchecked(
+    tmp_path, caplog):
+  """Newcomer pass 9: a garbage data_report.json turned the tokenizer check off silently."""
+  write_workdir(tmp_path, byte_config("tied"), steps=(1,))
+  report = tmp_path / "data_report.json"
+  for garbage in ("{not json", "[1, 2]"):
+    caplog.clear()
+    report.write_text(garbage)
+    assert inference.load(tmp_path).tokenizer == ByteTokenizer()
+    assert f"{report}: cannot be read (" in caplog.text
+    assert f"{tmp_path / 'tokenizer'} cannot be checked against the tokenizer the run " \
+        "trained with" in caplog.text
+  caplog.clear()
+  report.unlink()  # a run from before data_report.json: nothing to say
+  inference.load(tmp_path)
+  assert "cannot be read" not in caplog.text

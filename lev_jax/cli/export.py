@@ -19,12 +19,15 @@ back the earlier export a kill left aside while replacing it).
 
 The source checkpoint is only read. A non-empty OUTPUT is refused unless it is an
 earlier export (holding export.json) and --overwrite is given (the old folder is
-replaced only once the new export is complete); OUTPUT may not be
-the checkpoint, inside it, or hold it. One export per OUTPUT: it holds PARENT/.NAME.lock
-beside OUTPUT (lev_jax.lock; OUTPUT itself is replaced by a rename), and a second
-export to the same OUTPUT stops at once naming the holder; --force_unlock removes a
-lock left by a run on another host that is gone; --nolock writes without the lock (a
-filesystem without flock).
+replaced only once the new export is complete); an earlier export holding files
+lev-export did not write (lev-eval's lev_eval.json among them) is refused, naming them.
+OUTPUT may not be the checkpoint, inside it, or hold it. export.json records the sha256
+of every file and the tokenizer's fingerprint, which every load checks.
+
+One export per OUTPUT: it holds PARENT/.NAME.lock beside OUTPUT (lev_jax.lock; OUTPUT
+itself is replaced by a rename), and a second export to the same OUTPUT stops at once
+naming the holder; --force_unlock removes a lock left by a run on another host that is
+gone; --nolock writes without the lock (a filesystem without flock).
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
       a file; OUTPUT is a non-empty folder that is not an earlier export (no
       EXPORT_JSON in it: a training run, the user's files), `overwrite` or not; OUTPUT
       is an earlier export and not `overwrite`, or one holding files lev-export did not
-      write (lev-eval's lev_eval.json aside: it goes with the export it evaluated);
+      write (lev-eval's lev_eval.json among them: it scores the export being replaced,
+      so --overwrite names it rather than delete it);
       OUTPUT lies inside a run's folder, an export or prepared data
       (common.within_owned_folder_error); a local OUTPUT is a symbolic link
       (dangling or not: the rename into place would replace the link; its target named).
@@ -108,11 +112,13 @@ def check_output(checkpoint: str, output: str, overwrite: bool) -> None:
                      "replaces an earlier export)")
   if nonempty and not overwrite:
     raise ValueError(f"--output={output} is not empty; pass --overwrite to replace it")
-  foreign = sorted(held - set(common.EXPORT_OUTPUTS) - {LEV_EVAL_JSON})
+  foreign = sorted(held - set(common.EXPORT_OUTPUTS))
   if foreign:  # newcomer pass 8: --overwrite deleted a nested export without a word
+    scores = (f" ({LEV_EVAL_JSON} scores the export being replaced)"
+              if LEV_EVAL_JSON in foreign else "")
     raise ValueError(f"--output={output} is an earlier export that also holds "
-                     f"{', '.join(foreign)}, which lev-export did not write; --overwrite "
-                     "replaces the whole folder: move them aside first")
+                     f"{', '.join(foreign)}, which lev-export did not write{scores}; "
+                     "--overwrite replaces the whole folder: move them aside first")
 
 
 def output_error(output: str, error: OSError) -> str | None:
