@@ -232,6 +232,13 @@ def train_rungs(commands, launcher: str, runner=subprocess.call, out=sys.stdout,
   return failed
 
 
+def trainable(result) -> list[str]:
+  """The variants --run trains: every rung not finished, except an "unverified" one (its
+  outputs are there without checkpoints/: lev-train refuses such a folder, and its
+  reason says to move it aside)."""
+  return [r.variant for r in result.rungs if not r.finished and r.status != "unverified"]
+
+
 def summary(analysis: dict, paths: dict) -> str:
   """What the command prints after the report: its path and one line per size."""
   done = sum(r["status"] == "finished" for r in analysis["rungs"])
@@ -327,7 +334,7 @@ def main(argv):
     launcher_flags = _split("launcher_flags", f.launcher_flags)
     if launcher_flags and f.launcher not in ("tpu", "slurm"):
       raise ValueError(f"--launcher_flags is for --launcher=tpu or slurm, not {f.launcher}")
-    todo = [r.variant for r in result.rungs if not r.finished]
+    todo = trainable(result)
     commands = rung_commands(f.launcher, f.ladder, todo, f.root, train_flags=train_flags,
                              launcher_flags=launcher_flags) if f.run else []
     if f.launcher in ("tpu", "slurm"):

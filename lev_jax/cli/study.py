@@ -71,7 +71,8 @@ def load_study(study) -> tuple[object, dict]:
   """(the study module, {run: config}) after every check that needs no training.
 
   Raises:
-    runs.LadderError: a broken study file; config.ConfigError: a run's invalid config
+    runs.LadderError: a broken study file, or a get_config that fails or returns no
+      full ConfigDict (runs.checked_config); config.ConfigError: a run's invalid config
       (the run named); study.StudyError: runs that differ in a non-factor field.
   """
   from lev_jax.ladder import runs, study as study_lib
@@ -79,8 +80,10 @@ def load_study(study) -> tuple[object, dict]:
   module = study_lib.load_study_module(study)
   configs = {}
   for run in module.RUNGS:
+    # a ConfigDict with every section (newcomer pass 9: "is a int" from validate)
+    config = runs.checked_config(module, run, where=study)
     try:
-      configs[run] = validate(module.get_config(run))
+      configs[run] = validate(config)
     except ConfigError as e:
       raise ConfigError(f"{study}:{run}: {e}") from e
     except Exception as e:  # the study file's own error
@@ -155,7 +158,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   result = runs.collect(module, root, expected, owner="study")
   failed = {}
   if run:
-    todo = [r.variant for r in result.rungs if not r.finished]
+    todo = ladder_cli.trainable(result)
     if not todo:
       print(f"{PROG}: every run of {study} is finished under {root}; nothing to train",
             file=out)
