@@ -593,3 +593,61 @@ def test_an_eval_json_edited_with_its_metrics_row_is_unreadable_by_its_buckets(t
   result["buckets"][2]["perplexity"] *= 1.1  # one bucket's perplexity edited
   assert ladder_lib.bucket_problem(result).startswith(
       "its bucket [10,100) perplexity ")
+
+
+CHILD = '''
+import os, signal, sys, time
+folder = sys.argv[1]
+def stop(signum, frame):
+  time.sleep(0.5)  # a checkpoint being saved
+  open(os.path.join(folder, "checkpointed"), "w").write(str(signum))
+  sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+open(os.path.join(folder, "started"), "w").write(str(os.getpid()))
+time.sleep(120)
+'''
+
+DRIVER = '''
+import sys
+from lev_jax.cli import ladder
+child, folder = sys.argv[1], sys.argv[2]
+ladder.rung_commands = lambda launcher, ladder_file, variants, root, **k: [
+    (v, [sys.executable, child, folder]) for v in variants]
+sys.argv = ["lev-ladder", *sys.argv[3:]]
+ladder.run()
+'''
+
+
+@pytest.mark.parametrize("signum,status,cause", [
+    (15, 143, "terminated (SIGTERM)"), (2, 130, "interrupted (Ctrl-C)")])
+def test_a_signal_to_lev_ladder_run_stops_the_rung_in_training_first(tmp_path, signum,
+                                                                     status, cause):
+  """Newcomer pass 9: SIGTERM to lev-ladder --run exited 143 but left its lev-train child
+  training, orphaned."""
+  import signal
+  import time
+  ladder, root, _ = build_ladder(tmp_path, skip=("tied_d", "leviathan_d"), downstream=False)
+  (tmp_path / "child.py").write_text(CHILD)
+  (tmp_path / "driver.py").write_text(DRIVER)
+  proc = subprocess.Popen(
+      [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "child.py"),
+       str(tmp_path), f"--ladder={ladder}", f"--root={root}", "--run"],
+      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"))
+  started = tmp_path / "started"
+  deadline = time.monotonic() + 60
+  while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert started.exists(), proc.communicate()
+  time.sleep(0.2)
+  proc.send_signal(signum)
+  out, err = proc.communicate(timeout=60)
+  assert proc.returncode == status, err[-3000:]
+  assert (tmp_path / "checkpointed").read_text() == str(signum)  # forwarded, waited for
+  with pytest.raises(ProcessLookupError):
+    os.kill(int(started.read_text()), 0)  # not left running
+  assert err.strip().splitlines()[-1] == (
+      f"lev-ladder: {cause}: stopped rung tied_d (it exited with status {status}); re-run "
+      "the same command to resume it and the unfinished rungs")
+  assert "leviathan_d" not in out  # the next rung was not started
