@@ -605,7 +605,8 @@ def test_an_edited_study_eval_json_makes_its_run_unreadable_never_summarised(tmp
   comp = analysis["comparisons"][0]
   assert comp["reason"] and comp["perplexity"] == {}  # nothing summarised
   for edit, phrase in (
-      (lambda e: e["validation"]["log"].update(perplexity=2.0), "its validation log perplexity 2.0 is not exp(loss)"),
+      (lambda e: e["validation"]["log"].update(perplexity=2.0),
+       "its validation log perplexity 2.0 is not exp(loss)"),
       (_shift_equal_mass, "its test log and equal_mass results (one evaluation bucketed "
        "twice) differ: loss "),
       (lambda e: e.pop("test"), "no test results")):
