@@ -28,6 +28,34 @@ class LaunchError(ValueError):
   """A user-fixable problem; the message names the flag and what was expected."""
 
 
+def _kind(path: str) -> str:
+  """What a path that exists but is not a folder is, in words."""
+  import stat  # pylint: disable=import-outside-toplevel
+  if os.path.islink(path) and not os.path.exists(path):
+    return "a link to nothing"
+  mode = os.stat(path).st_mode
+  return ("a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a pipe"
+          if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a file")
+
+
+def folder_problem(flag: str, given: str, path: str | None = None) -> str | None:
+  """`FLAG=GIVEN: is a file (a device, ...), not a folder; expected ...` when the local
+  `path` (default `given`; e.g. resolved against --chdir) or its nearest existing parent
+  exists and is not a folder (newcomer pass 9: launch/slurm.py --workdir=/dev/null
+  planned `sbatch /dev/null.sbatch`); None when a folder can be there."""
+  path = os.path.abspath(path or given)
+  expected = ("expected a folder for lev-train's outputs (a new one, or a run's to "
+              "resume)")
+  if os.path.lexists(path) and not os.path.isdir(path):
+    return f"{flag}={given}: is {_kind(path)}, not a folder; {expected}"
+  parent = os.path.dirname(path)
+  while parent and not os.path.lexists(parent) and parent != os.path.dirname(parent):
+    parent = os.path.dirname(parent)
+  if os.path.lexists(parent) and not os.path.isdir(parent):
+    return f"{flag}={given}: {parent} is {_kind(parent)}, not a folder; {expected}"
+  return None
+
+
 def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
   """(launcher args, args after the first `--`); the second is [] without `--`."""
   argv = list(argv)

@@ -79,8 +79,9 @@ from typing import TextIO
 if __package__ in (None, ""):  # run as `python launch/slurm.py`
   sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launch.common import (LaunchError, add_preflight_flag, parse, parser,  # noqa: E402
-                           preflight, reject_passthrough, run_main, shell_join)
+from launch.common import (LaunchError, add_preflight_flag, folder_problem,  # noqa: E402
+                           parse, parser, preflight, reject_passthrough, run_main,
+                           shell_join)
 
 PROG = "launch/slurm.py"
 PREEMPTED_EXIT = 143  # lev_jax.cli.train.PREEMPTED_EXIT: SIGTERM -> checkpoint -> exit 143
@@ -236,7 +237,8 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
   """A validated SlurmJob from parsed flags.
 
   Raises:
-    LaunchError: a missing or malformed flag, naming it and what was expected.
+    LaunchError: a missing or malformed flag, naming it and what was expected (a
+      --workdir that is a file, a device, ... or lies under one: `folder_problem`).
   """
   if args.nodes is None:
     raise LaunchError("--nodes is required: the number of nodes, one JAX process each, "
@@ -294,6 +296,9 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
     reject_passthrough(train_args, flag, "launch/slurm.py sets it for every task")
   chdir = os.path.abspath(args.chdir or cwd or os.getcwd())
   workdir = os.path.join(chdir, os.path.expanduser(args.workdir))  # absolute stays as is
+  problem = folder_problem("--workdir", args.workdir, workdir)  # the script goes next to it
+  if problem:
+    raise LaunchError(problem)
   return SlurmJob(args.nodes, args.gpus_per_node, args.partition, args.time, args.job_name,
                   args.account, args.venv, os.path.normpath(workdir), chdir, args.requeue,
                   args.max_requeues, args.signal_s, args.port, tuple(train_args),

@@ -72,23 +72,39 @@ def write_ladder(path: Path, sizes=None, steps=STEPS) -> Path:
   return path
 
 
+def rung_config(variant: str, steps: int = STEPS):
+  """get_config(variant) of write_ladder's ladder (SIZES4 holds every size the tests use)."""
+  namespace = {}
+  exec(LADDER_SOURCE.format(sizes=SIZES4, steps=steps), namespace)  # pylint: disable=exec-used
+  return namespace["get_config"](variant)
+
+
 def tied_final_loss(n_params) -> float:
   return E + A * n_params ** -ALPHA
 
 
 def _eval_result(loss: float, step: int, bucket_ppl) -> dict:
+  """An evaluate() result whose figures agree as lev_jax/eval/evaluate.py's do: the
+  buckets' perplexities are `bucket_ppl` times one factor that makes `loss` the
+  token-weighted mean of their losses (a bucket's change between twins is then its
+  ratio in `bucket_ppl` times the twins' common factor ratio)."""
   labels = ["[0,1)", "[1,10)", "[10,100)", "[100,inf)"]
-  buckets = [{"range": r, "tokens": 0 if p is None else 100 * (i + 1), "ids": 10,
-              "loss": None if p is None else math.log(p), "perplexity": p}
-             for i, (r, p) in enumerate(zip(labels, bucket_ppl))]
-  return {"loss": loss, "perplexity": math.exp(loss), "tokens": 600, "buckets": buckets,
-          "bucket_edges": EDGES, "step": step}
+  tokens = [0 if p is None else 100 * (i + 1) for i, p in enumerate(bucket_ppl)]
+  mean = sum(t * math.log(p) for t, p in zip(tokens, bucket_ppl) if p) / sum(tokens)
+  buckets = [{"range": r, "tokens": t, "ids": 10,
+              "loss": None if p is None else math.log(p) + loss - mean,
+              "perplexity": None if p is None else math.exp(math.log(p) + loss - mean)}
+             for r, t, p in zip(labels, tokens, bucket_ppl)]
+  return {"loss": loss, "perplexity": math.exp(loss), "tokens": sum(tokens),
+          "buckets": buckets, "bucket_edges": EDGES, "step": step}
 
 
 def write_rung(root: Path, variant: str, c_n: float, *, shift: float = 1.0,
                last_step: int = STEPS, bucket_ppl=TIED_BUCKET_PPL, lev_eval=None,
-               resume_at: int | None = None) -> dict:
-  """A workdir as lev-train leaves it (metrics.jsonl, eval.json); returns the eval curve.
+               resume_at: int | None = None, checkpoint: bool = True) -> dict:
+  """A workdir as lev-train leaves it (metrics.jsonl, eval.json and, with checkpoint,
+  the config stored with its checkpoint at last_step: checkpoints/<step>/config/metadata,
+  the ladder's); returns the eval curve.
 
   resume_at: rows of steps resume_at..resume_at+10 are written twice, the first copy
   with a wrong loss (+1), as a resumed run re-logs them: the later row must win.
@@ -120,6 +136,10 @@ def write_rung(root: Path, variant: str, c_n: float, *, shift: float = 1.0,
                                                         bucket_ppl)))
   if lev_eval is not None:
     (wd / "lev_eval.json").write_text(json.dumps(lev_eval))
+  if checkpoint:
+    meta = wd / "checkpoints" / str(last_step) / "config" / "metadata"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps(rung_config(variant).to_dict()))
   return {"tokens": [s * TOKENS_PER_STEP for s in range(EVAL_EVERY, last_step + 1, EVAL_EVERY)],
           "loss": [loss_at(s) for s in range(EVAL_EVERY, last_step + 1, EVAL_EVERY)]}
 
@@ -168,7 +188,6 @@ def test_stored_checkpoint_config_decides_steps_and_tokens(tmp_path):
   stored = load_ladder(ladder).get_config("tied_a")
   stored.train.steps = 40
   meta = root / "tied_a" / "checkpoints" / "40" / "config" / "metadata"
-  meta.parent.mkdir(parents=True)
   meta.write_text(json.dumps(stored.to_dict()))
   (root / "tied_a" / "checkpoints" / "40.orbax-checkpoint-tmp-1").mkdir()  # ignored
   expected = load_ladder(ladder).get_config("tied_a")
@@ -487,3 +506,148 @@ def test_train_flags_are_checked_once_as_lev_train_parses_them():
   assert ladder_cli.expected_configs(smoke, [variant], []) == {}
   got = ladder_cli.expected_configs(smoke, [variant], ["--config.train.steps=50"])
   assert got[variant].train.steps == 50 and got[variant].name == f"smoke_ladder_{variant}"
+
+
+@pytest.mark.parametrize("returned,what", [
+    ("42", "returned an int; expected an ml_collections.ConfigDict"),
+    ("ml_collections.ConfigDict({'name': 'x'})",
+     "returned a config without its data, eval, lev, mesh, model, optim, train sections; "
+     "expected an ml_collections.ConfigDict"),
+])
+def test_a_get_config_returning_no_full_config_is_one_line_before_anything_is_created(
+    tmp_path, returned, what):
+  """Newcomer pass 9: get_config returning 42 was AttributeError: 'int' object has no
+  attribute 'train' (lev-study said "a int")."""
+  ladder = tmp_path / "odd_ladder.py"
+  ladder.write_text(f"import ml_collections\nRUNGS = ('a', 'b')\ndef get_config(r):\n"
+                    f"  return {returned}\n")
+  root = tmp_path / "root"
+  proc = _cli(f"--ladder={ladder}", f"--root={root}", "--run")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert proc.stderr.strip() == f"lev-ladder: error: {ladder}: get_config('a') {what} " \
+      "(config.base_config() with fields changed, as experiments/smoke_ladder.py builds them)"
+  assert not root.exists()
+  from lev_jax.cli import study as study_cli
+  with pytest.raises(LadderError, match=rf"^{ladder}: get_config\('a'\) {what} "):
+    study_cli.load_study(str(ladder))
+
+
+def test_a_finished_rung_without_its_checkpoints_is_unverified_and_left_out(tmp_path):
+  """Newcomer pass 9: with checkpoints/ deleted, a run of another shape copied in was
+  "finished" from metrics.jsonl and eval.json alone (the shape check needs the stored
+  config)."""
+  import shutil
+  ladder, root, _ = build_ladder(tmp_path, sizes={"a": 16, "b": 32}, downstream=False)
+  shutil.rmtree(root / "tied_a" / "checkpoints")
+  ckpt = root / "leviathan_a" / "checkpoints"
+  (ckpt / str(STEPS)).rename(ckpt / "60")  # the final step's checkpoint is gone
+  (root / "tied_b" / "checkpoints" / str(STEPS) / "config" / "metadata").write_text("{")
+  result = collect(ladder, root)
+  tail = "left out; move {wd} aside and train the rung there"
+  for variant, why in (
+      ("tied_a", f"{root / 'tied_a' / 'checkpoints'}: missing"),
+      ("leviathan_a", f"{ckpt}: its latest checkpoint is step 60, not the final step {STEPS}")):
+    rung = result.rung(variant)
+    assert rung.status == "unverified" and rung.reason == (
+        f"{why}, so the config it was trained with cannot be checked against the ladder's "
+        f"{variant}: " + tail.format(wd=root / variant))
+  rung = result.rung("tied_b")
+  assert rung.status == "unverified" and rung.reason.startswith(
+      f"{root / 'tied_b' / 'checkpoints' / str(STEPS) / 'config' / 'metadata'}: not JSON")
+  assert result.rung("leviathan_b").finished
+  analysis = analyse(result)
+  assert {m["variant"] for m in analysis["missing"]} == {"tied_a", "leviathan_a", "tied_b"}
+  assert all(p["ppl_change"] is None for p in analysis["pairs"])
+  # --run leaves them alone: lev-train refuses a folder of outputs without checkpoints/
+  assert ladder_cli.trainable(result) == []
+  # a study's run says "run"
+  rung = collect(ladder, root, owner="study").rung("tied_a")
+  assert rung.reason.endswith(f"against the study's tied_a: left out; move "
+                              f"{root / 'tied_a'} aside and train the run there")
+
+
+def test_an_eval_json_edited_with_its_metrics_row_is_unreadable_by_its_buckets(tmp_path):
+  """Newcomer pass 9: eval.json and metrics.jsonl's eval row both edited to loss 5.0,
+  perplexity exp(5) were reported; the buckets' token-weighted loss tells."""
+  ladder = write_ladder(tmp_path / "l.py", {"a": 16})
+  root = tmp_path / "root"
+  write_rung(root, "tied_a", 2.0)
+  assert collect(ladder, root).rung("tied_a").finished  # the fixture's figures agree
+  path, metrics = root / "tied_a" / "eval.json", root / "tied_a" / "metrics.jsonl"
+  result = json.loads(path.read_text())
+  mean = sum(b["tokens"] * b["loss"] for b in result["buckets"] if b["tokens"]) / sum(
+      b["tokens"] for b in result["buckets"])
+  result.update(loss=5.0, perplexity=math.exp(5.0))
+  path.write_text(json.dumps(result))
+  rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+  for row in rows:
+    if row["step"] == result["step"] and "eval/loss" in row:
+      row.update({"eval/loss": 5.0, "eval/perplexity": math.exp(5.0)})
+  metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "unreadable" and rung.reason == (
+      f"{path}: its loss 5.0 is not the token-weighted mean of its buckets' losses "
+      f"({mean:.10g}): the file was edited; expected lev-train's own result (delete it and "
+      "re-run lev-train on the run to evaluate again)")
+  assert ladder_lib.bucket_problem({**result, "loss": mean * (1 + 1e-9)}) is None
+  result["buckets"][2]["perplexity"] *= 1.1  # one bucket's perplexity edited
+  assert ladder_lib.bucket_problem(result).startswith(
+      "its bucket [10,100) perplexity ")
+
+
+CHILD = '''
+import os, signal, sys, time
+folder = sys.argv[1]
+def stop(signum, frame):
+  time.sleep(0.5)  # a checkpoint being saved
+  open(os.path.join(folder, "checkpointed"), "w").write(str(signum))
+  sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+open(os.path.join(folder, "started"), "w").write(str(os.getpid()))
+time.sleep(120)
+'''
+
+DRIVER = '''
+import sys
+from lev_jax.cli import ladder
+child, folder = sys.argv[1], sys.argv[2]
+ladder.rung_commands = lambda launcher, ladder_file, variants, root, **k: [
+    (v, [sys.executable, child, folder]) for v in variants]
+sys.argv = ["lev-ladder", *sys.argv[3:]]
+ladder.run()
+'''
+
+
+@pytest.mark.parametrize("signum,status,cause", [
+    (15, 143, "terminated (SIGTERM)"), (2, 130, "interrupted (Ctrl-C)")])
+def test_a_signal_to_lev_ladder_run_stops_the_rung_in_training_first(tmp_path, signum,
+                                                                     status, cause):
+  """Newcomer pass 9: SIGTERM to lev-ladder --run exited 143 but left its lev-train child
+  training, orphaned."""
+  import signal
+  import time
+  ladder, root, _ = build_ladder(tmp_path, skip=("tied_d", "leviathan_d"), downstream=False)
+  (tmp_path / "child.py").write_text(CHILD)
+  (tmp_path / "driver.py").write_text(DRIVER)
+  proc = subprocess.Popen(
+      [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "child.py"),
+       str(tmp_path), f"--ladder={ladder}", f"--root={root}", "--run"],
+      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"))
+  started = tmp_path / "started"
+  deadline = time.monotonic() + 60
+  while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert started.exists(), proc.communicate()
+  time.sleep(0.2)
+  proc.send_signal(signum)
+  out, err = proc.communicate(timeout=60)
+  assert proc.returncode == status, err[-3000:]
+  assert (tmp_path / "checkpointed").read_text() == str(signum)  # forwarded, waited for
+  with pytest.raises(ProcessLookupError):
+    os.kill(int(started.read_text()), 0)  # not left running
+  assert err.strip().splitlines()[-1] == (
+      f"lev-ladder: {cause}: stopped rung tied_d (it exited with status {status}); re-run "
+      "the same command to resume it and the unfinished rungs")
+  assert "leviathan_d" not in out  # the next rung was not started

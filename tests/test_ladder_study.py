@@ -559,3 +559,91 @@ def test_issue25_ablation_study_reuses_the_scale_studys_runs_and_changes_one_fie
     ablation.get_config("leviathan_d192_debian_books_rank_s0")
   with pytest.raises(ValueError, match=r"unknown run 'leviathan_d192_foldoc_idperm_s0'"):
     ablation.get_config("leviathan_d192_foldoc_idperm_s0")  # not run at foldoc
+
+
+def _synthetic_study(tmp_path):
+  """test_ladder_runs' synthetic ladder as a study (tied_a, leviathan_a: one cell each,
+  seed 0), both runs finished with checkpoints and a study_eval.json whose figures agree
+  (each split and scheme a write_rung eval.json); returns (study file, root)."""
+  from test_ladder_runs import TIED_BUCKET_PPL, _eval_result, build_ladder
+  ladder, root, _ = build_ladder(tmp_path, sizes={"a": 16}, downstream=False)
+  for variant in ("tied_a", "leviathan_a"):
+    final = json.loads((root / variant / "eval.json").read_text())
+    r = _eval_result(final["loss"] + 0.01, final["step"], TIED_BUCKET_PPL)
+    del r["step"]
+    ev = {"step": final["step"], "eval_batches": 2,
+          **{split: {"log": r, "equal_mass": r, "data": None} for split in study.SPLITS}}
+    (root / variant / "study_eval.json").write_text(json.dumps(ev))
+  return ladder, root
+
+
+def _report_only(ladder, root, tmp_path):
+  return study_cli.run_study(str(ladder), str(root), report_dir=str(tmp_path / "report"),
+                             evaluate=lambda *a, **k: pytest.fail("evaluated"))
+
+
+def test_an_edited_study_eval_json_makes_its_run_unreadable_never_summarised(tmp_path):
+  """Newcomer pass 9: loss and perplexity of a study_eval.json edited to agree were
+  reported (-41.1 %)."""
+  ladder, root = _synthetic_study(tmp_path)
+  analysis, _, failed = _report_only(ladder, root, tmp_path)
+  assert not analysis["missing"] and not failed
+  assert analysis["comparisons"][0]["perplexity"]["test"]["n"] == 1
+  path = root / "leviathan_a" / "study_eval.json"
+  ev = json.loads(path.read_text())
+  mean = ev["test"]["log"]["loss"]
+  ev["test"]["log"].update(loss=mean - 0.5, perplexity=math.exp(mean - 0.5))
+  path.write_text(json.dumps(ev))
+  analysis, _, failed = _report_only(ladder, root, tmp_path)
+  assert not failed
+  (missing,) = analysis["missing"]
+  assert missing["run"] == "leviathan_a" and missing["status"] == "unreadable"
+  assert missing["reason"] == (
+      f"{path}: its test log loss {mean - 0.5} is not the token-weighted mean of its "
+      f"buckets' losses ({mean:.10g}): the file was edited; expected lev-study's own "
+      "evaluation (delete it and re-run lev-study to evaluate again)")
+  comp = analysis["comparisons"][0]
+  assert comp["reason"] and comp["perplexity"] == {}  # nothing summarised
+  for edit, phrase in (
+      (lambda e: e["validation"]["log"].update(perplexity=2.0),
+       "its validation log perplexity 2.0 is not exp(loss)"),
+      (_shift_equal_mass, "its test log and equal_mass results (one evaluation bucketed "
+       "twice) differ: loss "),
+      (lambda e: e.pop("test"), "no test results")):
+    ev = _synthetic_ev(root)
+    edit(ev)
+    assert study.study_eval_problem(ev, ev["step"]).startswith(phrase)
+  assert study.study_eval_problem(_synthetic_ev(root), 7) == (
+      f"its step {_synthetic_ev(root)['step']} is not the run's final step 7")
+  assert study.study_eval_problem([1], 7) == "not a JSON object"
+
+
+def _shift_equal_mass(ev):
+  """Every loss of the test split's equal_mass result 0.1 higher, each perplexity its
+  exp: consistent in itself, no longer the log scheme's evaluation."""
+  shifted = json.loads(json.dumps(ev["test"]["log"]))
+  for r in (shifted, *[b for b in shifted["buckets"] if b["loss"] is not None]):
+    r.update(loss=r["loss"] + 0.1, perplexity=math.exp(r["loss"] + 0.1))
+  ev["test"]["equal_mass"] = shifted
+
+
+def _synthetic_ev(root):
+  return json.loads((root / "tied_a" / "study_eval.json").read_text())
+
+
+def test_a_run_without_its_checkpoints_says_so_and_is_not_evaluated(tmp_path):
+  """Newcomer pass 9: with checkpoints/ and study_eval.json deleted, lev-study said
+  "finished; not evaluated; evaluation failed: ... no checkpoints/; it is still starting
+  or compiling"."""
+  import shutil
+  ladder, root = _synthetic_study(tmp_path)
+  shutil.rmtree(root / "tied_a" / "checkpoints")
+  (root / "tied_a" / "study_eval.json").unlink()
+  analysis, paths, failed = _report_only(ladder, root, tmp_path)
+  assert not failed
+  (missing,) = analysis["missing"]
+  assert missing["status"] == "unverified" and missing["reason"] == (
+      f"{root / 'tied_a' / 'checkpoints'}: missing, so the config it was trained with "
+      f"cannot be checked against the study's tied_a: left out; move {root / 'tied_a'} "
+      "aside and train the run there")
+  assert f"  missing tied_a: {missing['reason']}" in study_cli.summary(analysis, paths)

@@ -83,3 +83,26 @@ def test_a_study_with_nothing_run_draws_no_empty_legend(tmp_path):
     warnings.simplefilter("error")
     study_plots.plot_loss_vs_tokens({"cells": [cell], "runs": []}, tmp_path / "l.png")
   assert (tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_trend_with_no_finished_pair_is_drawn_on_a_linear_axis_with_a_note(tmp_path):
+  """Newcomer pass 9: `lev-study --study=experiments/smoke_ladder.py` on an empty ROOT
+  (a ladder file is a one-seed study) failed in "Data cannot be log-scaled because all
+  values are <= 0": its trend panels had series but no point."""
+  import warnings  # noqa: PLC0415
+  from lev_jax.ladder import study
+  from test_ladder_study import _fake_study
+  result, factors, _ = _fake_study(lambda variant, size, corpus, seed: 90.0)
+  for rung in result.rungs:
+    rung.status, rung.final = "missing", None
+  analysis = study.analyse(result, factors, {})
+  assert analysis["trend"] and all(not s["change"]["test"] for t in analysis["trend"]
+                                   for s in t["sizes"])
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    fig = study_plots.plot_trend(analysis, tmp_path / "t.png")
+    study_plots.plot_loss_vs_tokens(analysis, tmp_path / "l.png")
+  assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+  for ax in fig.axes:
+    assert ax.get_xscale() == "linear"
+    assert "no finished pair yet" in [t.get_text() for t in ax.texts]

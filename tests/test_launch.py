@@ -651,3 +651,23 @@ def test_local_forwards_sigterm_and_waits_for_the_checkpoints():
   out, _ = proc.communicate(timeout=30)
   assert proc.returncode == 143, out
   assert "[p0] checkpointed 0" in out and "[p1] checkpointed 1" in out  # not SIGKILLed
+
+
+def test_slurm_workdir_that_is_not_a_folder_is_refused_before_planning(tmp_path, capsys):
+  """Newcomer pass 9: --workdir=/dev/null planned `sbatch /dev/null.sbatch`, exit 0."""
+  plain = tmp_path / "notes.txt"
+  plain.write_text("x")
+  dangling = tmp_path / "gone"
+  dangling.symlink_to(tmp_path / "nowhere")
+  tail = "expected a folder for lev-train's outputs (a new one, or a run's to resume)"
+  for workdir, what in (("/dev/null", "/dev/null: is a device, not a folder"),
+                        (str(plain), f"{plain}: is a file, not a folder"),
+                        (f"{plain}/run", f"{plain}/run: {plain} is a file, not a folder"),
+                        (str(dangling), f"{dangling}: is a link to nothing, not a folder")):
+    argv = ["--nodes=1", f"--workdir={workdir}", "--dry-run", "--no-preflight", "--",
+            "--config=experiments/smoke.py:tied"]
+    err = error(slurm.main, argv, capsys)
+    assert err == f"launch/slurm.py: error: --workdir={what}; {tail}\n", err
+  argv = ["--nodes=1", "--workdir=" + str(tmp_path / "new" / "run"), "--dry-run",
+          "--no-preflight", "--", "--config=experiments/smoke.py:tied"]
+  assert run(slurm.main, argv)[0] == 0  # a folder still to create is fine

@@ -20,6 +20,11 @@ that is not finished is trained (resumed when it has a checkpoint), one after an
   slurm   `python launch/slurm.py [launcher_flags] --job_name=lev-VARIANT
           --workdir=ROOT/VARIANT -- --config=LADDER:VARIANT [train_flags]` per rung
           (writes and submits an sbatch script; re-run lev-ladder for the report later)
+A Ctrl-C or SIGTERM while a rung trains is forwarded to it (lev-train saves a checkpoint
+and exits); lev-ladder waits for it, then exits 130 or 143 with one line naming the rung
+stopped (re-running the same command resumes it). A rung "unverified" (its outputs
+without checkpoints/: lev-train refuses such a folder) is not launched; its reason says
+to move it aside.
 --train_flags are parsed as lev-train parses them, for every rung, before anything runs
 or is written: a mistake there is one line (exit 2). They also say what each rung is
 meant to be: a run trained with other settings (another train.steps, eval.batches,
@@ -44,6 +49,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -213,10 +219,62 @@ def check_launcher(commands, runner=subprocess.run) -> None:
                    "--dry-run before any rung was launched)")
 
 
-def train_rungs(commands, launcher: str, runner=subprocess.call, out=sys.stdout,
+# The rung whose command a Ctrl-C or SIGTERM stopped, and that command's exit status:
+# set by `train_rungs` for the line `stopped_line` prints.
+STOPPED: dict = {}
+
+
+def _exit_status(returncode: int) -> int:
+  return 128 - returncode if returncode < 0 else returncode  # -15 (SIGTERM) -> 143
+
+
+def call_forwarding(argv, env=None) -> int:
+  """subprocess.call(argv, env=env), forwarding a Ctrl-C or SIGTERM to the child.
+
+  The child runs in its own session, so that only this forward reaches it (a terminal's
+  Ctrl-C reaches this process alone): KeyboardInterrupt sends it SIGINT, a SIGTERM
+  (`interrupt.Terminated`, see `interrupt.terminate_as_interrupt`) SIGTERM; lev-train
+  then saves a checkpoint and exits (130 or 143). This waits for it, as long as it
+  takes (a second signal is forwarded too), then raises the interrupt again with the
+  child's exit status as its `child_status`, so that the command ends as interrupted
+  with no child left running (newcomer pass 9: SIGTERM to lev-ladder --run left
+  lev-train training, orphaned).
+  """
+  from lev_jax.cli import interrupt  # pylint: disable=import-outside-toplevel
+  proc = subprocess.Popen(argv, env=env, start_new_session=True)
+  try:
+    return proc.wait()
+  except KeyboardInterrupt as e:
+    stop = signal.SIGTERM if isinstance(e, interrupt.Terminated) else signal.SIGINT
+    while True:
+      if proc.poll() is None:
+        proc.send_signal(stop)
+      try:
+        proc.wait()
+        break
+      except KeyboardInterrupt:
+        continue  # another signal: forwarded again
+    e.child_status = _exit_status(proc.returncode)
+    raise
+
+
+def stopped_line(cause: str, member: str = "rung", what: str = "unfinished rungs") -> str:
+  """`common.run`'s line after a Ctrl-C or SIGTERM: which rung (or run) was stopped and
+  that re-running resumes it (`STOPPED`), else that re-running resumes the `what`."""
+  if not STOPPED:
+    return f"{cause}; re-run the same command to resume the {what}"
+  status = STOPPED.get("status")
+  how = "" if status is None else f" (it exited with status {status})"
+  return (f"{cause}: stopped {member} {STOPPED['variant']}{how}; re-run the same command "
+          f"to resume it and the {what}")
+
+
+def train_rungs(commands, launcher: str, runner=call_forwarding, out=sys.stdout,
                 prog: str = PROG) -> dict:
   """Runs (or prints) each command in turn; returns {variant: exit status} of those that
-  failed. A failure does not stop the next rung. `prog` heads the progress lines."""
+  failed. A failure does not stop the next rung. `prog` heads the progress lines. A
+  Ctrl-C or SIGTERM while one runs (`call_forwarding` stops it) is raised again, after
+  `STOPPED` records the rung and its exit status."""
   failed = {}
   for variant, argv in commands:
     line = shlex.join(argv)
@@ -224,12 +282,23 @@ def train_rungs(commands, launcher: str, runner=subprocess.call, out=sys.stdout,
       print(line, file=out, flush=True)
       continue
     print(f"{prog}: {variant}: {line}", file=out, flush=True)
-    status = runner(argv)
+    try:
+      status = runner(argv)
+    except KeyboardInterrupt as e:
+      STOPPED.update(variant=variant, status=getattr(e, "child_status", None))
+      raise
     if status:
       print(f"{prog}: {variant}: exited with status {status}; continuing with the next one",
             file=out, flush=True)
       failed[variant] = status
   return failed
+
+
+def trainable(result) -> list[str]:
+  """The variants --run trains: every rung not finished, except an "unverified" one (its
+  outputs are there without checkpoints/: lev-train refuses such a folder, and its
+  reason says to move it aside)."""
+  return [r.variant for r in result.rungs if not r.finished and r.status != "unverified"]
 
 
 def summary(analysis: dict, paths: dict) -> str:
@@ -309,6 +378,8 @@ def main(argv):
   if len(argv) > 1:
     common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
   common.quiet_library_logs()
+  from lev_jax.cli import interrupt  # pylint: disable=import-outside-toplevel
+  interrupt.terminate_as_interrupt()  # SIGTERM: the rung in training is stopped first
   # after flags: keeps --help fast
   from lev_jax.ladder import analysis as ladder_analysis, report, runs as ladder_lib
   f = flags.FLAGS
@@ -327,7 +398,7 @@ def main(argv):
     launcher_flags = _split("launcher_flags", f.launcher_flags)
     if launcher_flags and f.launcher not in ("tpu", "slurm"):
       raise ValueError(f"--launcher_flags is for --launcher=tpu or slurm, not {f.launcher}")
-    todo = [r.variant for r in result.rungs if not r.finished]
+    todo = trainable(result)
     commands = rung_commands(f.launcher, f.ladder, todo, f.root, train_flags=train_flags,
                              launcher_flags=launcher_flags) if f.run else []
     if f.launcher in ("tpu", "slurm"):
@@ -366,8 +437,7 @@ def main(argv):
 
 def run():
   _define_flags()
-  common.run(PROG, main, __name__, interrupted="{cause}; re-run the same "
-             "command to resume the unfinished rungs")
+  common.run(PROG, main, __name__, interrupted=stopped_line)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,11 @@ Then each finished run without a current ROOT/RUN/study_eval.json is evaluated i
 process on the validation and test splits (lev_jax.ladder.study.evaluate_run; eval.batches from
 --eval_batches, else the study file's FINAL_EVAL_BATCHES, else the run's own), and the
 report (lev_jax/ladder/study_report.py) goes to --report_dir (default ROOT/report).
-Re-running the same command resumes; Ctrl-C loses at most the run in progress since its
-last checkpoint. Exit status: 0; 1 when a run failed to train or evaluate; 2 for a bad
+Re-running the same command resumes; Ctrl-C or SIGTERM is forwarded to the run in
+training, which saves a checkpoint and exits; lev-study waits for it and ends (130 or
+143) naming the run stopped. A current study_eval.json whose figures disagree
+(lev_jax.ladder.study.study_eval_problem: edited) makes its run "unreadable", never
+summarised. Exit status: 0; 1 when a run failed to train or evaluate; 2 for a bad
 flag or study file.
 """
 
@@ -34,7 +37,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -71,7 +73,8 @@ def load_study(study) -> tuple[object, dict]:
   """(the study module, {run: config}) after every check that needs no training.
 
   Raises:
-    runs.LadderError: a broken study file; config.ConfigError: a run's invalid config
+    runs.LadderError: a broken study file, or a get_config that fails or returns no
+      full ConfigDict (runs.checked_config); config.ConfigError: a run's invalid config
       (the run named); study.StudyError: runs that differ in a non-factor field.
   """
   from lev_jax.ladder import runs, study as study_lib
@@ -79,8 +82,10 @@ def load_study(study) -> tuple[object, dict]:
   module = study_lib.load_study_module(study)
   configs = {}
   for run in module.RUNGS:
+    # a ConfigDict with every section (newcomer pass 9: "is a int" from validate)
+    config = runs.checked_config(module, run, where=study)
     try:
-      configs[run] = validate(module.get_config(run))
+      configs[run] = validate(config)
     except ConfigError as e:
       raise ConfigError(f"{study}:{run}: {e}") from e
     except Exception as e:  # the study file's own error
@@ -91,16 +96,21 @@ def load_study(study) -> tuple[object, dict]:
 
 
 def _runner_with_cache(cache_dir: str):
-  """subprocess.call with a persistent XLA compilation cache shared by the runs."""
+  """lev-ladder's call_forwarding (a Ctrl-C or SIGTERM stops the run in training
+  first) with a persistent XLA compilation cache shared by the runs."""
+  from lev_jax.cli.ladder import call_forwarding
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache_dir)
-  return lambda argv: subprocess.call(argv, env=env)
+  return lambda argv: call_forwarding(argv, env=env)
 
 
 def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
                       out=sys.stdout) -> tuple[dict, dict]:
   """({run: study_eval.json}, {run: error}) for every finished run; a run whose file is
-  current (same step and eval.batches) is read, the others are evaluated."""
+  current (same step and eval.batches) is read, the others are evaluated. A current
+  file whose figures disagree (`study.study_eval_problem`: edited) makes its run
+  "unreadable" with the reason, neither evaluated again nor summarised."""
   from lev_jax.ladder import study as study_lib
+  from lev_jax.workdir import STUDY_EVAL_JSON
   on_device = evaluate is None  # in this process: jax's backends must start
   evaluate = evaluate or study_lib.evaluate_run
   evals, errors = {}, {}
@@ -108,8 +118,18 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
     if not rung.finished:
       continue
     ev = study_lib.read_eval(rung.workdir)
-    wanted = eval_batches or ev and ev.get("eval_batches")
-    if ev is None or ev.get("step") != rung.steps or ev.get("eval_batches") != wanted:
+    found = isinstance(ev, dict)
+    wanted = eval_batches or found and ev.get("eval_batches")
+    current = found and ev.get("step") == rung.steps and ev.get("eval_batches") == wanted
+    if current or (ev is not None and not found):  # one that is not an object: edited
+      problem = study_lib.study_eval_problem(ev, rung.steps)
+      if problem:  # newcomer pass 9: loss and perplexity edited to agree were reported
+        path = Path(rung.workdir) / STUDY_EVAL_JSON
+        rung.status, rung.reason = "unreadable", (
+            f"{path}: {problem}: the file was edited; expected lev-study's own evaluation "
+            "(delete it and re-run lev-study to evaluate again)")
+        continue
+    if not current:
       if on_device:  # JAX_PLATFORMS naming a backend this machine lacks: one line
         common.backend_or_exit(PROG)
       print(f"{PROG}: {rung.variant}: evaluating validation and test", file=out, flush=True)
@@ -155,7 +175,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   result = runs.collect(module, root, expected, owner="study")
   failed = {}
   if run:
-    todo = [r.variant for r in result.rungs if not r.finished]
+    todo = ladder_cli.trainable(result)
     if not todo:
       print(f"{PROG}: every run of {study} is finished under {root}; nothing to train",
             file=out)
@@ -248,6 +268,8 @@ def main(argv):
   if len(argv) > 1:
     common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
   common.quiet_library_logs()
+  from lev_jax.cli import interrupt
+  interrupt.terminate_as_interrupt()  # SIGTERM: the run in training is stopped first
   from lev_jax.ladder import runs
   from lev_jax.cli import ladder as ladder_cli
   from lev_jax.config import ConfigError
@@ -285,9 +307,10 @@ def main(argv):
 
 
 def run():
+  from lev_jax.cli.ladder import stopped_line
   _define_flags()
-  common.run(PROG, main, __name__, interrupted="{cause}; re-run the same "
-             "command to resume the unfinished runs")
+  common.run(PROG, main, __name__,
+             interrupted=lambda cause: stopped_line(cause, "run", "unfinished runs"))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ What is read from each workdir (lev_jax/trainer.py writes it):
                   lev_jax.checkpoint.latest_config_file); used when present, else the
                   ladder's get_config(variant); it must equal the rung's config
                   (get_config(variant) with lev-ladder's --train_flags) in every field
-                  that decides results, else the rung is "other config", left out
+                  that decides results, else the rung is "other config", left out. A
+                  finished rung needs it at its final step: without checkpoints/ (or
+                  that step's readable config) it is "unverified", left out
 
 Each rung's parameter counts are lev-params' (lev_jax.params.count_params, on an
 abstract model). A rung that is missing, unfinished or unreadable is a Rung with that
@@ -106,6 +108,42 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
   return module
 
 
+def _a(name: str) -> str:
+  return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def checked_config(module, variant: str, where: str | None = None) -> ml_collections.ConfigDict:
+  """module.get_config(variant), once it is a ConfigDict holding every section of
+  base_config() (collect_rung reads train, model and lev; lev-train needs them all).
+
+  where: how the errors name the file (default: the module's file).
+
+  Raises:
+    LadderError: get_config fails, returns something else than a ConfigDict (e.g. an
+      int), or a ConfigDict without a section, in one line naming the file and variant.
+  """
+  from lev_jax.config import base_config  # pylint: disable=import-outside-toplevel
+  where = where or getattr(module, "__file__", None) or "ladder"
+  try:
+    config = module.get_config(variant)
+  except Exception as e:
+    raise LadderError(f"{where}: get_config({variant!r}) failed: {type(e).__name__}: "
+                      f"{e}") from e
+  expected = ("expected an ml_collections.ConfigDict (config.base_config() with fields "
+              "changed, as experiments/smoke_ladder.py builds them)")
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise LadderError(f"{where}: get_config({variant!r}) returned "
+                      f"{_a(type(config).__name__)}; {expected}")
+  sections = [k for k, v in base_config().items() if isinstance(v, ml_collections.ConfigDict)]
+  absent = [k for k in sections
+            if not isinstance(config.get(k, None), ml_collections.ConfigDict)]
+  if absent:
+    raise LadderError(f"{where}: get_config({variant!r}) returned a config without its "
+                      f"{', '.join(absent)} section{'s' if len(absent) > 1 else ''}; "
+                      f"{expected}")
+  return config
+
+
 def split_variant(variant: str) -> tuple[str, str]:
   """("tied" | "leviathan" | other kind, size) from "<kind>_<size>"."""
   kind, _, size = variant.partition("_")
@@ -125,7 +163,9 @@ class Rung:
       (a file that does not parse), "other config" (a finished run whose stored config
       differs from the rung's, get_config(variant) with lev-ladder's --train_flags, in
       its model shape, checkpoint_checks.SHAPE_FIELDS, or in another field that decides
-      results, `result_fields`); `reason` says which, in words.
+      results, `result_fields`), "unverified" (eval.json at the final step but no
+      readable stored config of that step: checkpoints/ deleted, so another run copied
+      there would pass); `reason` says which, in words.
     steps: train.steps; step: the last step logged (None before any row).
     tokens_per_step: train.global_batch_size * train.seq_len.
     params: lev-params counts {"embedding", "lev", "backbone", "head", "total"}.
@@ -185,19 +225,25 @@ def _param_counts(config: ml_collections.ConfigDict) -> dict:
   return dict(_PARAM_CACHE[key])
 
 
-def _latest_checkpoint_config(workdir: epath.Path) -> tuple[dict | None, str | None]:
-  """(the stored config dict, None) of the highest complete checkpoint step, or (None,
-  a note) when there is none or it does not parse."""
+def _latest_checkpoint_config(workdir: epath.Path) -> tuple[dict | None, str | None,
+                                                             int | None]:
+  """(the stored config dict, None, its step) of the highest complete checkpoint step,
+  or (None, why not, the step or None): no checkpoints/, no step in it, a config file
+  missing or not JSON (the phrase names the path)."""
   from lev_jax.checkpoint import latest_config_file  # imports Orbax: only when reading
-  path = latest_config_file(workdir / CHECKPOINTS)
+  folder = workdir / CHECKPOINTS
+  if not folder.is_dir():
+    return None, f"{folder}: missing", None
+  path = latest_config_file(folder)
   if path is None:
-    return None, None
+    return None, f"{folder}: holds no checkpoint", None
+  step = int(path.parent.parent.name)
   try:
-    return json.loads(path.read_text()), None
+    return json.loads(path.read_text()), None, step
   except FileNotFoundError:
-    return None, f"{path}: missing; using the ladder's config"
+    return None, f"{path}: missing", step
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    return None, f"{path}: not JSON ({e}); using the ladder's config"
+    return None, f"{path}: not JSON ({e})", step
 
 
 def _as_number(value) -> float:
@@ -275,9 +321,64 @@ def _read_json(path: epath.Path, what: str) -> dict:
   return value
 
 
-def _check_eval(result: dict, path) -> None:
-  """Raises LadderError when `result` lacks a field of an evaluate() result, or its
-  perplexity is not exp(loss) (an edited file: the report would quote either)."""
+def _bucket_nll(bucket: dict) -> float | None:
+  """A bucket's mean NLL: its "loss", else log of its "perplexity"; None without either."""
+  if bucket.get("loss") is not None:
+    return _as_number(bucket["loss"])
+  if bucket.get("perplexity") is not None:
+    ppl = _as_number(bucket["perplexity"])
+    return math.log(ppl) if ppl > 0 else math.nan
+  return None
+
+
+def bucket_problem(result: dict, rel_tol: float = 1e-6) -> str | None:
+  """Why an evaluate() result's figures do not agree with each other, or None.
+
+  lev_jax/eval/evaluate.py computes the overall loss as the token-weighted mean of its
+  buckets' mean NLL (every target falls in one bucket), so with the buckets' "tokens"
+  and "loss" (or "perplexity") the overall "loss" must be sum(tokens * loss) /
+  sum(tokens), within `rel_tol`; a bucket's perplexity must be exp(its loss). Buckets
+  without tokens, or a result without buckets or tokens, are not checked.
+
+  Returns:
+    e.g. "its loss 5.0 is not the token-weighted mean of its buckets' losses (6.79...)".
+  """
+  buckets = result.get("buckets")
+  if not isinstance(buckets, list):
+    return None
+  total = weighted = 0.0
+  try:
+    for b in buckets:
+      if not isinstance(b, dict) or not b.get("tokens"):
+        continue
+      nll = _bucket_nll(b)
+      if nll is None:
+        continue
+      if (b.get("loss") is not None and b.get("perplexity") is not None
+          and math.isfinite(nll) and nll < 700 and not math.isclose(
+              _as_number(b["perplexity"]), math.exp(nll), rel_tol=1e-9)):
+        return (f"its bucket {b.get('range')} perplexity {b['perplexity']} is not "
+                f"exp(loss) = {math.exp(nll):.6g}")
+      total += _as_number(b["tokens"])
+      weighted += _as_number(b["tokens"]) * nll
+    loss = _as_number(result["loss"])
+  except (TypeError, ValueError, KeyError):
+    return "its buckets' tokens, loss and perplexity are not all numbers"
+  if total <= 0 or not (math.isfinite(weighted) and math.isfinite(loss)):
+    return None
+  mean = weighted / total
+  if not math.isclose(loss, mean, rel_tol=rel_tol, abs_tol=1e-12):
+    return (f"its loss {loss} is not the token-weighted mean of its buckets' losses "
+            f"({mean:.10g})")
+  return None
+
+
+def _check_eval(result: dict, path, rows: list[dict]) -> None:
+  """Raises LadderError when `result` (eval.json) lacks a field of an evaluate() result,
+  its perplexity is not exp(loss), it is not the evaluation metrics.jsonl's `rows`
+  recorded at its step (workdir.eval_record_problem), or its loss is not the
+  token-weighted mean of its buckets' (`bucket_problem`): an edited file, the report
+  would quote it."""
   for key in ("loss", "perplexity", "step", "buckets", "bucket_edges"):
     if key not in result:
       raise LadderError(f"{path}: no {key!r}; expected an evaluate() result with its step "
@@ -292,6 +393,15 @@ def _check_eval(result: dict, path) -> None:
     raise LadderError(f"{path}: perplexity {ppl} is not exp(loss) = {math.exp(loss):.6g} "
                       f"(loss {loss}): the file was edited; expected lev-train's own result "
                       "(delete it and re-run lev-train on the run to evaluate again)")
+  problem = eval_record_problem(result, rows)
+  if problem:  # newcomer pass 8: a consistent edit of loss and perplexity
+    raise LadderError(f"{path}: {problem}: the file was edited or replaced; "
+                      "expected lev-train's own result (delete it and re-run "
+                      "lev-train on the run to evaluate again)")
+  problem = bucket_problem(result)
+  if problem:  # newcomer pass 9: eval.json and metrics.jsonl's row edited to agree
+    raise LadderError(f"{path}: {problem}: the file was edited; expected lev-train's own "
+                      "result (delete it and re-run lev-train on the run to evaluate again)")
 
 
 def collect_rung(module, variant: str, root: epath.Path,
@@ -308,19 +418,18 @@ def collect_rung(module, variant: str, root: epath.Path,
     is "other config", left out of the analysis.
 
   Raises:
-    LadderError: get_config(variant) fails (the ladder itself is broken).
+    LadderError: get_config(variant) fails or returns no full config (the ladder itself
+      is broken; `checked_config`).
   """
-  try:
-    config = module.get_config(variant) if expected is None else expected
-  except Exception as e:
-    raise LadderError(f"ladder: get_config({variant!r}) failed: {type(e).__name__}: {e}") from e
+  config = checked_config(module, variant) if expected is None else expected
   kind, size = split_variant(variant)
   workdir = root / variant
   notes, source, ladder_config, other, settings = [], "ladder", config, [], []
+  unchecked = None  # why the stored config cannot be checked: a finished run is unverified
   if workdir.is_dir():
-    stored, note = _latest_checkpoint_config(workdir)
-    if note:
-      notes.append(note)
+    stored, unchecked, stored_step = _latest_checkpoint_config(workdir)
+    if unchecked and stored_step is not None:  # a checkpoint whose config is unreadable
+      notes.append(f"{unchecked}; using the {owner}'s config")
     if stored is not None:
       try:
         config = ml_collections.ConfigDict(stored)
@@ -334,9 +443,13 @@ def collect_rung(module, variant: str, root: epath.Path,
         other = [d for d in diffs if d.split(":", 1)[0] in SHAPE_FIELD_NAMES]
         settings = [d for d in diffs if d not in other]
       except (AttributeError, KeyError, TypeError):
-        config = module.get_config(variant)
-        notes.append(f"{workdir / CHECKPOINTS}: stored config lacks train/model fields; "
-                     "using the ladder's config")
+        config, source, other, settings = ladder_config, "ladder", [], []
+        unchecked = f"{workdir / CHECKPOINTS}: stored config lacks train/model fields"
+        notes.append(f"{unchecked}; using the {owner}'s config")
+      else:
+        if stored_step != int(config.train.steps):
+          unchecked = (f"{workdir / CHECKPOINTS}: its latest checkpoint is step "
+                       f"{stored_step}, not the final step {config.train.steps}")
   t = config.train
   tokens_per_step = int(t.global_batch_size) * int(t.seq_len)
   rung = Rung(variant=variant, kind=kind, size=size, workdir=str(workdir), status="missing",
@@ -366,12 +479,7 @@ def collect_rung(module, variant: str, root: epath.Path,
     eval_path = workdir / EVAL_JSON
     final = _read_json(eval_path, EVAL_JSON) if eval_path.exists() else None
     if final is not None:
-      _check_eval(final, eval_path)
-      problem = eval_record_problem(final, rows)
-      if problem:  # newcomer pass 8: a consistent edit of loss and perplexity
-        raise LadderError(f"{eval_path}: {problem}: the file was edited or replaced; "
-                          "expected lev-train's own result (delete it and re-run "
-                          "lev-train on the run to evaluate again)")
+      _check_eval(final, eval_path, rows)
     lev_eval_path = workdir / LEV_EVAL_JSON
     if lev_eval_path.exists():
       rung.lev_eval = _read_json(lev_eval_path, LEV_EVAL_JSON)
@@ -397,11 +505,17 @@ def collect_rung(module, variant: str, root: epath.Path,
     rung.status = "unreadable"
     rung.reason = f"{eval_path}: final loss is {final['loss']} (diverged?)"
     return rung
+  member = "rung" if owner == "ladder" else "run"  # newcomer pass 8: a study's "rung"
+  if unchecked:  # newcomer pass 9: checkpoints/ deleted, another run's files copied in
+    rung.status = "unverified"
+    rung.reason = (f"{unchecked}, so the config it was trained with cannot be checked "
+                   f"against the {owner}'s {variant}: left out; move {workdir} aside and "
+                   f"train the {member} there")
+    return rung
   if other or settings:  # newcomer passes 6 and 7: another run summarised as the rung
     diffs = other or settings
     more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
     listed = "; ".join(d.replace("this run", owner) for d in diffs[:4])
-    member = "rung" if owner == "ladder" else "run"  # newcomer pass 8: a study's "rung"
     rung.status = "other config"
     rung.reason = (f"{workdir} holds a model of another shape than the {owner}'s {variant} "
                    f"({listed}{more}): left out; move it aside and train the {member} "

@@ -377,6 +377,53 @@ def read_eval(workdir) -> dict | None:
     return None
 
 
+def study_eval_problem(ev, steps: int) -> str | None:
+  """Why `ev` (a study_eval.json, `evaluate_run`'s) is not lev-study's own evaluation of
+  the run's final checkpoint, as a phrase; None when its figures agree.
+
+  There is no metrics.jsonl row to compare with, so its figures are checked against each
+  other: its "step" is the run's final step `steps`; per split, both bucket schemes hold
+  perplexity = exp(loss) and a loss that is the token-weighted mean of their buckets'
+  (runs.bucket_problem); and the two schemes, one evaluation bucketed twice, have the
+  same loss and tokens.
+
+  Returns:
+    e.g. "its validation log loss 1.6 is not the token-weighted mean of its buckets'
+    losses (6.79...)", or None.
+  """
+  if not isinstance(ev, dict):
+    return "not a JSON object"
+  if ev.get("step") != steps:
+    return f"its step {ev.get('step')!r} is not the run's final step {steps}"
+  for split in SPLITS:
+    part = ev.get(split)
+    if not isinstance(part, dict) or not isinstance(part.get("log"), dict):
+      return f"no {split} results"
+    results = [(scheme, part[scheme]) for scheme in SCHEMES if part.get(scheme) is not None]
+    for scheme, r in results:
+      where = f"its {split} {scheme}"
+      if not isinstance(r, dict):
+        return f"{where} result is not a JSON object"
+      try:
+        loss, ppl = float(r["loss"]), float(r["perplexity"])
+      except (KeyError, TypeError, ValueError):
+        return f"{where} result has no numeric loss and perplexity"
+      if math.isfinite(loss) and loss < 700 and not math.isclose(ppl, math.exp(loss),
+                                                                   rel_tol=1e-9):
+        return f"{where} perplexity {ppl} is not exp(loss) = {math.exp(loss):.6g}"
+      problem = runs.bucket_problem(r)
+      if problem:
+        return f"{where} {problem.removeprefix('its ')}"
+    if len(results) == 2:
+      (_, a), (_, b) = results
+      if not (math.isclose(float(a["loss"]), float(b["loss"]), rel_tol=1e-6)
+              and a.get("tokens") == b.get("tokens")):
+        return (f"its {split} log and equal_mass results (one evaluation bucketed twice) "
+                f"differ: loss {a['loss']} vs {b['loss']}, tokens {a.get('tokens')} vs "
+                f"{b.get('tokens')}")
+  return None
+
+
 def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
   """Validation and test evaluation of a finished run, both bucket schemes; writes and
   returns WORKDIR/study_eval.json: {"step", "eval_batches", "validation": {"log",
