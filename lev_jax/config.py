@@ -617,8 +617,10 @@ def validate(c: ml_collections.ConfigDict, *,
       of any section first).
   """
   if not isinstance(c, ml_collections.ConfigDict):
-    raise ConfigError(f"the config is a {type(c).__name__}; expected an "
-                      "ml_collections.ConfigDict (get_config returns one)")
+    name = type(c).__name__
+    what = "None" if c is None else f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+    raise ConfigError(f"the config is {what}; expected an ml_collections.ConfigDict "
+                      "(get_config returns one)")
   base = base_config()
   if not allow_unknown:
     unknown = unknown_field(c, base)
