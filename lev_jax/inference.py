@@ -36,6 +36,7 @@ NNX docs, "nnx.split / nnx.merge".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -384,6 +385,18 @@ def _check_finite(params, where: str) -> None:
                          "diverged, or damaged files)")
 
 
+@contextlib.contextmanager
+def _damaged_export_params(root: epath.Path, what: str):
+  """Any error of the Orbax read in the block (tensorstore / Orbax errors of a damaged
+  export are of any type) -> InferenceError "PARAMS: WHAT: the export is incomplete or
+  corrupt (...); export the checkpoint again"."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    raise InferenceError(f"{root / EXPORT_PARAMS}: {what}: the export is incomplete or "
+                         f"corrupt ({error_line(e)}); export the checkpoint again") from e
+
+
 def _check_export_shapes(root: epath.Path, abstract) -> None:
   """The shapes config.json gives fit params/'s stored ones (Orbax metadata only).
 
@@ -391,12 +404,8 @@ def _check_export_shapes(root: epath.Path, abstract) -> None:
     InferenceError: they differ (config.json edited), naming the first differing
       parameter; or params/'s metadata cannot be read (incomplete or corrupt).
   """
-  try:
+  with _damaged_export_params(root, "cannot read the parameters' metadata"):
     diffs = checkpoint.params_shape_differences(root / EXPORT_PARAMS, abstract)
-  except Exception as e:  # tensorstore / Orbax errors of a damaged export are of any type
-    raise InferenceError(f"{root / EXPORT_PARAMS}: cannot read the parameters' metadata: "
-                         f"the export is incomplete or corrupt ({error_line(e)}); export "
-                         "the checkpoint again") from e
   if diffs:
     more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
     raise InferenceError(
@@ -426,12 +435,8 @@ def _load_export(root: epath.Path, step: int | None, dtype, expect) -> Inference
   graphdef, abstract = _abstract(config)
   _check_export_shapes(root, abstract)
   _verify_export(root, info, config_json=True)  # an edit that kept the shapes
-  try:
+  with _damaged_export_params(root, "cannot restore the parameters"):
     params = checkpoint.read_params(root / EXPORT_PARAMS, abstract)
-  except Exception as e:  # tensorstore / Orbax errors of a damaged export are of any type
-    raise InferenceError(f"{root / EXPORT_PARAMS}: cannot restore the parameters: the export "
-                         f"is incomplete or corrupt ({error_line(e)}); export the checkpoint "
-                         "again") from e
   _check_finite(params, f"export {root}")
   params = _cast(params, dtype)
   tokenizer, counts = _tokenizer_and_counts(root, config)
