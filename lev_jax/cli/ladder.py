@@ -20,11 +20,7 @@ that is not finished is trained (resumed when it has a checkpoint), one after an
   slurm   `python launch/slurm.py [launcher_flags] --job_name=lev-VARIANT
           --workdir=ROOT/VARIANT -- --config=LADDER:VARIANT [train_flags]` per rung
           (writes and submits an sbatch script; re-run lev-ladder for the report later)
-A Ctrl-C or SIGTERM while a rung trains is forwarded to it (lev-train saves a checkpoint
-and exits); lev-ladder waits for it, then exits 130 or 143 with one line naming the rung
-stopped (re-running the same command resumes it). A rung "unverified" (its outputs
-without checkpoints/: lev-train refuses such a folder) is not launched; its reason says
-to move it aside.
+Ctrl-C / SIGTERM reach the rung training (it checkpoints); "unverified" rungs are skipped.
 --train_flags are parsed as lev-train parses them, for every rung, before anything runs
 or is written: a mistake there is one line (exit 2). They also say what each rung is
 meant to be: a run trained with other settings (another train.steps, eval.batches,
