@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -351,6 +352,24 @@ def _verify_export(root: epath.Path, info: dict, config_json: bool) -> None:
       raise InferenceError(f"{f}: differs from the sha256 {EXPORT_JSON} records; {edited}")
 
 
+def _record_digest(info: dict) -> str:
+  """sha256 of export.json's other fields (sorted JSON): "record_sha256", so that an
+  edit of the record itself (newcomer pass 10: "step" 6 -> 60 was reported as step 60)
+  is found; the files are covered by "checksums"."""
+  fields = {k: v for k, v in info.items() if k != "record_sha256"}
+  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _check_record(root: epath.Path, info: dict) -> None:
+  """Raises InferenceError when export.json's "record_sha256" (exports from before it
+  have none) is not the digest of its other fields: the record was edited."""
+  recorded = info.get("record_sha256")
+  if recorded is not None and recorded != _record_digest(info):
+    raise InferenceError(f"{root / EXPORT_JSON}: its fields differ from the digest it "
+                         "records (record_sha256): the file was edited after the export; "
+                         "export the checkpoint again")
+
+
 def _check_export_tokenizer(root: epath.Path, info: dict) -> None:
   """The export's tokenizer/ is the one it was exported with: its fingerprint equals
   export.json's "tokenizer_fingerprint" (exports made before it was recorded are not
@@ -423,6 +442,7 @@ def _load_export(root: epath.Path, step: int | None, dtype, expect) -> Inference
   if info.get("format") != EXPORT_FORMAT:
     raise InferenceError(f"{root / EXPORT_JSON}: format = {info.get('format')!r}; "
                          f"expected {EXPORT_FORMAT!r}")
+  _check_record(root, info)
   if step is not None and step != info["step"]:
     raise InferenceError(f"{root}: the export holds step {info['step']}, not step {step}")
   if expect is not None and info.get("materialized_lev"):
@@ -631,7 +651,8 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
   Returns:
     The `export.json` record: format, source, step, dtype, embedding (original),
     materialized_lev, params (count), bytes (of the parameters), created (UTC),
-    tokenizer_fingerprint, checksums ({"sha256": {file: hex}, "bytes": {file: size}} of
+    tokenizer_fingerprint, record_sha256 (of the other fields), checksums ({"sha256":
+    {file: hex}, "bytes": {file: size}} of
     every file but export.json, hf/'s included); with `also`, its result under "also"
     (not in export.json).
   Raises:
@@ -679,6 +700,7 @@ def save(im: InferenceModel, out_dir, *, dtype: str | None = None,
                 timespec="seconds"),
             "tokenizer_fingerprint": im.tokenizer.fingerprint}
     info["checksums"] = _checksums(tmp)  # every file written so far, hf/ included
+    info["record_sha256"] = _record_digest(info)
     write_json_atomic(tmp / EXPORT_JSON, info)  # last: the folder is complete
   except checkpoint.CheckpointWriteError as e:  # e.g. disk full: one line
     tmp.rmtree(missing_ok=True)

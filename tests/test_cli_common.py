@@ -514,6 +514,30 @@ def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_pat
                         "expected an ml_collections.ConfigDict"), err
 
 
+@pytest.mark.parametrize("body,said", [
+    ("import sys\ndef get_config(v=None):\n  sys.exit(0)\n",
+     "get_config called sys.exit(0) instead of returning a config"),
+    ("import ml_collections\nfrom lev_jax.config import base_config\n"
+     "def get_config(v=None):\n  return ml_collections.FrozenConfigDict(base_config())\n",
+     "get_config returned a FrozenConfigDict, which no override or command can change")])
+@pytest.mark.parametrize("overrides", [[], ["--config.eval.batches=1"]])
+def test_a_get_config_that_exits_or_freezes_is_one_line(monkeypatch, capsys, tmp_path, body,
+                                                         said, overrides):
+  """Newcomer pass 10: sys.exit(0) in get_config ended lev-train with exit 0 and nothing
+  done; a FrozenConfigDict was "immutable. Cannot call lock()" or a traceback."""
+  path = tmp_path / "odd.py"
+  path.write_text(body)
+  monkeypatch.delitem(sys.modules, "config_config", raising=False)
+  argv = ["lev-x", f"--config={path}", *overrides]
+  from lev_jax.cli import common
+  with pytest.raises(SystemExit) as e:
+    fv, parse = _config_command(monkeypatch, argv)
+    parse(argv)
+    common.config_or_exit("lev-x", fv)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count("\n") == 1 and said in err, err
+
+
 def test_a_get_config_that_raises_names_the_file_and_line(monkeypatch, capsys, tmp_path):
   """Newcomer pass 9: `lev-train: error: boom` did not say the config file raised."""
   path = tmp_path / "raising.py"

@@ -134,6 +134,9 @@ def test_a_workdir_in_another_runs_files_or_an_export_is_refused(tmp_path, monke
       "lev-train writes it); expected another path")
   assert train_cli.workdir_error("exp").startswith("--workdir=exp: is exp, an export")
   assert train_cli.workdir_error("base") is None  # its own run: resumed
+  assert train_cli.workdir_error("base/sub") == (  # newcomer pass 10: trained in there
+      "--workdir=base/sub: is inside base, a training run's folder (only its lev-train "
+      "writes there); expected a path outside it")
 
 
 def test_lev_params_prints_parts_and_the_lev_difference():

@@ -195,6 +195,12 @@ def test_a_folder_s_lev_eval_json_of_another_checkpoint_is_no_baseline(tmp_path)
       {"checkpoint": str(tmp_path / "tied"), "validation": {}, "data": {}}))
   assert checkpoint_eval._read_baseline(tmp_path / "tied")[1] == str(
       tmp_path / "tied" / "lev_eval.json")
+  (tmp_path / "prep").mkdir()  # newcomer pass 10: "run lev-eval on the baseline first"
+  (tmp_path / "prep" / "dataset_info.json").write_text("{}")
+  with pytest.raises(ConfigError, match=re.escape(
+      f"--baseline={tmp_path / 'prep'}: is prepared data (lev-prepare-data's output), not a "
+      "run")):
+    checkpoint_eval._read_baseline(tmp_path / "prep")
 
 
 def test_an_existing_output_that_is_not_a_lev_eval_result_is_kept(tmp_path, capsys):

@@ -221,8 +221,11 @@ def _copy(export, dst):
 
 
 def _edit_json(path, **changes):
+  """Changes fields of a JSON file; for export.json, also drops its record digest (as
+  an export from before it), so that the check under test is the one that speaks."""
   data = json.loads(path.read_text())
   data.update(changes)
+  data.pop("record_sha256", None)
   path.write_text(json.dumps(data))
   return data
 
@@ -274,11 +277,24 @@ def test_an_export_from_before_checksums_loads_with_one_warning(tied_export, tmp
                                                                 caplog):
   old = _copy(tied_export, tmp_path / "old")
   info = json.loads((old / "export.json").read_text())
-  del info["checksums"], info["tokenizer_fingerprint"]
+  del info["checksums"], info["tokenizer_fingerprint"], info["record_sha256"]
   (old / "export.json").write_text(json.dumps(info))
   assert inference.load(old).step == 3 and inference.load(old).step == 3
   assert caplog.text.count(f"export {old}: export.json records no checksums (made by an "
                            "older lev_jax); its files are read unverified") == 1
+
+
+def test_an_edited_export_record_is_refused(tied_export, tmp_path):
+  """Newcomer pass 10: export.json's "step" edited 6 -> 60 was reported as step 60."""
+  edited = _copy(tied_export, tmp_path / "edited")
+  info = json.loads((edited / "export.json").read_text())
+  info["step"] = 60
+  (edited / "export.json").write_text(json.dumps(info))
+  with pytest.raises(inference.InferenceError, match=re.escape(
+      f"{edited / 'export.json'}: its fields differ from the digest it records "
+      "(record_sha256): the file was edited after the export; export the checkpoint "
+      "again")):
+    inference.load(edited)
 
 
 def test_an_export_with_non_finite_parameters_is_refused(tmp_path):
@@ -304,7 +320,7 @@ def test_an_export_config_edited_to_other_shapes_is_one_line(tied_export, tmp_pa
   edited = _copy(tied_export, tmp_path / "edited")
   if not checksums:  # an export from before them: the shapes alone find the edit
     info = json.loads((edited / "export.json").read_text())
-    del info["checksums"]
+    del info["checksums"], info["record_sha256"]
     (edited / "export.json").write_text(json.dumps(info))
   config = json.loads((edited / "config.json").read_text())
   config["model"]["d_model"] = 64

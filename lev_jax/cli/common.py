@@ -619,6 +619,10 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
         fail(prog, unreadable)
     try:
       rest = fv(argv)
+    except SystemExit as e:  # newcomer pass 10: get_config called sys.exit(0): exit 0
+      fail(prog, f"--config={_config_file(argv) or '?'}: get_config called sys.exit("
+           f"{e.code!r}) instead of returning a config; expected it to return an "
+           "ml_collections.ConfigDict")
     except flags.Error as e:  # absl ends it with the config file's own "ValueError: ..."
       line = re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e))
       fail(prog, _get_config_raised(e, argv) or override_value_error(argv, fv)
@@ -955,6 +959,8 @@ def _not_a_config_dict_line(given: str, value) -> str:
   ...` for a get_config whose result `value` is not a ConfigDict."""
   name = type(value).__name__
   what = "None" if value is None else f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+  if _frozen(value):
+    what += ", which no override or command can change"
   return (f"--config={given}: get_config returned {what}; expected an "
           "ml_collections.ConfigDict (e.g. config.base_config() with fields changed, as "
           "experiments/smoke.py builds them)")
@@ -966,9 +972,15 @@ def _overrides_on_a_non_config(error: BaseException, argv) -> str | None:
   with --config.train.steps=3 was "Attribute <class 'int'>.train does not exist")."""
   value = _overridden_object(error)
   path = _config_file(argv)
-  if value is _NOTHING or isinstance(value, ml_collections.ConfigDict) or not path:
+  if value is _NOTHING or not path or (isinstance(value, ml_collections.ConfigDict)
+                                       and not _frozen(value)):
     return None
   return _not_a_config_dict_line(path, value)
+
+
+def _frozen(config) -> bool:
+  """A FrozenConfigDict: no override can change it, and lev_jax's commands set fields."""
+  return isinstance(config, ml_collections.FrozenConfigDict)
 
 
 def _config_file(argv) -> str | None:
@@ -1097,7 +1109,7 @@ def config_or_exit(prog: str, fv: flags.FlagValues = flags.FLAGS):
     path = given.split(":", 1)[0]
     fail(prog, _not_a_config_file(path) or _not_a_python_file(path) or
          f"--config={given}: {_last_line(e)}")
-  if not isinstance(config, ml_collections.ConfigDict):
+  if not isinstance(config, ml_collections.ConfigDict) or _frozen(config):
     fail(prog, _not_a_config_dict_line(fv["config"].serialize().split("=", 1)[-1], config))
   return config
 

@@ -161,10 +161,13 @@ def workdir_error(workdir: str) -> str | None:
   """The one line when `workdir` is not a folder a run may be trained in: a file or
   folder another run owns, or inside one (its checkpoints/, tokenizer/, ...:
   common.checkpoint_tree_error), or an export or inside one (common.export_folder_error),
-  or a dangling symbolic link (common.dangling_link_error). None elsewhere (a new
-  folder, or this run's own to resume)."""
+  inside another run's folder or prepared data (common.within_owned_folder_error:
+  newcomer pass 10, a run trained in RUN/sub), or a dangling symbolic link
+  (common.dangling_link_error). None elsewhere (a new folder, or this run's own to
+  resume)."""
   return (common.checkpoint_tree_error("--workdir", workdir)
           or common.export_folder_error("--workdir", workdir)
+          or common.within_owned_folder_error("--workdir", workdir)
           or common.dangling_link_error("--workdir", workdir))
 
 

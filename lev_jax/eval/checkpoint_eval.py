@@ -20,7 +20,8 @@ from etils import epath
 
 from lev_jax.checkpoint_checks import SHAPE_FIELD_NAMES
 from lev_jax.config import ConfigError, validate
-from lev_jax.workdir import EVAL_JSON, LEV_EVAL_JSON, TOKEN_COUNTS, loads_json, read_small_text
+from lev_jax.workdir import (EVAL_JSON, LEV_EVAL_JSON, TOKEN_COUNTS, TOKENIZER, is_prepared_data,
+                             loads_json, read_small_text)
 
 
 def apply_overrides(config, overrides: dict):
@@ -111,9 +112,10 @@ def _training_counts(im, data_counts_V):
               else f"shape {saved.shape} vs {data.shape}")
       raise ConfigError(
           f"{path}: the saved training token counts differ from those of the training "
-          f"split config.data gives now ({what}): the file was edited, or the training "
-          "data changed since the run; expected them equal (restore the file, or delete it "
-          "to bucket by the data's counts)")
+          f"split config.data gives now ({what}): the file was edited, the run's "
+          f"{TOKENIZER}/ was replaced (the data is tokenized with it), or the training "
+          "data changed since the run; expected them equal (restore what was changed; "
+          "delete the file only to bucket by the data's counts)")
   logging.info("frequency buckets from %s (%s training tokens)", path, f"{int(saved.sum()):,}")
   return saved
 
@@ -173,6 +175,10 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
                       f"another run's {LEV_EVAL_JSON}, or the folder holding it)")
   folder = None
   if path.is_dir():
+    if "://" not in os.fspath(path) and is_prepared_data(path):  # newcomer pass 10
+      raise ConfigError(f"--baseline={baseline_path}: is prepared data (lev-prepare-data's "
+                        f"output), not a run; expected another run's {LEV_EVAL_JSON}, or "
+                        "the run or export folder holding it")
     folder, path = path, path / LEV_EVAL_JSON
   local = "://" not in os.fspath(path)
   if local and os.path.exists(path) and not os.path.isfile(path):  # /dev/zero never ends
