@@ -316,6 +316,19 @@ def test_damaged_shards_and_edited_counts_are_named_then_prepared_again(tmp_path
     prepare(c)
   (out / "metadata.json").write_text(metadata_text)
 
+  # newcomer pass 10: metadata.json deleted ("format_version = None") or damaged (the
+  # advice to run lev-prepare-data again looped)
+  for damage in ("", "{not json"):
+    if damage:
+      (out / "metadata.json").write_text(damage)
+    else:
+      (out / "metadata.json").unlink()
+    with pytest.raises(DataError, match=r"metadata.json.*; run lev-prepare-data --config=... "
+                       r"again to write it anew"):
+      prepared.open_prepared(out)
+    assert prepare(c)["written_shards"] == 0
+    assert prepared.open_prepared(out).splits["validation"] == 3
+
   report = json.loads((out / "report.json").read_text())
   report["splits"]["validation"]["tokens"] += 1000
   (out / "report.json").write_text(json.dumps(report))

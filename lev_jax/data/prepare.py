@@ -237,8 +237,9 @@ def _claim_folder(out: epath.Path, rid: str, overwrite: bool) -> str:
                     "dataset to (--output_dir or config.data.prepared_dir)")
   run_file = out / prepared.WORK_DIR / prepared.RUN_FILE
   finished = (out / prepared.INFO_FILE).exists()
-  if finished:
-    existing = _finished_run_id(out)
+  if finished:  # a deleted or damaged metadata.json: the run's own record tells
+    existing = _finished_run_id(out) or (prepared.read_json(run_file).get("run_id")
+                                         if run_file.exists() else None)
   elif run_file.exists():
     existing = prepared.read_json(run_file).get("run_id")
   elif any(out.iterdir()):

@@ -616,12 +616,19 @@ def open_prepared(path) -> PreparedDataset:
     if not (path / WORK_DIR).exists():
       raise _not_prepared(path)
     raise _not_finished(path, f"no {INFO_FILE}")
+  again = ("run lev-prepare-data --config=... again to write it anew (--overwrite "
+           "prepares everything again)")
+  if not (path / "metadata.json").is_file():  # newcomer pass 10: "format_version = None"
+    raise DataError(f"{path / 'metadata.json'}: missing, though {INFO_FILE} marks the "
+                    f"dataset finished: the dataset's record was deleted; {again}")
   try:
     builder = tfds.builder_from_directory(path)
     metadata = dict(builder.info.metadata or {})
   except Exception as e:  # pylint: disable=broad-except  # JSON / proto / TFDS errors
-    raise _not_finished(path, f"cannot read {INFO_FILE} or metadata.json: "
-                              f"{type(e).__name__}: {e}") from e
+    # A finished dataset's damaged record: a plain re-run refuses it as another dataset.
+    raise DataError(f"{path}: cannot read {INFO_FILE} or metadata.json ({type(e).__name__}: "
+                    f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}): the "
+                    f"dataset's record is damaged; {again}") from e
   version = metadata.get("format_version")
   fmt = metadata.get("format")
   if (not isinstance(version, int) or version > FORMAT_VERSION or fmt not in FORMATS
