@@ -112,7 +112,16 @@ def write_manifest(step_dir, skip=()) -> None:
     raise CheckpointCorruptError(f"checkpoint {step_dir}: no file to list in {MANIFEST}")
   manifest = {"sha256": {rel: file_sha256(p) for rel, p in sorted(files.items())},
               "bytes": {rel: p.stat().length for rel, p in sorted(files.items())}}
+  step = _folder_step(step_dir)
+  if step is not None:  # "6" or Orbax's "6.orbax-checkpoint-tmp-..." being committed
+    manifest["step"] = step
   write_json_atomic(step_dir / MANIFEST, manifest)
+
+
+def _folder_step(step_dir: epath.Path) -> int | None:
+  """The step a step folder's name gives ("6", "6.orbax-checkpoint-tmp-..."), or None."""
+  head = step_dir.name.split(".", 1)[0]
+  return int(head) if head.isdigit() else None
 
 
 def verify_manifest(step_dir, checksums: bool = True) -> bool:
@@ -126,7 +135,8 @@ def verify_manifest(step_dir, checksums: bool = True) -> bool:
   Returns:
     True when verified, False when the step has no manifest (unverifiable).
   Raises:
-    CheckpointCorruptError: the manifest is unreadable or lists no file, a listed file
+    CheckpointCorruptError: the manifest is unreadable or lists no file, records
+      another step than the folder's name (a renamed folder), a listed file
       is missing or its checksum (or size) differs, or a file in one of the step's
       folders is not listed (the first such file is named).
   """
@@ -147,6 +157,11 @@ def verify_manifest(step_dir, checksums: bool = True) -> bool:
   if not expected:
     raise CheckpointCorruptError(f"{path}: the checksum manifest lists no file (expected "
                                  "every file of the step); it verifies nothing")
+  recorded, named = manifest.get("step"), _folder_step(step_dir)
+  if isinstance(recorded, int) and named is not None and recorded != named:
+    raise CheckpointCorruptError(  # newcomer pass 10: a folder renamed 6 -> 7 was step 7
+        f"checkpoint {step_dir}: its manifest records step {recorded}: the folder was "
+        f"renamed; name it {recorded} again (or move it aside)")
   unlisted = sorted(rel for rel in _step_files(step_dir)
                     if "/" in rel and rel not in expected)  # item folders' files
   if unlisted:

@@ -30,6 +30,12 @@ def test_a_manifest_lists_every_file_and_verifies_until_one_changes(tmp_path):
   assert sorted(manifest["sha256"]) == ["config/metadata", "state/d/chunk"]
   assert manifest["bytes"]["state/d/chunk"] == 2048
   assert verify_manifest(step) is True
+  renamed = step.parent / str(manifest["step"] + 1)  # newcomer pass 10: reported as step 7
+  step.rename(renamed)
+  with pytest.raises(CheckpointCorruptError, match=f"its manifest records step "
+                     f"{manifest['step']}: the folder was renamed"):
+    verify_manifest(renamed)
+  renamed.rename(step)
   data = bytearray((step / "state" / "d" / "chunk").read_bytes())
   data[100] ^= 0x01
   (step / "state" / "d" / "chunk").write_bytes(bytes(data))
