@@ -202,6 +202,29 @@ def test_folder_output_error_names_a_file_or_an_unwritable_ancestor(tmp_path, mo
   assert "cannot write in" in common.folder_output_error("--x", str(tmp_path / "new"))
 
 
+def test_a_report_of_another_ladder_or_study_file_is_not_replaced(tmp_path):
+  """Newcomer pass 10: another ladder file's "0 of 4 rungs finished" replaced a root's
+  report (and lev-study's likewise)."""
+  from lev_jax.cli import common
+  report = tmp_path / "report"
+  report.mkdir()
+  (report / "ladder.csv").write_text("")
+  (report / "analysis.json").write_text(json.dumps({"ladder": "/x/experiments/mine.py"}))
+  assert common.report_owner_error("--report_dir", str(report), "ladder.csv",
+                                   source="experiments/smoke_ladder.py") == (
+      f"--report_dir={report}: holds the report of /x/experiments/mine.py, not of "
+      "experiments/smoke_ladder.py; give another --report_dir (or move that report aside)")
+  assert common.report_owner_error("--report_dir", str(report), "ladder.csv",
+                                   source="mine.py") is None  # the same file, typed otherwise
+  (report / "study.csv").write_text("")
+  (report / "ladder.csv").unlink()
+  (report / "analysis.json").write_text(json.dumps({"study": "experiments/s.py:a"}))
+  assert "holds the report of experiments/s.py:a, not of s.py:b" in common.report_owner_error(
+      "--report_dir", str(report), "study.csv", source="s.py:b")
+  assert common.report_owner_error("--report_dir", str(report), "study.csv",
+                                   source="/abs/experiments/s.py:a") is None
+
+
 def test_output_file_error_refuses_a_file_in_prepared_data(tmp_path):
   """Newcomer pass 8: lev-eval wrote its result into lev-prepare-data's output."""
   from lev_jax.cli import common

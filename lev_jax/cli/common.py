@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
 import logging as std_logging
 import os
 import re
@@ -305,14 +306,19 @@ def run_folder_error(flag: str, path: str) -> str | None:
 REPORT_TABLES = {LADDER_CSV: "lev-ladder", STUDY_CSV: "lev-study"}
 
 
-def report_owner_error(flag: str, path: str, table: str) -> str | None:
+def report_owner_error(flag: str, path: str, table: str,
+                       source: str | None = None) -> str | None:
   """The one line when the local report folder `path` (of flag `flag`, e.g.
   "--report_dir") is not a report folder of the command writing `table` (LADDER_CSV or
   STUDY_CSV, REPORT_TABLES): a training run's folder or an export, or inside one
   (`run_folder_error`); a folder holding another command's report (that report's
   report.md and analysis.json would be replaced, its other files left: two reports
-  mixed); a non-empty folder without `table` (the user's own files; hidden files aside).
-  None when it is missing, empty, or holds this command's own report."""
+  mixed); a non-empty folder without `table` (the user's own files; hidden files aside);
+  with `source` (the ladder or study file, as given, ":PIECE" included), a report whose
+  analysis.json records another one (newcomer pass 10: another ladder's "0 of 4
+  finished" replaced a root's report; compared by file name and piece, since the
+  recorded path is as it was typed). None when it is missing, empty, or holds this
+  command's own report."""
   if "://" in path:
     return None
   owned = run_folder_error(flag, path)
@@ -323,7 +329,13 @@ def report_owner_error(flag: str, path: str, table: str) -> str | None:
     if other != table and os.path.exists(os.path.join(folder, other)):
       return (f"{flag}={path}: holds a {prog} report ({other}); expected an empty folder "
               f"or this command's own report folder (give another --report_dir)")
-  if not os.path.isdir(folder) or os.path.exists(os.path.join(folder, table)):
+  if not os.path.isdir(folder):
+    return None
+  if os.path.exists(os.path.join(folder, table)):
+    recorded = _report_source(folder)
+    if source and recorded and _source_key(recorded) != _source_key(source):
+      return (f"{flag}={path}: holds the report of {recorded}, not of {source}; give "
+              "another --report_dir (or move that report aside)")
     return None
   names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
   if names:
@@ -331,6 +343,24 @@ def report_owner_error(flag: str, path: str, table: str) -> str | None:
             f"(e.g. {names[0]}; no {table}); expected an empty folder or an earlier "
             f"{REPORT_TABLES[table]} report folder (give another --report_dir)")
   return None
+
+
+def _report_source(folder: str) -> str | None:
+  """The ladder or study file a report folder's analysis.json records, or None."""
+  try:
+    with open(os.path.join(folder, "analysis.json"), encoding="utf-8") as f:
+      data = json.load(f)
+  except (OSError, ValueError):
+    return None
+  value = (data.get("ladder") or data.get("study")) if isinstance(data, dict) else None
+  return value if isinstance(value, str) else None
+
+
+def _source_key(source: str) -> tuple[str, str]:
+  """(file name, piece) of "PATH[:PIECE]"."""
+  file, _, piece = source.partition(".py:")
+  file = file if not piece else file + ".py"
+  return os.path.basename(file), piece
 
 
 def dangling_link_error(flag: str, path: str) -> str | None:

@@ -364,7 +364,8 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
   problem = (common.run_folder_error("--root", root)  # a run's own folder: not a root
              or (run and common.folder_output_error("--root", root))  # --root first
              or common.folder_output_error("--report_dir", report)  # before hours of work
-             or common.report_owner_error("--report_dir", report, LADDER_CSV))
+             or common.report_owner_error("--report_dir", report, LADDER_CSV,
+                                              source=str(ladder)))
   if problem:
     raise ValueError(problem)
   return module

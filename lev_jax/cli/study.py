@@ -255,7 +255,8 @@ def folders_error(root: str, *, run: bool, report_dir: str | None,
   problem = (common.run_folder_error("--root", root)  # a run's own folder: not a root
              or (run and common.folder_output_error("--root", root))  # --root first
              or common.folder_output_error("--report_dir", report)  # before the runs
-             or common.report_owner_error("--report_dir", report, STUDY_CSV))
+             or common.report_owner_error("--report_dir", report, STUDY_CSV,
+                                              source=str(study)))
   if problem and not report_dir and problem.startswith(f"--report_dir={report}: "):
     # newcomer pass 7: the flag the user never gave was named; the folder is --root's
     problem = f"--root={root}: its default report folder {problem[len('--report_dir='):]}"
