@@ -515,6 +515,19 @@ def test_eval_help_does_not_dump_the_config(helps):
 
 
 
+def _load_config_file(monkeypatch, capsys, flags_given) -> tuple[int, str]:
+  """(exit status, stderr) of parsing `flags_given` and loading the config as a command
+  does (common.config_or_exit)."""
+  monkeypatch.delitem(sys.modules, "config_config", raising=False)
+  argv = ["lev-x", *flags_given]
+  from lev_jax.cli import common
+  with pytest.raises(SystemExit) as e:
+    fv, parse = _config_command(monkeypatch, argv)
+    parse(argv)
+    common.config_or_exit("lev-x", fv)
+  return e.value.code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("overrides", [[], ["--config.train.steps=3"]])
 @pytest.mark.parametrize("value,kind", [("{'train': {'steps': 5}}", "a dict"),
                                         ("42", "an int"), ("None", "None")])
@@ -524,15 +537,8 @@ def test_a_config_file_returning_a_dict_is_one_line(monkeypatch, capsys, tmp_pat
   newcomer pass 8: an int was "'int' object has no attribute 'get'"."""
   path = tmp_path / "plain.py"
   path.write_text(f"def get_config():\n  return {value}\n")
-  monkeypatch.delitem(sys.modules, "config_config", raising=False)
-  argv = ["lev-x", f"--config={path}", *overrides]
-  from lev_jax.cli import common
-  with pytest.raises(SystemExit) as e:
-    fv, parse = _config_command(monkeypatch, argv)
-    parse(argv)
-    common.config_or_exit("lev-x", fv)
-  err = capsys.readouterr().err
-  assert e.value.code == 2 and err.count("\n") == 1, err
+  code, err = _load_config_file(monkeypatch, capsys, [f"--config={path}", *overrides])
+  assert code == 2 and err.count("\n") == 1, err
   assert err.startswith(f"lev-x: error: --config={path}: get_config returned {kind}; "
                         "expected an ml_collections.ConfigDict"), err
 
@@ -550,15 +556,8 @@ def test_a_get_config_that_exits_or_freezes_is_one_line(monkeypatch, capsys, tmp
   done; a FrozenConfigDict was "immutable. Cannot call lock()" or a traceback."""
   path = tmp_path / "odd.py"
   path.write_text(body)
-  monkeypatch.delitem(sys.modules, "config_config", raising=False)
-  argv = ["lev-x", f"--config={path}", *overrides]
-  from lev_jax.cli import common
-  with pytest.raises(SystemExit) as e:
-    fv, parse = _config_command(monkeypatch, argv)
-    parse(argv)
-    common.config_or_exit("lev-x", fv)
-  err = capsys.readouterr().err
-  assert e.value.code == 2 and err.count("\n") == 1 and said in err, err
+  code, err = _load_config_file(monkeypatch, capsys, [f"--config={path}", *overrides])
+  assert code == 2 and err.count("\n") == 1 and said in err, err
 
 
 def test_a_get_config_that_raises_names_the_file_and_line(monkeypatch, capsys, tmp_path):
