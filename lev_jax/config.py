@@ -583,6 +583,17 @@ def unknown_field(node, schema, prefix: str = "config") -> str | None:
   return None
 
 
+def article(name: str) -> str:
+  """`name` (a type's name) with its article: "an int", "a dict"."""
+  return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def type_phrase(value) -> str:
+  """What `value` is, for a message about a get_config result: "None", "an int", "a
+  dict"."""
+  return "None" if value is None else article(type(value).__name__)
+
+
 def missing_fields(node, schema, prefix: str = "config") -> list[str]:
   """The sections and fields of `schema` (e.g. base_config()) that the config `node`
   lacks: e.g. ["config.data", ..., "config.train"] for a ConfigDict holding only a name.
@@ -617,9 +628,7 @@ def validate(c: ml_collections.ConfigDict, *,
       of any section first).
   """
   if not isinstance(c, ml_collections.ConfigDict):
-    name = type(c).__name__
-    what = "None" if c is None else f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
-    raise ConfigError(f"the config is {what}; expected an ml_collections.ConfigDict "
+    raise ConfigError(f"the config is {type_phrase(c)}; expected an ml_collections.ConfigDict "
                       "(get_config returns one)")
   base = base_config()
   if not allow_unknown:

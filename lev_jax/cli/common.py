@@ -987,8 +987,8 @@ def _config_being_overridden(error: BaseException):
 def _not_a_config_dict_line(given: str, value) -> str:
   """`--config=GIVEN: get_config returned an int; expected an ml_collections.ConfigDict
   ...` for a get_config whose result `value` is not a ConfigDict."""
-  name = type(value).__name__
-  what = "None" if value is None else f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+  from lev_jax.config import type_phrase  # pylint: disable=import-outside-toplevel
+  what = type_phrase(value)
   if _frozen(value):
     what += ", which no override or command can change"
   return (f"--config={given}: get_config returned {what}; expected an "

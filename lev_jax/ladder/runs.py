@@ -108,10 +108,6 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
   return module
 
 
-def _a(name: str) -> str:
-  return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
-
-
 def checked_config(module, variant: str, where: str | None = None) -> ml_collections.ConfigDict:
   """module.get_config(variant), once it is a ConfigDict holding every section of
   base_config() (collect_rung reads train, model and lev; lev-train needs them all).
@@ -122,7 +118,7 @@ def checked_config(module, variant: str, where: str | None = None) -> ml_collect
     LadderError: get_config fails, returns something else than a ConfigDict (e.g. an
       int), or a ConfigDict without a section, in one line naming the file and variant.
   """
-  from lev_jax.config import base_config  # pylint: disable=import-outside-toplevel
+  from lev_jax.config import article, base_config  # pylint: disable=import-outside-toplevel
   where = where or getattr(module, "__file__", None) or "ladder"
   try:
     config = module.get_config(variant)
@@ -133,7 +129,7 @@ def checked_config(module, variant: str, where: str | None = None) -> ml_collect
               "changed, as experiments/smoke_ladder.py builds them)")
   if not isinstance(config, ml_collections.ConfigDict):
     raise LadderError(f"{where}: get_config({variant!r}) returned "
-                      f"{_a(type(config).__name__)}; {expected}")
+                      f"{article(type(config).__name__)}; {expected}")
   sections = [k for k, v in base_config().items() if isinstance(v, ml_collections.ConfigDict)]
   absent = [k for k in sections
             if not isinstance(config.get(k, None), ml_collections.ConfigDict)]
