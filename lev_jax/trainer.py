@@ -536,7 +536,7 @@ def _warn_if_extending(reader, step: int, config, workdir: epath.Path) -> None:
 
 def _finished_eval(path: epath.Path, step: int, warn: bool = True) -> dict | None:
   """eval.json's result when it is readable, for `step`, and the evaluation metrics.jsonl
-  recorded at that step (`metrics.eval_record_problem`); else None (re-evaluate). An
+  recorded at that step (`workdir.eval_record_problem`); else None (re-evaluate). An
   unreadable or edited one is logged when `warn`."""
   if not path.exists():
     return None

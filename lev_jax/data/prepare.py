@@ -300,9 +300,10 @@ def _finished_stats(shard: Shard, rid: str, overwrite: bool,
 def _opens(out: epath.Path) -> bool:
   """Whether the finished dataset `out` opens with every check (`prepared.open_prepared`:
   e.g. an edited token_counts.npy); when not, the reason is logged and it is finished
-  again (its report, counts and metadata rewritten from the shards' own)."""
+  again (its report, counts and metadata rewritten from the shards' own). The shards'
+  sha256 are not computed again: `_finished_stats` has just checked each."""
   try:
-    prepared.open_prepared(out).tokenizer  # noqa: B018 (its fingerprint is checked)
+    prepared.open_prepared(out, hash_shards=False).tokenizer  # noqa: B018 (fingerprint)
   except DataError as e:
     logging.warning("%s; finishing it again", e)
     return False

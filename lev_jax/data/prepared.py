@@ -505,11 +505,12 @@ def hashes_checked(path: epath.Path, shards: Sequence[epath.Path]) -> bool:
   return sum(int(s.stat().length) for s in shards if s.exists()) <= HASH_LIMIT_BYTES
 
 
-def check_shards(path: epath.Path, builder, dataset_run_id: str) -> None:
+def check_shards(path: epath.Path, builder, dataset_run_id: str,
+                 hash_shards: bool = True) -> None:
   """Each shard listed in ``dataset_info.json`` exists, its ``prepare/{shard}.json``
-  records `dataset_run_id`, and it has the size (and, for local datasets of at most
-  HASH_LIMIT_BYTES: `hashes_checked`, the sha256) recorded there. Without ``prepare/`` (`LevText`
-  output) only existence is checked.
+  records `dataset_run_id`, and it has the size (and, with `hash_shards`, for local
+  datasets of at most HASH_LIMIT_BYTES: `hashes_checked`, the sha256) recorded there.
+  Without ``prepare/`` (`LevText` output) only existence is checked.
 
   Raises:
     DataError: a missing shard, a shard of another preparation run, or a shard whose
@@ -538,7 +539,7 @@ def check_shards(path: epath.Path, builder, dataset_run_id: str) -> None:
                         "shards of different runs never mix; prepare again into a new "
                         "folder (or with --overwrite)")
       listed.append((split, shard, stats))
-  hash_it = hashes_checked(path, [shard for _, shard, _ in listed])
+  hash_it = hash_shards and hashes_checked(path, [shard for _, shard, _ in listed])
   for split, shard, stats in listed:
     why = shard_problem(shard, stats, hash_it)
     if why:
@@ -578,13 +579,15 @@ def check_token_counts(path: epath.Path, counts_V: np.ndarray, builder) -> None:
                     f"edited or replaced since preparation; {_PREPARE_AGAIN}")
 
 
-def open_prepared(path) -> PreparedDataset:
+def open_prepared(path, *, hash_shards: bool = True) -> PreparedDataset:
   """Opens a finished dataset written by ``lev-prepare-data`` or the `LevText` builder.
 
   Args:
     path: the dataset folder (str or path-like; ``~`` expanded; local or `etils.epath`
       URL), i.e. config.data.prepared_dir, or ``{data_dir}/lev_text/{config}/1.0.0``
       for the TFDS builder.
+    hash_shards: False leaves the shards' sha256 out of `check_shards` (for a caller
+      that has just checked them); sizes are always checked.
 
   Returns:
     A `PreparedDataset`. Reads ``dataset_info.json`` / ``features.json`` /
@@ -644,7 +647,7 @@ def open_prepared(path) -> PreparedDataset:
   why = unfinished_work(path, metadata.get("run_id"))
   if why:
     raise _not_finished(path, why)
-  check_shards(path, builder, metadata.get("run_id"))
+  check_shards(path, builder, metadata.get("run_id"), hash_shards)
   report = (read_json(path / REPORT_FILE) if (path / REPORT_FILE).exists()
             else metadata.get("report"))
   recorded = metadata.get("report")
