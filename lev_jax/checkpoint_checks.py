@@ -81,9 +81,9 @@ class CheckpointCorruptError(CheckpointMismatchError):
 MANIFEST = "checksums.json"
 
 
-def _step_files(step_dir: epath.Path, skip=()) -> dict[str, epath.Path]:
-  """{path relative to the step folder: path} of every file but the manifest and the
-  top-level files named in `skip`."""
+def step_files(step_dir: epath.Path, skip=()) -> dict[str, epath.Path]:
+  """{path relative to the folder: path} of every file of a step folder (or an export)
+  but the manifest and the top-level files named in `skip`."""
   out, folders = {}, [step_dir]
   while folders:  # epath has no recursive glob on every backend (gs://)
     for p in folders.pop().iterdir():
@@ -92,6 +92,14 @@ def _step_files(step_dir: epath.Path, skip=()) -> dict[str, epath.Path]:
       elif p.parent != step_dir or (p.name != MANIFEST and p.name not in skip):
         out[str(p.relative_to(step_dir))] = p
   return out
+
+
+def file_digests(files: dict[str, epath.Path]) -> dict:
+  """{"sha256": {name: hex digest}, "bytes": {name: size}} of `files` ({name: path}):
+  a checkpoint step's manifest, and an export's "checksums"."""
+  ordered = sorted(files.items())
+  return {"sha256": {rel: file_sha256(p) for rel, p in ordered},
+          "bytes": {rel: p.stat().length for rel, p in ordered}}
 
 
 def write_manifest(step_dir, skip=()) -> None:
@@ -107,11 +115,10 @@ def write_manifest(step_dir, skip=()) -> None:
     OSError: the manifest cannot be written (e.g. disk full).
   """
   step_dir = epath.Path(step_dir)
-  files = _step_files(step_dir, skip)
+  files = step_files(step_dir, skip)
   if not files:
     raise CheckpointCorruptError(f"checkpoint {step_dir}: no file to list in {MANIFEST}")
-  manifest = {"sha256": {rel: file_sha256(p) for rel, p in sorted(files.items())},
-              "bytes": {rel: p.stat().length for rel, p in sorted(files.items())}}
+  manifest = file_digests(files)
   step = _folder_step(step_dir)
   if step is not None:  # "6" or Orbax's "6.orbax-checkpoint-tmp-..." being committed
     manifest["step"] = step
@@ -162,7 +169,7 @@ def verify_manifest(step_dir, checksums: bool = True) -> bool:
     raise CheckpointCorruptError(  # newcomer pass 10: a folder renamed 6 -> 7 was step 7
         f"checkpoint {step_dir}: its manifest records step {recorded}: the folder was "
         f"renamed; name it {recorded} again (or move it aside)")
-  unlisted = sorted(rel for rel in _step_files(step_dir)
+  unlisted = sorted(rel for rel in step_files(step_dir)
                     if "/" in rel and rel not in expected)  # item folders' files
   if unlisted:
     raise CheckpointCorruptError(

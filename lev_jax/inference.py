@@ -56,7 +56,8 @@ from flax import nnx
 from lev_jax import checkpoint
 from lev_jax.checkpoint import error_line
 from lev_jax.checkpoint_checks import (MANIFEST, SHAPE_FIELDS, CheckpointCorruptError,
-                                       config_differences, verify_manifest)
+                                       config_differences, file_digests, step_files,
+                                       verify_manifest)
 from lev_jax.config import DTYPES, ConfigError, from_dict
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import load_tokenizer, save_tokenizer
@@ -281,24 +282,15 @@ def _read_json(path: epath.Path):
 def _export_files(folder: epath.Path) -> dict[str, epath.Path]:
   """{path relative to `folder`: path} of every file of an export (but export.json and
   what other commands add at its top level, e.g. lev-eval's lev_eval.json, which are
-  never read back), recursively."""
-  out, folders = {}, [folder]
-  while folders:  # epath has no recursive glob on every backend (gs://)
-    for p in folders.pop().iterdir():
-      if p.is_dir():
-        folders.append(p)
-      else:
-        out[str(p.relative_to(folder))] = p
-  return {rel: p for rel, p in out.items() if "/" in rel or rel in (EXPORT_CONFIG,
-                                                                    TOKEN_COUNTS)}
+  never read back), recursively (`checkpoint_checks.step_files`)."""
+  return {rel: p for rel, p in step_files(folder).items()
+          if "/" in rel or rel in (EXPORT_CONFIG, TOKEN_COUNTS)}
 
 
 def _checksums(folder: epath.Path) -> dict:
   """export.json's "checksums" of `folder`: {"sha256": {file: hex}, "bytes": {file: size}}
-  (checkpoint_checks.MANIFEST's layout)."""
-  files = sorted(_export_files(folder).items())
-  return {"sha256": {rel: file_sha256(p) for rel, p in files},
-          "bytes": {rel: p.stat().length for rel, p in files}}
+  (`checkpoint_checks.file_digests`, a checkpoint manifest's layout)."""
+  return file_digests(_export_files(folder))
 
 
 def _verify_export(root: epath.Path, info: dict, config_json: bool) -> None:
