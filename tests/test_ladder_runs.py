@@ -281,6 +281,16 @@ def test_an_eval_json_edited_consistently_is_unreadable(tmp_path):
     ("def get_config(v):\n  return None\n", "expected a module-level RUNGS tuple"),
     ("RUNGS = ('tied_a', 'tied_a')\ndef get_config(v):\n  return None\n", "twice"),
     ("RUNGS = ('tied_a',)\n", "no get_config"),
+    # Newcomer pass 10 (N38): rungs of these names trained into the root's report and
+    # compilation-cache folders.
+    ("RUNGS = ('tied_a', 'report')\ndef get_config(v):\n  return None\n",
+     r"RUNGS names a variant 'report': the root's report folder \(report and "
+     r"report_PIECE are reserved"),
+    ("RUNGS = ('report_x',)\ndef get_config(v):\n  return None\n", "'report_x': the root's report"),
+    ("RUNGS = ('jax_cache',)\ndef get_config(v):\n  return None\n",
+     "'jax_cache': the root's shared compilation cache folder"),
+    ("RUNGS = ('a/b',)\ndef get_config(v):\n  return None\n", "'a/b': not one plain folder"),
+    ("RUNGS = ('..',)\ndef get_config(v):\n  return None\n", "'..': not one plain folder"),
     ("import no_such_module_xyz\n", "failed to import: ModuleNotFoundError"),
 ])
 def test_bad_ladder_files_are_named(tmp_path, source, match):

@@ -44,8 +44,8 @@ from etils import epath
 
 from lev_jax.checkpoint_checks import SHAPE_FIELD_NAMES, config_differences, result_fields
 from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load_experiment
-from lev_jax.workdir import (CHECKPOINTS, EVAL_JSON, LEV_EVAL_JSON, METRICS,
-                             eval_record_problem, loads_json)
+from lev_jax.workdir import (CHECKPOINTS, EVAL_JSON, JAX_CACHE, LEV_EVAL_JSON, METRICS,
+                             REPORT, eval_record_problem, loads_json)
 
 # Per-group optimizer figures of metrics.jsonl (lev_jax/trainer.py) kept at their last value.
 GROUP_METRICS = ("train/grad_norm/", "train/update_ratio/")
@@ -65,7 +65,8 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
   Raises:
     LadderError: no such file (or FILE.py:PIECE given to lev-ladder), not a .py file
       (experiments.file_problem), it fails to import, or it lacks `RUNGS` (a non-empty
-      tuple of distinct variant names) or `get_config`; a path is named with its flag
+      tuple of distinct variant names, each a folder name the root does not reserve:
+      `folder_name_problem`) or `get_config`; a path is named with its flag
       (`--ladder=PATH`, `--study=PATH`).
   """
   if isinstance(ladder, types.ModuleType):
@@ -100,12 +101,33 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
                "variant names, e.g. RUNGS = ('tied_s', 'leviathan_s', ...)")
     raise LadderError(f"{where}: expected a module-level RUNGS tuple of {example}; "
                       f"got {rungs!r}")
+  name = "run" if kind == "study" else "variant"
   if len(set(rungs)) != len(rungs):
-    name = "run" if kind == "study" else "variant"
     raise LadderError(f"{where}: RUNGS names a {name} twice: {list(rungs)}")
+  for rung in rungs:
+    problem = folder_name_problem(rung)
+    if problem:
+      raise LadderError(f"{where}: RUNGS names a {name} {rung!r}: {problem}; each name is "
+                        f"the folder ROOT/NAME its run trains in, so rename it")
   if not callable(getattr(module, "get_config", None)):
     raise LadderError(f"{where}: no get_config(variant) function")
   return module
+
+
+def folder_name_problem(name: str) -> str | None:
+  """Why a RUNGS name cannot be its run's folder under the root, or None.
+
+  The root also holds the report (ROOT/report, ROOT/report_PIECE for a study's piece)
+  and the shared compilation cache (ROOT/jax_cache, workdir.JAX_CACHE): a run of such a
+  name would train into them. A name is one plain path component."""
+  if name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
+    return "not one plain folder name"
+  if name == JAX_CACHE:
+    return f"the root's shared compilation cache folder ({JAX_CACHE} is reserved)"
+  if name == REPORT or name.startswith(REPORT + "_"):
+    return (f"the root's report folder ({REPORT} and {REPORT}_PIECE are reserved for "
+            f"lev-ladder's and lev-study's reports)")
+  return None
 
 
 def checked_config(module, variant: str, where: str | None = None) -> ml_collections.ConfigDict:
