@@ -9,9 +9,12 @@ Each checkpoint step holds four items:
   state     params, optimizer state, step, rng (StandardSave: OCDBT/zarr arrays)
   data      the grain iterator position (grain.checkpoint.CheckpointSave)
   config    the experiment config as JSON
-  progress  {"tokens_seen": int}: training tokens up to the step, summed over every
-            resume (under any batch size or seq_len); a step saved before it existed
-            counts step * its config's batch * seq_len (`tokens_seen`)
+  progress  {"tokens_seen": int, "tokenizer_fingerprint": str}: training tokens up to
+            the step, summed over every resume (under any batch size or seq_len); a step
+            saved before it existed counts step * its config's batch * seq_len
+            (`tokens_seen`); the fingerprint of the tokenizer the run trains with (a
+            second record beside data_report.json, inside the verified step; absent in
+            steps saved before it was recorded)
 
 Orbax writes each step into a temporary directory and renames it only when every item
 is complete, so a run killed at any moment (kill -9) leaves the earlier checkpoints
@@ -161,6 +164,16 @@ def _read_config(manager: ocp.CheckpointManager, step: int) -> dict:
   return manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
 
+def _progress(step: int, config: ml_collections.ConfigDict, tokens_seen: int | None,
+              tokenizer_fingerprint: str | None) -> dict:
+  """A step's progress item (module docstring)."""
+  progress = {"tokens_seen": int(step * config.train.global_batch_size * config.train.seq_len
+                                 if tokens_seen is None else tokens_seen)}
+  if tokenizer_fingerprint is not None:
+    progress["tokenizer_fingerprint"] = tokenizer_fingerprint
+  return progress
+
+
 class Checkpointer:
   """Saves and restores (state, data iterator, config) under WORKDIR/checkpoints.
 
@@ -210,13 +223,15 @@ class Checkpointer:
     return sorted(self.manager.all_steps())
 
   def save(self, step: int, state, data_iterator, config: ml_collections.ConfigDict,
-           tokens_seen: int | None = None) -> bool:
+           tokens_seen: int | None = None, tokenizer_fingerprint: str | None = None) -> bool:
     """Starts saving `step`; returns at once when async (call `wait` before exit).
 
     Args:
       tokens_seen: training tokens up to `step` over the whole run (default: step *
         config's train.global_batch_size * train.seq_len, a run never resumed under
         other ones).
+      tokenizer_fingerprint: the run's tokenizer (Tokenizer.fingerprint), recorded in
+        the progress item (the loaders check the run's tokenizer/ against it).
     Raises:
       CheckpointWriteError: this or the previous (async) save failed, e.g. disk full.
     """
@@ -228,9 +243,8 @@ class Checkpointer:
           state=ocp.args.StandardSave(state),
           data=DataSave(data_iterator),
           config=ocp.args.JsonSave(config.to_dict()),
-          progress=ocp.args.JsonSave({"tokens_seen": int(
-              step * config.train.global_batch_size * config.train.seq_len
-              if tokens_seen is None else tokens_seen)})))
+          progress=ocp.args.JsonSave(_progress(step, config, tokens_seen,
+                                               tokenizer_fingerprint))))
     except Exception as e:  # Orbax / tensorstore / OSError: any type
       self._saving = None
       self._write_failed(step, e)
@@ -506,7 +520,8 @@ class CheckpointReader:
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(create=False),
         item_handlers={"state": ocp.PyTreeCheckpointHandler(),
-                       "config": ocp.JsonCheckpointHandler()})
+                       "config": ocp.JsonCheckpointHandler(),
+                       "progress": ocp.JsonCheckpointHandler()})
 
   def __enter__(self) -> CheckpointReader:
     return self
@@ -521,6 +536,14 @@ class CheckpointReader:
   def saved_config(self, step: int) -> dict:
     """The config stored with `step` (JSON: tuples as lists)."""
     return _read_config(self.manager, step)
+
+  def saved_progress(self, step: int) -> dict:
+    """The progress item of `step` (module docstring); {} for a step saved without one."""
+    if not (self.directory / str(step) / "progress").exists():
+      return {}
+    progress = self.manager.restore(step, args=ocp.args.Composite(
+        progress=ocp.args.JsonRestore()))["progress"]
+    return progress if isinstance(progress, dict) else {}
 
   def params(self, step: int, abstract_params, device=None):
     """The parameters of `step` (state["params"]) on one device.

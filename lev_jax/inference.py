@@ -147,26 +147,37 @@ def _check_expected(saved: dict, expect: ml_collections.ConfigDict | None, where
                          + "; ".join(diffs))
 
 
-def _check_run_tokenizer(folder: epath.Path, tokenizer) -> None:
-  """A run's tokenizer/ is the one it trained with: its fingerprint equals the one its
-  data_report.json records (written by lev-train; runs from before it was recorded, and
-  exports, have none and are not checked; an unreadable one is a warning naming it:
-  the check is off).
+def _check_run_tokenizer(folder: epath.Path, tokenizer, checkpoint_record: tuple | None = None
+                         ) -> None:
+  """A run's tokenizer/ is the one it trained with: its fingerprint equals the one the
+  checkpoint's progress item records (`checkpoint_record`: (fingerprint, step folder),
+  written by lev-train with each step since it was recorded) and the one its
+  data_report.json records (written by lev-train; runs from before either was recorded,
+  and exports, have none and are not checked). An unreadable data_report.json is a
+  warning naming it, which says whether the checkpoint's record still checks the tokenizer.
 
   Raises:
     InferenceError: they differ (newcomer pass 8: another dataset's tokenizer/ copied
-      in was blamed on an intact token_counts.npy), naming both fingerprints.
+      in was blamed on an intact token_counts.npy; pass 10: with data_report.json
+      unreadable too, lev-sample decoded with it), naming both fingerprints.
   """
+  if checkpoint_record is not None and checkpoint_record[0] != tokenizer.fingerprint:
+    raise InferenceError(
+        f"{folder / TOKENIZER}: tokenizer fingerprint {tokenizer.fingerprint[:16]} differs "
+        f"from {checkpoint_record[0][:16]}, the one this run trained with (recorded in "
+        f"{checkpoint_record[1]}): the folder was replaced; restore it (a lev-train of the "
+        "run's own config writes it again)")
   report_path = folder / DATA_REPORT
   if not report_path.exists():  # a run from before data_report.json: nothing to compare
     return
   try:
     recorded = loads_json(read_small_text(report_path)).get("tokenizer_fingerprint")
-  except (OSError, ValueError, AttributeError) as e:  # garbage: say the check is off
-    logging.warning("%s: cannot be read (%s); %s cannot be checked against the tokenizer "
-                    "the run trained with", report_path,
+  except (OSError, ValueError, AttributeError) as e:  # garbage: say what is still checked
+    logging.warning("%s: cannot be read (%s); %s", report_path,
                     e if not isinstance(e, AttributeError) else "not a JSON object",
-                    folder / TOKENIZER)
+                    f"{folder / TOKENIZER} was checked against {checkpoint_record[1]} instead"
+                    if checkpoint_record else f"{folder / TOKENIZER} cannot be checked "
+                    "against the tokenizer the run trained with")
     return
   if isinstance(recorded, str) and recorded != tokenizer.fingerprint:
     raise InferenceError(
@@ -176,12 +187,14 @@ def _check_run_tokenizer(folder: epath.Path, tokenizer) -> None:
         "config writes both again)")
 
 
-def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict):
-  """The tokenizer and counts saved beside a checkpoint; else rebuilt from the data."""
+def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict,
+                          checkpoint_record: tuple | None = None):
+  """The tokenizer and counts saved beside a checkpoint; else rebuilt from the data.
+  checkpoint_record: see `_check_run_tokenizer`."""
   counts_path = folder / TOKEN_COUNTS
   if (folder / TOKENIZER).exists():
     tokenizer = load_tokenizer(folder / TOKENIZER)
-    _check_run_tokenizer(folder, tokenizer)
+    _check_run_tokenizer(folder, tokenizer, checkpoint_record)
     counts = read_npy(counts_path) if counts_path.exists() else None
     return tokenizer, counts
   from lev_jax import data as data_lib  # an older workdir: rebuild from the data config
@@ -256,12 +269,15 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
     graphdef, abstract = _abstract(config)
     try:  # parameters only: the optimizer state is never read
       params = reader.params(step, abstract)
+      fingerprint = reader.saved_progress(step).get("tokenizer_fingerprint")
     except Exception as e:  # tensorstore / Orbax errors of a damaged step are of any type
       raise InferenceError(f"{where} cannot be read: it is incomplete or corrupt "
                            f"({error_line(e)}){hint}") from e
   _check_finite(params, where)
   params = _cast(params, dtype)
-  tokenizer, counts = _tokenizer_and_counts(root, config)
+  record = ((fingerprint, ckpt_dir / str(step) / "progress")
+            if isinstance(fingerprint, str) else None)
+  tokenizer, counts = _tokenizer_and_counts(root, config, record)
   return InferenceModel(nnx.merge(graphdef, params), config, tokenizer, step, counts,
                         os.fspath(root), dtype or config.model.param_dtype)
 

@@ -1034,7 +1034,8 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
           pending = None
         health.check()  # never a checkpoint after a non-finite step
         with profile.paused(state):
-          outputs.checkpointer().save(step, state, train_iter, config, tokens_seen(step))
+          outputs.checkpointer().save(step, state, train_iter, config, tokens_seen(step),
+                                      bundle.tokenizer.fingerprint)
         if bundle.report.get("source") == "jsonl_stream":  # counts grow as it is read
           _write_data_report(workdir, bundle, step)
       if stopping:

@@ -148,9 +148,10 @@ def byte_config(embedding="lev"):
   return c
 
 
-def write_workdir(path, config, steps=(1, 2)):
+def write_workdir(path, config, steps=(1, 2), tokenizer_fingerprint=None):
   """A lev-train workdir without training: checkpoints at `steps` (params scaled by
-  1 + 0.1 * step, so steps differ) and the ByteTokenizer in WORKDIR/tokenizer."""
+  1 + 0.1 * step, so steps differ; their progress items record `tokenizer_fingerprint`,
+  as lev-train's do) and the ByteTokenizer in WORKDIR/tokenizer."""
   import grain
   import jax
   import jax.numpy as jnp
@@ -164,7 +165,7 @@ def write_workdir(path, config, steps=(1, 2)):
   for s in steps:
     state = dict(state, step=jnp.int32(s),
                  params=jax.tree.map(lambda x: x * (1 + 0.1 * s), state["params"]))
-    ckpt.save(s, state, it, config)
+    ckpt.save(s, state, it, config, tokenizer_fingerprint=tokenizer_fingerprint)
   ckpt.close()
   save_tokenizer(ByteTokenizer(), path / "tokenizer")
   return state

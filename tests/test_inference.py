@@ -1,6 +1,7 @@
 """Loading for inference from a workdir or an export; params-only export; LEV materialised."""
 
 import json
+import logging
 import re
 
 import jax
@@ -100,6 +101,27 @@ def test_a_run_s_replaced_tokenizer_is_named(tmp_path):
       f"{'0' * 16}, the one this run trained with ({report}): the folder was replaced (or "
       "that file edited); restore it")):
     inference.load(tmp_path)
+
+
+def test_the_checkpoint_s_record_checks_the_tokenizer_when_data_report_is_unreadable(
+    tmp_path, caplog):
+  """Newcomer passes 10 and 11: with data_report.json unreadable and another dataset's
+  tokenizer/ copied in, lev-sample decoded with it after a warning (and lev-eval blamed
+  token_counts.npy); each checkpoint step's progress item records the fingerprint too."""
+  fingerprint = ByteTokenizer().fingerprint
+  good, swapped = tmp_path / "good", tmp_path / "swapped"
+  for path, recorded in ((good, fingerprint), (swapped, "0" * 64)):
+    write_workdir(path, byte_config("tied"), steps=(1,), tokenizer_fingerprint=recorded)
+    (path / "data_report.json").write_text("garbage")
+  with caplog.at_level(logging.WARNING):
+    assert inference.load(good).tokenizer == ByteTokenizer()
+  progress = good / "checkpoints" / "1" / "progress"
+  assert f"{good / 'tokenizer'} was checked against {progress} instead" in caplog.text
+  with pytest.raises(inference.InferenceError, match=re.escape(
+      f"{swapped / 'tokenizer'}: tokenizer fingerprint {fingerprint[:16]} differs from "
+      f"{'0' * 16}, the one this run trained with (recorded in "
+      f"{swapped / 'checkpoints' / '1' / 'progress'}): the folder was replaced; restore it")):
+    inference.load(swapped)
 
 
 def test_bad_input_is_one_clear_error(lev_workdir, tmp_path):
