@@ -86,20 +86,41 @@ def test_tiny_train_and_eval_steps_compile_for_a_v5p_slice(make_config, embeddin
 
 
 @needs_libtpu
-def test_the_memory_table_and_the_loop_free_estimate(make_config):
+def test_the_memory_table_and_the_loop_free_estimate(make_config, monkeypatch):
   """compile_steps' memory figures are XLA's memory_analysis() of the step lev-train
-  builds, compiled here again by hand. XLA's cost model counts a loop body once: the
-  looped program's own estimate (the hand compile's cost_analysis) misses LEV's chunk
-  and coordinate iterations, the loop-free one (compile_steps' default) has them."""
+  builds: the program it compiles is the one lowered here by hand from
+  train.make_train_step (same StableHLO), and its figures are those of the executable
+  it compiled (kept by wrapping aot._compile_one: no third compile of the same program).
+  XLA's cost model counts a loop body once: the looped program's own estimate (that
+  executable's cost_analysis) misses LEV's chunk and coordinate iterations, the
+  loop-free one (compile_steps' default) has them."""
   c = _tiny(make_config, "lev", mode="tokens", impl="vectorized", chunk_size=64)  # 2 chunks
   c.model.n_layers = 1  # one loop-free compile (depth 1) besides the real program
   topo = parse_topology("v5p:2x2x1")
+  kept = []  # (lowered, compiled) of each compile, the real program's first
+  real_compile_one = aot._compile_one
+
+  def keeping(name, lower, args, *rest):
+    def lower_and_keep(*a):
+      lowered = lower(*a)
+
+      class Lowered:
+        def compile(self, **kw):
+          kept.append((lowered, lowered.compile(**kw)))
+          return kept[-1][1]
+      return Lowered()
+    return real_compile_one(name, lower_and_keep, args, *rest)
+
+  monkeypatch.setattr(aot, "_compile_one", keeping)
   (report,) = aot.compile_steps(c, topo, steps=("train",))
+  assert len(kept) == 2  # the real program, then the loop-free depth-1 one
+  lowered, compiled = kept[0]
   mesh = sharding.make_mesh(c.mesh, devices=topology_devices(topo))
   part = train.partition(c, mesh)
   with target.compiling_for("tpu"):
-    compiled = train.make_train_step(part, c).lower(
-        train.abstract_state(part, c), train.abstract_batch(part, c, 8)).compile()
+    by_hand = train.make_train_step(part, c).lower(
+        train.abstract_state(part, c), train.abstract_batch(part, c, 8))
+  assert lowered.as_text() == by_hand.as_text()
   mem = compiled.memory_analysis()
   assert (report.arguments_bytes, report.outputs_bytes, report.alias_bytes,
           report.temp_bytes, report.code_bytes) == (

@@ -71,7 +71,7 @@ def test_paper_scale_count():
 @pytest.mark.parametrize("basis", ["normalized", "khronos"])
 def test_distinct_ids_give_distinct_embeddings(basis):
   lev = LEV(384, 32, tiny_config(basis=basis).lev, rngs=nnx.Rngs(0))
-  table = np.asarray(lev.table())
+  table = np.asarray(nnx.jit(lambda m: m.table())(lev))  # one program, not op by op
   assert table.shape == (384, 32) and np.isfinite(table).all()
   dist = np.sqrt(((table[:, None] - table[None]) ** 2).sum(-1))
   dist[np.diag_indices(384)] = np.inf
@@ -88,7 +88,7 @@ def test_every_lev_parameter_gets_a_nonzero_gradient(basis):
   def loss(p):
     return jnp.sum((nnx.merge(graphdef, p)(ids) - target) ** 2)
 
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)  # one program (op by op: seconds of dispatch)
   for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
     assert float(jnp.abs(g).max()) > 0, f"no gradient reaches {jax.tree_util.keystr(path)}"
 
@@ -106,8 +106,9 @@ def test_jit_and_eager_agree_and_chunking_is_exact():
 
 
 def test_sigmoid_variants_differ():
-  a = LEV(384, 32, tiny_config(sigmoid="half").lev, rngs=nnx.Rngs(0)).table()
-  b = LEV(384, 32, tiny_config(sigmoid="full").lev, rngs=nnx.Rngs(0)).table()
+  table = nnx.jit(lambda m: m.table())  # one program each, not op by op
+  a = table(LEV(384, 32, tiny_config(sigmoid="half").lev, rngs=nnx.Rngs(0)))
+  b = table(LEV(384, 32, tiny_config(sigmoid="full").lev, rngs=nnx.Rngs(0)))
   assert float(jnp.abs(a - b).max()) > 1e-6
 
 

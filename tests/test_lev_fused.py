@@ -293,8 +293,10 @@ def test_impl_pallas_routes_the_window_basis_to_the_pallas_core(monkeypatch):
   cfg = tiny_config(impl="pallas", log_group=4).lev
   lev, params = _lev_with_params(cfg)
   ids = jnp.arange(10)
-  out = lev_embed(params, ids, cfg, lev.base)
-  ref = lev_embed(params, ids, tiny_config(impl="fused", log_group=4).lev, lev.base)
+  fused = tiny_config(impl="fused", log_group=4).lev
+  # One jitted program for both (op by op, each core dispatched seconds of small ops).
+  out, ref = jax.jit(lambda p: (lev_embed(p, ids, cfg, lev.base),
+                                lev_embed(p, ids, fused, lev.base)))(params)
   np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
   assert calls == [((10, 2, 8, 3), (10, 2, 8, 3), (2, 8, 6, 4), 1e-6, 4)]
 
