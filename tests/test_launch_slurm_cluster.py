@@ -25,7 +25,7 @@ TINY = ["--config=experiments/smoke.py:tied", "--config.model.vocab_size=512",
         "--config.model.head_dim=16", "--config.model.d_ff=64", "--config.train.seq_len=32",
         "--config.train.global_batch_size=4", "--config.eval.batches=1",
         "--config.eval.batch_size=2", "--config.optim.warmup_steps=1",
-        f"--config.train.steps={STEPS}", "--config.train.log_every=1",
+        "--config.model.n_layers=1", f"--config.train.steps={STEPS}", "--config.train.log_every=1",
         "--config.train.eval_every=5", "--config.train.checkpoint_every=5"]
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE")
