@@ -409,14 +409,10 @@ def test_ctrl_c_saves_the_current_step_and_the_rerun_matches_a_straight_run(tmp_
   # The straight run in this process: lev-train's config (smoke.py:tied with `args`'
   # overrides) trained by its trainer; the command's own start-up is what the rerun above
   # checks, and a subprocess here only repeated its imports (~5 CPU-s).
-  from lev_jax.experiments import load_experiment
+  from conftest import lev_train_config
   from lev_jax.trainer import Stopped, train_and_evaluate
-  config = load_experiment(SMOKE).get_config("tied")
-  for arg in args[1:]:
-    section, rest = arg.removeprefix("--config.").split(".", 1)
-    field, value = rest.split("=", 1)
-    config[section][field] = value if field == "cache_dir" else type(config[section][field])(value)
-  stopped = train_and_evaluate(config, tmp_path / "straight", stop_at_step=steps[0] + 3)
+  stopped = train_and_evaluate(lev_train_config(args[0], args[1:]), tmp_path / "straight",
+                               stop_at_step=steps[0] + 3)
   assert isinstance(stopped, Stopped) and stopped.step == steps[0] + 3, stopped
   loss = lambda w: [r["train/loss"] for r in metrics(w) if r["step"] == steps[0] + 3]
   assert loss(workdir) == loss(tmp_path / "straight")

@@ -37,12 +37,14 @@ def train_args(data_cache):
 
 @pytest.fixture(scope="module")
 def direct_run(tmp_path_factory, data_cache):
-  """eval.json and metrics of the same run by lev-train directly (no SLURM)."""
+  """eval.json and metrics of the same run trained directly (no SLURM): lev-train's
+  config and trainer in this process (no second start-up of lev-train: the submitted
+  jobs are lev-train runs, checked against this)."""
+  from conftest import lev_train_config
+  from lev_jax.trainer import train_and_evaluate
   workdir = tmp_path_factory.mktemp("direct") / "run"
-  proc = subprocess.run([sys.executable, "-m", "lev_jax.cli.train", f"--workdir={workdir}",
-                         *train_args(data_cache)], cwd=REPO, capture_output=True, text=True,
-                        timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  config, *overrides = train_args(data_cache)
+  train_and_evaluate(lev_train_config(config.replace("=", f"={REPO}/", 1), overrides), workdir)
   return json.loads((workdir / "eval.json").read_text()), last_train_loss(workdir)
 
 
