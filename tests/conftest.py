@@ -190,6 +190,20 @@ def run_config(embedding, cache_dir, steps=8):
   return c
 
 
+def lev_train_config(config_flag, overrides):
+  """The config lev-train builds from `--config=FILE:VARIANT` (config_flag) and its
+  `--config.SECTION.FIELD=VALUE` overrides (numbers, or data.cache_dir), for a run in
+  the test's process (train_and_evaluate) that a lev-train subprocess is compared with."""
+  from lev_jax.experiments import load_experiment
+  path, variant = config_flag.removeprefix("--config=").rsplit(":", 1)
+  c = load_experiment(path).get_config(variant)
+  for arg in overrides:
+    section, rest = arg.removeprefix("--config.").split(".", 1)
+    field, value = rest.split("=", 1)
+    c[section][field] = value if field == "cache_dir" else type(c[section][field])(value)
+  return c
+
+
 def saved_state(workdir, step):
   """The `state` item of checkpoint `step` as saved (no target shardings)."""
   import orbax.checkpoint as ocp

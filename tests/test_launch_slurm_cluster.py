@@ -25,7 +25,7 @@ TINY = ["--config=experiments/smoke.py:tied", "--config.model.vocab_size=512",
         "--config.model.head_dim=16", "--config.model.d_ff=64", "--config.train.seq_len=32",
         "--config.train.global_batch_size=4", "--config.eval.batches=1",
         "--config.eval.batch_size=2", "--config.optim.warmup_steps=1",
-        f"--config.train.steps={STEPS}", "--config.train.log_every=1",
+        "--config.model.n_layers=1", f"--config.train.steps={STEPS}", "--config.train.log_every=1",
         "--config.train.eval_every=5", "--config.train.checkpoint_every=5"]
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE")
@@ -37,12 +37,14 @@ def train_args(data_cache):
 
 @pytest.fixture(scope="module")
 def direct_run(tmp_path_factory, data_cache):
-  """eval.json and metrics of the same run by lev-train directly (no SLURM)."""
+  """eval.json and metrics of the same run trained directly (no SLURM): lev-train's
+  config and trainer in this process (no second start-up of lev-train: the submitted
+  jobs are lev-train runs, checked against this)."""
+  from conftest import lev_train_config
+  from lev_jax.trainer import train_and_evaluate
   workdir = tmp_path_factory.mktemp("direct") / "run"
-  proc = subprocess.run([sys.executable, "-m", "lev_jax.cli.train", f"--workdir={workdir}",
-                         *train_args(data_cache)], cwd=REPO, capture_output=True, text=True,
-                        timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  config, *overrides = train_args(data_cache)
+  train_and_evaluate(lev_train_config(config.replace("=", f"={REPO}/", 1), overrides), workdir)
   return json.loads((workdir / "eval.json").read_text()), last_train_loss(workdir)
 
 

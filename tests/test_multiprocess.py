@@ -9,7 +9,8 @@ and its saved position the same in every process, so checkpoints move freely.
 The model is tied: what crosses processes here (sharded and replicated arrays in
 checkpoints, the data position, collectives) is the same for every embedding, and
 LEV's own sharding is checked on 8 devices in test_sharding.py; a tied model compiles
-in about half the time, in each of the 6 processes these tests start.
+in about half the time, in each of the 6 processes these tests start. One layer
+(smoke's two: the same sharded layer twice) for the same reason.
 """
 
 import json
@@ -37,7 +38,7 @@ def args(workdir, cache, *extra):
   return [f"--config={REPO / 'experiments' / 'smoke.py'}:tied", f"--workdir={workdir}",
           "--config.model.vocab_size=512", "--config.model.d_model=32",
           "--config.model.n_heads=4", "--config.model.n_kv_heads=4",
-          "--config.model.head_dim=8", "--config.model.d_ff=64",
+          "--config.model.head_dim=8", "--config.model.d_ff=64", "--config.model.n_layers=1",
           "--config.train.seq_len=16", "--config.train.global_batch_size=8",
           "--config.train.steps=8", "--config.train.log_every=1",
           "--config.train.checkpoint_every=4", "--config.train.eval_every=1000",

@@ -80,12 +80,12 @@ from conftest import tiny_config
 from lev_jax import train
 config = tiny_config("lev")
 config.model.n_layers = 1
-config.train.seq_len, config.train.global_batch_size = 64, 8
+config.train.seq_len, config.train.global_batch_size = 16, 2
 graphdef, params = nnx.split(train.create_model(config), nnx.Param)
 leaves, treedef = jax.tree.flatten(params)
 leaves = [np.asarray(leaf) for leaf in leaves]
-ids = np.random.default_rng(0).integers(0, 300, size=(8, 65)).astype(np.int32)
-batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": np.ones((8, 64), np.float32)}
+ids = np.random.default_rng(0).integers(0, 300, size=(2, 17)).astype(np.int32)
+batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": np.ones((2, 16), np.float32)}
 
 def loss_and_grads(leaves):
   grad_fn = jax.value_and_grad(lambda p: train._sum_loss(p, graphdef, batch), has_aux=True)
@@ -118,9 +118,12 @@ def test_same_bits_on_an_emulated_haswell(tmp_path):
   """A Leviathan model's loss and gradients (every parameter's) here and on an emulated
   Intel Haswell (AVX2, no AVX-512, other caches; QEMU user mode) are the same bits (the
   optimizer's update is elementwise from there; the gradient is what differed:
-  portable.py). One layer, one batch; the emulated process compiles and runs the
-  program traced here (jax.export), so it imports jax alone: the full import took ~40 s
-  of its ~80 under the emulator. benchmarks/cpu_portability.py compares whole train
+  portable.py). One layer, one batch of 2 x 16 tokens; the emulated process compiles
+  and runs the program traced here (jax.export), so it imports jax alone: the full
+  import took ~40 s of its ~80 under the emulator. Running the step is emulated too (8 x
+  64 tokens: 13 s of it): 2 x 16 tokens still differ in their bits here and there
+  without portable.py's flags (LEV_JAX_PORTABLE_CPU=0: other gradient digests, checked),
+  and cut the emulated process from ~51 to ~34 CPU-s. benchmarks/cpu_portability.py compares whole train
   steps of the smoke models, each machine tracing its own."""
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   here = subprocess.run([sys.executable, "-c", _EXPORT_PROGRAM, str(Path(__file__).parent),
