@@ -350,6 +350,12 @@ def test_tokens_seen_is_a_running_count_across_a_resume_with_another_batch(run):
   assert [seen[s] for s in (4, 5)] == [1024, 1152]
   ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=3)
   assert ckpt.tokens_seen(5) == 1152
+  # lev-train records its tokenizer in the step too (the loaders check tokenizer/ by it)
+  from lev_jax.data.tokenizer_files import load_tokenizer
+  with checkpoint.CheckpointReader(workdir / "checkpoints") as reader:
+    assert reader.saved_progress(5) == {
+        "tokens_seen": 1152,
+        "tokenizer_fingerprint": load_tokenizer(workdir / "tokenizer").fingerprint}
   shutil.rmtree(workdir / "checkpoints" / "5" / "progress")  # as an older lev_jax saved
   assert ckpt.tokens_seen(5) == 5 * 4 * 32  # its own config's count: all it knows
   ckpt.close()
