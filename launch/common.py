@@ -137,7 +137,8 @@ def _run_check(argv: list[str], what: str, skip: str, cwd: str | None,
 
 def preflight(train_args: Sequence[str], platform: str, processes: int, devices: int, *,
               python: str = sys.executable, cwd: str | None = None,
-              timeout_s: float = 300.0, jax_platforms: str | None = None) -> str:
+              timeout_s: float = 300.0, jax_platforms: str | None = None,
+              workdir: str | None = None) -> str:
   """Runs lev-train's checks on `train_args` for a job of processes x devices.
 
   Args:
@@ -151,6 +152,9 @@ def preflight(train_args: Sequence[str], platform: str, processes: int, devices:
     jax_platforms: the JAX_PLATFORMS the job will run with (None: unset), which
       lev-train checks against `platform` (cli/train.jax_platforms_error); the check
       itself starts no backend.
+    workdir: the job's --workdir when this machine sees it as the job will (a shared
+      filesystem): lev-train then also refuses one that holds another run, as the
+      job would at its start.
   Returns:
     lev-train's one-line summary ("lev-train: preflight ok: ...").
   Raises:
@@ -158,7 +162,7 @@ def preflight(train_args: Sequence[str], platform: str, processes: int, devices:
       batch), or `python` cannot run lev-train at all.
   """
   argv = [python, "-m", TRAIN_MODULE, f"--preflight={platform}:{processes}x{devices}",
-          *train_args]
+          *([f"--workdir={workdir}"] if workdir else []), *train_args]
   proc = _run_check(argv, "pre-flight", "pass --no-preflight to skip the check", cwd,
                     timeout_s, jax_platforms)
   lines = [l for l in proc.stderr.splitlines() if l.strip()]

@@ -327,7 +327,8 @@ def check_train_args(job: SlurmJob) -> str:
   # shell's (sbatch exports the environment)
   return preflight(job.train_args, "cpu" if job.cpu else "gpu", job.nodes,
                    job.devices_per_node(), python=python, cwd=job.chdir,
-                   jax_platforms="cpu" if job.cpu else os.environ.get("JAX_PLATFORMS"))
+                   jax_platforms="cpu" if job.cpu else os.environ.get("JAX_PLATFORMS"),
+                   workdir=job.workdir)
 
 
 def submit(job: SlurmJob) -> int:

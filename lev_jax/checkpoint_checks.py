@@ -131,6 +131,32 @@ def _folder_step(step_dir: epath.Path) -> int | None:
   return int(head) if head.isdigit() else None
 
 
+def misnamed_step(directory) -> str | None:
+  """The line for a step folder under another name in a checkpoints folder, or None.
+
+  Orbax lists only folders named by their step: a complete step renamed (6 -> six,
+  6_backup) holds a manifest recording its step but is invisible to a restore, so a
+  run would train from scratch over it and a loader would find no checkpoint
+  (newcomer pass 11). Orbax's own temporaries (<step>.orbax-checkpoint-tmp-...) are not
+  steps under another name."""
+  directory = epath.Path(directory)
+  if not directory.is_dir():
+    return None
+  for p in sorted(directory.iterdir()):
+    if p.name.isdigit() or ".orbax-checkpoint-tmp" in p.name or not (p / MANIFEST).is_file():
+      continue
+    try:
+      recorded = json.loads((p / MANIFEST).read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+      recorded = None
+    name = (f"name it {recorded} again" if isinstance(recorded, int) and not
+            (directory / str(recorded)).exists() else "give it its step's number")
+    return (f"{p}: a checkpoint step ({MANIFEST} records step {recorded}) under a name "
+            f"that is not its step's, which no restore sees: {name}, or move it out of "
+            f"{directory}")
+  return None
+
+
 def verify_manifest(step_dir, checksums: bool = True) -> bool:
   """Checks every file of a step against its manifest.
 

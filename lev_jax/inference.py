@@ -56,8 +56,8 @@ from flax import nnx
 from lev_jax import checkpoint
 from lev_jax.checkpoint import error_line
 from lev_jax.checkpoint_checks import (MANIFEST, SHAPE_FIELDS, CheckpointCorruptError,
-                                       config_differences, file_digests, step_files,
-                                       verify_manifest)
+                                       config_differences, file_digests, misnamed_step,
+                                       step_files, verify_manifest)
 from lev_jax.config import DTYPES, ConfigError, from_dict
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import load_tokenizer, save_tokenizer
@@ -246,7 +246,8 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
   with checkpoint.CheckpointReader(ckpt_dir) as reader:  # never saves or deletes
     steps = reader.all_steps()
     if not steps:
-      raise InferenceError(_no_checkpoint_yet(root, f"none in {CHECKPOINTS}/"))
+      raise InferenceError(misnamed_step(ckpt_dir) or  # newcomer pass 11: "still starting"
+                           _no_checkpoint_yet(root, f"none in {CHECKPOINTS}/"))
     if step is None:
       step = steps[-1]
     elif step not in steps:

@@ -43,7 +43,7 @@ from tqdm import tqdm
 from lev_jax import data as data_lib
 from lev_jax.checkpoint import Checkpointer, CheckpointMismatchError, CheckpointReader
 from lev_jax.checkpoint_checks import (CheckpointCorruptError, config_differences,
-                                       result_fields, verify_manifest)
+                                       misnamed_step, result_fields, verify_manifest)
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import TOKENIZER_JSON, save_tokenizer
@@ -267,14 +267,12 @@ class DivergenceError(RuntimeError):
   written after the first such step."""
 
 
-def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
-  """Refuses a workdir that cannot hold a run, before anything is read or written.
+def _check_output_kinds(workdir: epath.Path, profile: bool = False) -> list[epath.Path]:
+  """The outputs present in `workdir` (workdir.RUN_OUTPUTS; profile/ only with `profile`),
+  once the workdir is a folder and each of them of its kind (file vs folder); reads only.
 
   Raises:
-    ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS; profile/ only
-      with `profile`) or an entry of tokenizer/ (files only) has the wrong kind (file vs
-      folder), or the workdir, an output folder or metrics.jsonl (appended to) is not
-      writable.
+    ConfigError: one has the wrong kind, named with what was expected.
   """
   if workdir.exists() and not workdir.is_dir():
     raise ConfigError(f"--workdir={workdir}: is a file; expected a folder")
@@ -287,6 +285,32 @@ def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
                         f"{'folder' if want_dir else 'file'} (move it aside)")
     if p.exists():
       present.append(p)
+  return present
+
+
+def _check_step_names(workdir: epath.Path) -> None:
+  """Refuses a checkpoints/ holding a complete step under another name than its step's
+  (checkpoint_checks.misnamed_step): the run would train over it, blind to it.
+
+  Raises:
+    ConfigError: naming the folder and the step its manifest records.
+  """
+  problem = misnamed_step(workdir / CHECKPOINTS)
+  if problem:
+    raise ConfigError(f"{problem}. Nothing was changed")
+
+
+def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
+  """Refuses a workdir that cannot hold a run, before anything is read or written.
+
+  Raises:
+    ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS; profile/ only
+      with `profile`) or an entry of tokenizer/ (files only) has the wrong kind (file vs
+      folder), or the workdir, an output folder or metrics.jsonl (appended to) is not
+      writable.
+  """
+  present = _check_output_kinds(workdir, profile)
+  _check_step_names(workdir)
   if (workdir / TOKENIZER).is_dir():
     for p in (workdir / TOKENIZER).iterdir():
       if p.is_dir():  # save_tokenizer replaces the files it holds
@@ -451,12 +475,15 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
     CheckpointCorruptError: finished, but a file of its latest checkpoint is missing or
       of another size or sha256 than its manifest records, or the manifest is unreadable (without
       `restore_fallback`); the step and file are named.
-    ConfigError: a gs:// workdir without Google Cloud Storage support.
+    ConfigError: a gs:// workdir without Google Cloud Storage support, or the workdir or
+      one of its outputs of the wrong kind (file vs folder: `_check_output_kinds`).
   """
   _check_gcs_support(config, workdir)
   workdir = epath.Path(workdir).expanduser()
   if "://" not in str(workdir):
     workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative
+  _check_output_kinds(workdir)  # newcomer pass 11: eval.json a folder was a traceback
+  _check_step_names(workdir)
   checkpoints = workdir / CHECKPOINTS
   if not checkpoints.is_dir():
     return None

@@ -2,6 +2,7 @@
 
 import errno
 import json
+import re
 import shutil
 
 import numpy as np
@@ -11,7 +12,7 @@ from lev_jax import checkpoint, checkpoint_checks
 from lev_jax.checkpoint import (CheckpointCorruptError, CheckpointMismatchError,
                                 CheckpointWriteError)
 from lev_jax.trainer import train_and_evaluate
-from conftest import copy_run, metrics, saved_state
+from conftest import copy_run, files_of, metrics, saved_state
 
 
 @pytest.fixture
@@ -376,3 +377,38 @@ def test_a_latest_step_removed_during_the_run_is_one_warning(tmp_path, caplog):
   assert [r.getMessage() for r in caplog.records if "removed" in r.getMessage()] == [
       f"checkpoint {tmp_path}/checkpoints/{step} was removed during the run (not by "
       f"lev_jax); the checkpoints on disk are now {left}" for step, left in ((3, []), (4, []))]
+
+
+def test_a_step_folder_under_another_name_is_named_by_every_reader(finished_tied_run, tmp_path):
+  """Newcomer pass 11: a finished run's checkpoints renamed (4 -> four): lev-train's
+  re-run trained from step 0 over the run's files, and lev-eval called the run "still
+  starting"; Orbax lists only folders named by their step."""
+  from lev_jax import inference, trainer
+  from lev_jax.config import ConfigError
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  (workdir / "checkpoints" / "2").rename(workdir / "checkpoints" / "two")
+  (workdir / "checkpoints" / "4").rename(workdir / "checkpoints" / "four")
+  before = files_of(workdir)
+  expected = (f"{workdir / 'checkpoints' / 'four'}: a checkpoint step (checksums.json "
+              f"records step 4) under a name that is not its step's, which no restore "
+              f"sees: name it 4 again, or move it out of {workdir / 'checkpoints'}")
+  with pytest.raises(ConfigError, match=re.escape(expected + ". Nothing was changed")):
+    trainer.finished_run(c, workdir)
+  with pytest.raises(ConfigError, match=re.escape(expected)):
+    train_and_evaluate(c, workdir)
+  with pytest.raises(inference.InferenceError, match=re.escape(expected)):
+    inference.load(workdir)
+  assert files_of(workdir) == before
+
+
+def test_a_finished_run_s_output_of_the_wrong_kind_is_one_line(finished_tied_run, tmp_path):
+  """Newcomer pass 11: eval.json a folder made lev-train's re-run of a finished run an
+  IsADirectoryError traceback (the check of the outputs' kinds came after it)."""
+  from lev_jax import trainer
+  from lev_jax.config import ConfigError
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  (workdir / "eval.json").unlink()
+  (workdir / "eval.json").mkdir()
+  with pytest.raises(ConfigError, match=re.escape(
+      f"{workdir / 'eval.json'}: is a folder; expected a file (move it aside)")):
+    trainer.finished_run(c, workdir)

@@ -446,3 +446,25 @@ def test_preflight_refuses_a_jax_platforms_that_would_stop_the_job(monkeypatch):
       ("tpu,cpu", "tpu", None), ("", "gpu", None), ("rocm", "gpu", None)]:
     monkeypatch.setenv("JAX_PLATFORMS", value)
     assert train_cli.jax_platforms_error(platform) == expected, value
+
+
+def test_preflight_checks_the_workdir_it_is_given(finished_tied_run, tmp_path, capsys):
+  """Newcomer pass 11: `launch/slurm.py --dry-run` said "preflight ok" for a --workdir
+  holding a run with other settings, which the job refuses at its start."""
+  from lev_jax.cli import train as train_cli
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  other = c.copy_and_resolve_references()
+  other.optim.lr = c.optim.lr * 2
+  with pytest.raises(SystemExit) as e:
+    train_cli._preflight_workdir(other, str(workdir))
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith(
+      f"lev-train: error: {workdir} holds a run finished at step 4 with other settings: "
+      "optim.lr: "), err
+  assert train_cli._preflight_workdir(c, str(workdir)) == (
+      f"; {workdir} already holds this run, finished at step 4: the job will only print "
+      "its result")
+  assert train_cli._preflight_workdir(c, str(tmp_path / "new")) == ""
+  with pytest.raises(SystemExit):
+    train_cli._preflight_workdir(c, str(workdir / "sub"))  # inside a run
+  assert "is inside" in capsys.readouterr().err

@@ -434,3 +434,23 @@ def test_a_baseline_evaluated_on_other_data_is_refused_unless_allowed(workdirs, 
   assert run.stderr.strip().splitlines()[-1].startswith(
       f"lev-eval: error: --baseline={base}: evaluated on other data than this run")
   assert not (tmp_path / "r.json").exists()
+
+
+def test_an_empty_tuple_override_reaches_the_config_check(monkeypatch, tmp_path):
+  """Newcomer pass 11: --config.eval.freq_bucket_edges="()" was ignored without a word
+  (ml_collections leaves the flag's `present` unset for an empty tuple); lev-params and
+  lev-train refuse it."""
+  from absl import flags
+  from ml_collections import config_flags
+  from lev_jax.config import base_config
+  argv = ["lev-eval", "--config.eval.freq_bucket_edges=()", "--config.eval.batches=3"]
+  monkeypatch.setattr(sys, "argv", argv)  # ml_collections defines its flags from sys.argv
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_dict("config", base_config(), flag_values=fv)
+  fv(argv)
+  monkeypatch.setattr(eval_cli, "flags", types.SimpleNamespace(FLAGS=fv))
+  overrides = eval_cli._overrides()
+  assert overrides == {"eval.freq_bucket_edges": [], "eval.batches": 3}
+  with pytest.raises(ConfigError, match=r"^config.eval.freq_bucket_edges = \(\): expected "
+                     "increasing positive counts"):
+    checkpoint_eval.apply_overrides(eval_config("tied", tmp_path), overrides)

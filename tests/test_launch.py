@@ -501,6 +501,23 @@ def test_slurm_preflight_stops_a_bad_variant_before_writing_or_submitting(
   assert not (tmp_path / "sbatch.called").exists() and not (tmp_path / "runs").exists()
 
 
+def test_slurm_preflight_gives_lev_train_the_workdir(tmp_path, monkeypatch, capsys):
+  """Newcomer pass 11: the preflight said ok for a --workdir holding another run, which
+  the job refuses at its start; lev-train's --preflight now checks the workdir it is
+  given (tests/test_cli_train.py)."""
+  seen = []
+
+  def fake_check(argv, *args, **kwargs):
+    seen.append(argv)
+    return subprocess.CompletedProcess(argv, 0, "lev-train: preflight ok: x\n", "")
+  monkeypatch.setattr(common, "_run_check", fake_check)
+  workdir = tmp_path / "runs" / "r"
+  status = slurm.main(["--nodes=2", "--gpus_per_node=0", f"--workdir={workdir}",
+                       f"--chdir={REPO}", "--dry-run", "--", "--config=experiments/smoke.py:tied"])
+  assert status == 0, capsys.readouterr().err
+  assert f"--workdir={workdir}" in seen[0] and "--config=experiments/smoke.py:tied" in seen[0]
+
+
 def test_tpu_preflight_stops_a_mesh_that_does_not_fit_the_slice(tmp_path, monkeypatch, capsys):
   bin_ = fake_program(tmp_path, "gcloud", f"echo \"$*\" >> {tmp_path}/gcloud.log")
   monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")

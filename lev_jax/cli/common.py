@@ -909,7 +909,7 @@ def define_or_exit(prog: str, define) -> None:
     _fail_on_config_error(prog, e, sys.argv)
 
 
-def _overrides(argv) -> list[tuple[str, str]]:
+def override_fields(argv) -> list[tuple[str, str]]:
   """(flag as given, dotted field) of each `--config.<field>` (or `--noconfig.<field>`)
   in argv, in order."""
   found = []
@@ -932,7 +932,7 @@ def unknown_override(config, argv) -> str | None:
     e.g. "--config.train.stepz: the config has no field 'stepz' (did you mean
     'steps'?)"; None when every override names a field.
   """
-  for given, field in _overrides(argv):
+  for given, field in override_fields(argv):
     parts = field.split(".")
     node = config
     for i, part in enumerate(parts):
@@ -1097,7 +1097,7 @@ def malformed_override(error: BaseException, argv) -> str | None:
   m = _UNPARSED_PATH.match(str(error)) if isinstance(error, ValueError) else None
   if not m:
     return None
-  given = next((g for g, field in _overrides(argv) if field == m.group(1)),
+  given = next((g for g, field in override_fields(argv) if field == m.group(1)),
                f"--config.{m.group(1)}")
   return (f"{given}: not a valid field path (expected --config.<section>.<field>=VALUE, "
           "each name a field of the config, e.g. --config.train.steps=50)")
@@ -1110,11 +1110,11 @@ def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
              or _no_get_config(error, argv) or malformed_override(error, argv)
              or _overrides_on_a_non_config(error, argv)
              or _not_a_config_file(_config_file(argv)))
-  if message is None and isinstance(error, (AttributeError, LookupError)) and _overrides(argv):
+  if message is None and isinstance(error, (AttributeError, LookupError)) and override_fields(argv):
     config = _config_being_overridden(error)
     message = unknown_override(config, argv) if config is not None else None
     if message is None:  # the config could not be walked: the error's own words
-      message = f"{_overrides(argv)[-1][0]}: {first_line(error)}"
+      message = f"{override_fields(argv)[-1][0]}: {first_line(error)}"
   if message is None:
     raise error
   fail(prog, message)

@@ -71,10 +71,13 @@ def _define_flags():
 
 
 def _overrides() -> dict:
-  """{dotted field: value} of the --config.* flags given on the command line."""
+  """{dotted field: value} of the --config.* flags given on the command line (named from
+  argv too: ml_collections leaves `present` unset for an empty tuple, `=()`, which was
+  then ignored without a word; newcomer pass 11)."""
   fl = flags.FLAGS
+  given = {field for _, field in common.override_fields(sys.argv)}
   return {name[len("config."):]: fl[name].value for name in fl
-          if name.startswith("config.") and fl[name].present}
+          if name.startswith("config.") and (fl[name].present or name[len("config."):] in given)}
 
 
 def _print_summary(out: dict) -> None:

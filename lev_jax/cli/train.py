@@ -114,8 +114,33 @@ def preflight(spec: str) -> None:
   problem = common.xla_flags_error() or jax_platforms_error(platform)
   if problem:
     common.fail("lev-train", problem)
+  finished = _preflight_workdir(config, flags.FLAGS.workdir)
   print(f"lev-train: preflight ok: {config.name} on {processes} x {devices} {platform} "
-        f"devices, mesh (data, fsdp, tensor) = {tuple(ici)} x DCN {tuple(dcn)}")
+        f"devices, mesh (data, fsdp, tensor) = {tuple(ici)} x DCN {tuple(dcn)}{finished}")
+
+
+def _preflight_workdir(config, workdir: str | None) -> str:
+  """The preflight's check of --workdir, when given and on this machine: what the job
+  would refuse at its start (a path inside another run, export or prepared data; a run
+  there with other settings, or unfinished at another train.steps: newcomer pass 11),
+  as one line and exit 2. Returns a note for the ok line ("" when there is nothing to
+  say): a run already finished there with this config only prints its result."""
+  if not workdir:
+    return ""
+  problem = workdir_error(workdir)
+  if problem:
+    common.fail("lev-train", problem)
+  if "://" in workdir or not os.path.isdir(os.path.expanduser(workdir)):
+    return ""
+  from lev_jax import trainer  # pylint: disable=import-outside-toplevel
+  from lev_jax.checkpoint import CheckpointMismatchError  # pylint: disable=import-outside-toplevel
+  from lev_jax.checkpoint_checks import CheckpointCorruptError  # pylint: disable=import-outside-toplevel
+  try:
+    done = trainer.finished_run(config, os.path.expanduser(workdir), warn=False)
+  except (ConfigError, CheckpointMismatchError, CheckpointCorruptError) as e:
+    common.fail("lev-train", str(e))
+  return (f"; {workdir} already holds this run, finished at step {done.step}: the job "
+          "will only print its result" if done else "")
 
 
 # JAX_PLATFORMS names jax accepts (jax/_src/xla_bridge.py, jax 0.10: "gpu" tries cuda
