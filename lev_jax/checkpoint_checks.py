@@ -78,6 +78,11 @@ class CheckpointCorruptError(CheckpointMismatchError):
   """A file of the checkpoint differs from its checksum manifest (MANIFEST)."""
 
 
+class CheckpointRenamedError(CheckpointCorruptError):
+  """A step folder whose manifest records another step: it was renamed (or copied in
+  from elsewhere); the message names both and says to name it back."""
+
+
 MANIFEST = "checksums.json"
 
 
@@ -192,7 +197,7 @@ def verify_manifest(step_dir, checksums: bool = True) -> bool:
                                  "every file of the step); it verifies nothing")
   recorded, named = manifest.get("step"), _folder_step(step_dir)
   if isinstance(recorded, int) and named is not None and recorded != named:
-    raise CheckpointCorruptError(  # newcomer pass 10: a folder renamed 6 -> 7 was step 7
+    raise CheckpointRenamedError(  # newcomer pass 10: a folder renamed 6 -> 7 was step 7
         f"checkpoint {step_dir}: its manifest records step {recorded}: the folder was "
         f"renamed; name it {recorded} again (or move it aside)")
   unlisted = sorted(rel for rel in step_files(step_dir)

@@ -42,8 +42,9 @@ from tqdm import tqdm
 
 from lev_jax import data as data_lib
 from lev_jax.checkpoint import Checkpointer, CheckpointMismatchError, CheckpointReader
-from lev_jax.checkpoint_checks import (CheckpointCorruptError, config_differences,
-                                       misnamed_step, result_fields, verify_manifest)
+from lev_jax.checkpoint_checks import (CheckpointCorruptError, CheckpointRenamedError,
+                                       config_differences, misnamed_step, result_fields,
+                                       verify_manifest)
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import TOKENIZER_JSON, save_tokenizer
@@ -402,17 +403,20 @@ def _check_run_folder(workdir: epath.Path) -> None:
         "was changed: use another --workdir")
 
 
-def _check_finished_step(step_dir: epath.Path, step: int) -> None:
+def _check_finished_step(step_dir: epath.Path, step: int, checksums: bool = True) -> None:
   """Checks a finished run's last checkpoint as a restore would: its manifest parses and
   lists files, each present with its recorded size and sha256 (verify_manifest; a
   newcomer's flipped bytes of the same size were "already finished" while lev-eval
-  refused the step). It reads the checkpoint once (seconds per GB).
+  refused the step). It reads the checkpoint once (seconds per GB); with
+  `checksums=False` only the manifest's step and the files' sizes (no file is read).
 
   Raises:
     CheckpointCorruptError: one line naming the step, the damaged file and what to do.
   """
   try:
-    verify_manifest(step_dir)
+    verify_manifest(step_dir, checksums=checksums)
+  except CheckpointRenamedError:
+    raise  # its own line says what to do; the step is not damaged
   except CheckpointCorruptError as e:
     raise CheckpointCorruptError(
         f"{e}. The run finished at step {step} but that checkpoint is damaged; nothing was "
@@ -500,6 +504,12 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
       saved = reader.saved_config(step)
     except Exception:  # a deleted or damaged config item (any Orbax error type)
       return None
+  try:  # newcomer pass 11: a renamed, foreign or edited step was blamed on the settings
+    _check_finished_step(checkpoints / str(step), step, checksums=False)
+  except CheckpointCorruptError:
+    if restore_fallback:  # the restore skips and quarantines it
+      return None
+    raise
   diffs = config_differences(saved, config, result_fields(config), stored_only=True)
   unfinished = _unfinished_line(workdir, step, saved, config.train.steps, diffs)
   if unfinished:

@@ -412,3 +412,24 @@ def test_a_finished_run_s_output_of_the_wrong_kind_is_one_line(finished_tied_run
   with pytest.raises(ConfigError, match=re.escape(
       f"{workdir / 'eval.json'}: is a folder; expected a file (move it aside)")):
     trainer.finished_run(c, workdir)
+
+
+def test_a_renamed_or_edited_finished_step_is_named_before_the_settings(finished_tied_run,
+                                                                        tmp_path):
+  """Newcomer pass 11: lev-train's re-run of a finished run compared the settings of a
+  renamed step folder (4 -> 5: "train.steps: checkpoint 5, this run 4") or of a
+  hand-edited stored config ("optim.lr: checkpoint 0.03, ...") and blamed the user's
+  settings; the step's manifest (sizes only, no hashing) is checked first."""
+  from lev_jax import trainer
+  c, renamed = copy_run(finished_tied_run, tmp_path / "renamed")
+  (renamed / "checkpoints" / "4").rename(renamed / "checkpoints" / "5")
+  with pytest.raises(checkpoint_checks.CheckpointRenamedError, match=re.escape(
+      f"checkpoint {renamed / 'checkpoints' / '5'}: its manifest records step 4: the folder "
+      "was renamed; name it 4 again (or move it aside)")):
+    trainer.finished_run(c, renamed)
+  c, edited = copy_run(finished_tied_run, tmp_path / "edited")
+  stored = edited / "checkpoints" / "4" / "config" / "metadata"
+  stored.write_text(stored.read_text().replace(f'"lr": {c.optim.lr}', f'"lr": {c.optim.lr}0'))
+  with pytest.raises(CheckpointCorruptError, match=re.escape(
+      f"checkpoint {edited / 'checkpoints' / '4'}: config/metadata is ")):
+    trainer.finished_run(c, edited)
