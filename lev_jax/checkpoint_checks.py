@@ -183,6 +183,8 @@ def verify_manifest(step_dir, checksums: bool = True) -> bool:
   if not path.exists():
     return False
   try:
+    if path.is_dir():  # newcomer pass 11: reported as the step's config being unreadable
+      raise ValueError("a folder in its place")
     manifest = json.loads(path.read_text())
     expected, sizes = manifest["sha256"], manifest.get("bytes", {})
     if not isinstance(expected, dict) or not all(
@@ -190,7 +192,7 @@ def verify_manifest(step_dir, checksums: bool = True) -> bool:
       raise TypeError('"sha256" is not a {file: hex digest} object')
     if not isinstance(sizes, dict):
       raise TypeError('"bytes" is not a {file: size} object')
-  except (ValueError, KeyError, TypeError, AttributeError) as e:
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
     raise CheckpointCorruptError(f"{path}: the checksum manifest is unreadable ({e})") from e
   if not expected:
     raise CheckpointCorruptError(f"{path}: the checksum manifest lists no file (expected "

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -339,6 +340,23 @@ def test_damaged_shards_and_edited_counts_are_named_then_prepared_again(tmp_path
   prepare(c)
   assert prepared.open_prepared(out).report["splits"]["validation"]["tokens"] == (
       report["splits"]["validation"]["tokens"] - 1000)
+
+  # newcomer pass 11: prepare/ a file (a NotADirectoryError traceback in lev-eval; the
+  # re-run unmarked the dataset finished, then crashed) and token_counts.npy a folder
+  shutil.move(out / "prepare", tmp_path / "prepare.aside")
+  (out / "prepare").write_text("x")
+  for step in (lambda: prepared.open_prepared(out), lambda: prepare(c)):
+    with pytest.raises(DataError, match=f"^{out / 'prepare'}: is a file; expected the folder "
+                       "lev-prepare-data keeps its shard records in"):
+      step()
+  assert (out / "dataset_info.json").exists()  # still marked finished
+  (out / "prepare").unlink()
+  shutil.move(tmp_path / "prepare.aside", out / "prepare")
+  shutil.move(out / "token_counts.npy", tmp_path / "counts.aside")
+  (out / "token_counts.npy").mkdir()
+  with pytest.raises(DataError, match=f"^{out / 'token_counts.npy'}: is a folder; expected a "
+                     r"\.npy array file"):
+    prepared.open_prepared(out)
 
 
 def test_a_shard_damaged_inside_is_named_when_read(tmp_path, pile, monkeypatch):

@@ -392,3 +392,15 @@ def test_a_run_s_unreadable_data_report_is_a_warning_that_the_tokenizer_is_unche
   report.unlink()  # a run from before data_report.json: nothing to say
   inference.load(tmp_path)
   assert "cannot be read" not in caplog.text
+
+
+def test_a_manifest_replaced_by_a_folder_is_named_as_the_manifest(tmp_path):
+  """Newcomer pass 11: checksums.json a folder was reported as the step's config being
+  unreadable."""
+  write_workdir(tmp_path, byte_config("tied"), steps=(1,))
+  manifest = tmp_path / "checkpoints" / "1" / "checksums.json"
+  manifest.unlink()
+  manifest.mkdir()
+  with pytest.raises(inference.InferenceError, match=re.escape(
+      f"{manifest}: the checksum manifest is unreadable (a folder in its place)")):
+    inference.load(tmp_path)

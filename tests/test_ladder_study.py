@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -616,6 +617,22 @@ def test_an_edited_study_eval_json_makes_its_run_unreadable_never_summarised(tmp
   assert study.study_eval_problem(_synthetic_ev(root), 7) == (
       f"its step {_synthetic_ev(root)['step']} is not the run's final step 7")
   assert study.study_eval_problem([1], 7) == "not a JSON object"
+
+
+def test_a_run_s_file_replaced_by_a_folder_makes_it_unreadable(tmp_path):
+  """Newcomer pass 11: a run's study_eval.json, eval.json or metrics.jsonl replaced by a
+  folder was an IsADirectoryError traceback in lev-study and lev-ladder."""
+  ladder, root = _synthetic_study(tmp_path)
+  for name in ("study_eval.json", "eval.json", "metrics.jsonl"):
+    path = root / "leviathan_a" / name
+    shutil.move(path, tmp_path / "aside")
+    path.mkdir()
+    analysis, _, failed = _report_only(ladder, root, tmp_path)
+    (missing,) = analysis["missing"]
+    assert not failed and missing["status"] == "unreadable", missing
+    assert missing["reason"].startswith(f"{path}: is a folder; expected "), missing
+    path.rmdir()
+    shutil.move(tmp_path / "aside", path)
 
 
 def _shift_equal_mass(ev):

@@ -117,7 +117,11 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
   for rung in result.rungs:
     if not rung.finished:
       continue
-    ev = study_lib.read_eval(rung.workdir)
+    try:
+      ev = study_lib.read_eval(rung.workdir)
+    except study_lib.runs.LadderError as e:
+      rung.status, rung.reason = "unreadable", str(e)
+      continue
     found = isinstance(ev, dict)
     wanted = eval_batches or found and ev.get("eval_batches")
     current = found and ev.get("step") == rung.steps and ev.get("eval_batches") == wanted

@@ -63,9 +63,11 @@ def read_npy(path) -> np.ndarray:
   Raises:
     DataError: ``PATH: damaged ...``: not a ``.npy`` array file: no .npy header
       (another file in its place), a truncated one, or an array of Python objects
-      (pickled; never loaded).
+      (pickled; never loaded); or ``PATH: is a folder``.
     OSError: the file cannot be read.
   """
+  if epath.Path(path).is_dir():  # newcomer pass 11: an IsADirectoryError traceback
+    raise DataError(f"{path}: is a folder; expected a .npy array file (move it aside)")
   data = epath.Path(path).read_bytes()
   if not data.startswith(NPY_MAGIC):  # np.load would try it as a pickle and say so
     raise DataError(f"{path}: damaged: not a .npy array file (no .npy header: "

@@ -416,6 +416,7 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
             for split, split_files in files.items()
             for i, src in enumerate(sources[split])]
 
+  prepared.check_work_dir(out)  # before anything is written or unmarked
   state = _claim_folder(out, rid, overwrite)
   done = {}
   if state != "new":

@@ -422,6 +422,20 @@ class ShardSource:
     return f"ShardSource(split={self._split!r}, {len(self._shards)} shards)"
 
 
+def check_work_dir(path: epath.Path) -> None:
+  """Refuses a prepared-data folder whose WORK_DIR (prepare/) is a file.
+
+  Raises:
+    DataError: naming it and what it should be (newcomer pass 11: lev-eval's
+      NotADirectoryError traceback; lev-prepare-data's re-run unmarked the dataset
+      finished, then crashed).
+  """
+  work = path / WORK_DIR
+  if work.exists() and not work.is_dir():
+    raise DataError(f"{work}: is a file; expected the folder lev-prepare-data keeps its "
+                    "shard records in (move it aside)")
+
+
 def _not_finished(path: epath.Path, why: str) -> DataError:
   """"preparation did not finish"; with the error that stopped it when lev-prepare-data
   recorded one (STOPPED_FILE), which running it again as it was would repeat."""
@@ -615,6 +629,7 @@ def open_prepared(path, *, hash_shards: bool = True) -> PreparedDataset:
   if not path.exists():
     raise DataError(f"{path}: no such folder; expected a dataset written by "
                     "lev-prepare-data (config.data.prepared_dir)")
+  check_work_dir(path)
   if not (path / INFO_FILE).exists():
     if not (path / WORK_DIR).exists():
       raise _not_prepared(path)

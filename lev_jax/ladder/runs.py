@@ -277,7 +277,7 @@ def read_metrics(path: epath.Path) -> list[dict]:
       file and line).
   """
   rows = []
-  for i, line in enumerate(path.read_text().splitlines(), 1):
+  for i, line in enumerate(_read_text(path, "a run's metrics.jsonl file").splitlines(), 1):
     if not line.strip():
       continue
     try:
@@ -329,9 +329,20 @@ def last_values(rows: list[dict], prefixes: tuple[str, ...]) -> dict:
   return out
 
 
+def _read_text(path: epath.Path, expected: str) -> str:
+  """The text of a run's file; a folder or an unreadable file in its place is a
+  LadderError naming it (newcomer pass 11: IsADirectoryError tracebacks)."""
+  if path.is_dir():
+    raise LadderError(f"{path}: is a folder; expected {expected} (move it aside)")
+  try:
+    return path.read_text()
+  except OSError as e:
+    raise LadderError(f"{path}: cannot be read ({e.strerror or e})") from e
+
+
 def _read_json(path: epath.Path, what: str) -> dict:
   try:
-    value = loads_json(path.read_text())
+    value = loads_json(_read_text(path, f"the run's {what} file"))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise LadderError(f"{path}: {what} is not JSON ({e})") from e
   if not isinstance(value, dict):

@@ -369,8 +369,16 @@ def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = CONFI
 # ---------------------------------------------------------------------------- evaluation
 
 def read_eval(workdir) -> dict | None:
-  """WORKDIR/study_eval.json, or None when absent or unreadable."""
+  """WORKDIR/study_eval.json, or None when absent or unreadable.
+
+  Raises:
+    runs.LadderError: a folder in its place (newcomer pass 11: an IsADirectoryError
+      traceback; lev-study reports the run as unreadable with this line).
+  """
   path = epath.Path(workdir) / STUDY_EVAL_JSON
+  if path.is_dir():
+    raise runs.LadderError(f"{path}: is a folder; expected lev-study's evaluation file (move "
+                      "it aside)")
   try:
     return loads_json(path.read_text())
   except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
