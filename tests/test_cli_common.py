@@ -354,6 +354,10 @@ def test_define_path_refuses_an_empty_or_blank_value(capsys):
                                        "variable?); expected the folder to write\n")
   parse(["lev-x", "--output=out"])
   assert fv.output == "out"
+  # Newcomer pass 11: a quoted '~/x' was a folder named '~' for lev-ladder's report and a
+  # failed lev-export, while lev-train expanded it; every path flag expands it now.
+  parse(["lev-x", "--output=~/x"])
+  assert fv.output == os.path.join(os.path.expanduser("~"), "x")
   # Issue 26 (fifth pass): a path with bytes that are not UTF-8 (argv keeps them as lone
   # surrogates) trained, then every Orbax save failed with tracebacks: refused when parsed.
   with pytest.raises(SystemExit) as e:

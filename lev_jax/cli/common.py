@@ -57,9 +57,23 @@ def fail(prog: str, message: str):
   sys.exit(2)
 
 
+class _PathParser(flags.ArgumentParser):
+  """A path flag's parser: `~` and `~user` expanded (os.path.expanduser), so every command
+  reads `--output='~/x'` (quoted, or from a script) as the shell would have; newcomer pass
+  11 found lev-ladder writing a folder named `~` in the current one, and lev-export
+  writing under $HOME, then failing on the literal path."""
+
+  def parse(self, argument):
+    return os.path.expanduser(argument) if isinstance(argument, str) else argument
+
+  def flag_type(self) -> str:
+    return "string"
+
+
 def define_path(name: str, default: str | None, help: str, *, what: str,
                 fv: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines a string flag naming a file or folder, which may be left out but not empty.
+  """Defines a string flag naming a file or folder, which may be left out but not empty;
+  a leading `~` is expanded (`_PathParser`).
 
   `--NAME=` (e.g. `--workdir=$UNSET`) would otherwise mean the default (or, where a
   command joins it to a folder, the current directory): it is refused when the flags
@@ -72,7 +86,8 @@ def define_path(name: str, default: str | None, help: str, *, what: str,
     what: what the value must name, for the message, e.g. "the run's folder".
     fv: the FlagValues to define it on (tests pass a fresh one).
   """
-  flags.DEFINE_string(name, default, help, flag_values=fv)
+  flags.DEFINE(_PathParser(), name, default, help, flag_values=fv,
+               serializer=flags.ArgumentSerializer())
   fv[name].lev_what = what  # for `--NAME: required: WHAT` (flags_parser)
   flags.register_validator(name, lambda value: value is None or bool(value.strip()),
                            message=empty_message(name, what), flag_values=fv)
