@@ -524,11 +524,12 @@ def lev_modes_vectorized(t_NxHxS: jax.Array, scale, delta_HxSxJxR: jax.Array,
   (which stored g_phi, 2.1 GB, and a [N, H, S, J] basis gradient; 5.41 ms with g_phi in
   bfloat16); leviathan_1.2b, 4,096 rows: 1.28 ms, 2.99e9 bytes, against 4.22 ms
   (compiler ESTIMATES, `python benchmarks/lev_tpu_estimate.py --rung leviathan_200m
-  --rows 8192`, and `--rung leviathan_1.2b --rows 4096`). `grad_dtype="bfloat16"` rounds g_phi to bfloat16
-  as it enters each product (relative error <= 2**-9 per element); nothing of g_phi is
-  stored any more, so it no longer saves HBM traffic. Computing phi on the MXU at lower
-  precision (bfloat16x3 by hand, Precision.HIGH or DEFAULT) made the core slower there:
-  phi then goes through HBM.
+  --rows 8192`, and `--rung leviathan_1.2b --rows 4096`). `grad_dtype="bfloat16"` rounds
+  g_phi to bfloat16 as it enters each product (relative error <= 2**-9 per element);
+  nothing of g_phi is stored any more, so it saves no HBM traffic: it costs more
+  (leviathan_200m, 8,192 rows: 3.24 ms, 7.6e9 bytes, ESTIMATE, `--phi_grad_dtype
+  bfloat16`). Computing phi on the MXU at lower precision (bfloat16x3 by hand,
+  Precision.HIGH or DEFAULT) made the core slower there: phi then goes through HBM.
 
   Equals `lev_modes_from_spline` (and the reference path) up to float32 rounding, values
   and gradients to t, scale and delta (with grad_dtype="float32").
