@@ -371,21 +371,64 @@ def lev_modes_from_spline(t_NxHxS: jax.Array, scale, delta_HxSxJxR: jax.Array,
                      source, log_eps, log_group)
 
 
-def _dense_basis(t_NxHxS, scale, n_knots, basis):
-  """float32 [N, H, S, J]: the B-spline basis on every knot (LEV.md 3c); scale [H] for
-  "khronos" (learnable), None for "normalized" (fixed J - 1)."""
+def _knot_grid(n_knots: int) -> np.ndarray:
+  """`bspline_basis`'s grid, linspace(0, 1, n_knots) in float32, as host constants (the
+  same values; inside a trace too)."""
+  with jax.ensure_compile_time_eval():
+    return np.asarray(jnp.linspace(0.0, 1.0, n_knots, dtype=jnp.float32))
+
+
+def _knot_scale(scale, n_knots):
+  """The knot-distance multiplier broadcastable to t: the KHRONOS scale [H] (learnable),
+  or the fixed n_knots - 1 for the normalised basis (scale None)."""
+  return float(n_knots - 1) if scale is None else scale[:, None]
+
+
+def _unnormalized(s):
+  return jnp.where(s < 0.5, 0.75 - s * s, jnp.where(s < 1.5, 0.5 * (1.5 - s) ** 2, 0.0))
+
+
+def _inverse_total(t_NxHxS, scale, n_knots, basis):
+  """1 / the sum over knots of the unnormalised basis (>= 1e-12), [N, H, S]; None for
+  "khronos" (not normalised)."""
   if basis == "khronos":
-    return bspline_basis(t_NxHxS, n_knots, scale[:, None, None], False)
-  return bspline_basis(t_NxHxS, n_knots, float(n_knots - 1), True)
+    return None
+  grid_J, sc = _knot_grid(n_knots), _knot_scale(scale, n_knots)
+  total = sum(_unnormalized(jnp.abs(t_NxHxS - grid_J[k]) * sc) for k in range(n_knots))
+  return 1.0 / jnp.maximum(total, 1e-12)
 
 
-def _dense_phi(basis_NxHxSxJ, delta_HxSxJxR):
-  """phi[n,h,s,r] = sum_j B (1 + delta[h,s,j,r]) as J multiply-adds per element, all in
+def _knot_basis(t_NxHxS, scale, n_knots, basis):
+  """The B-spline basis (LEV.md 3c) as a list of J [N, H, S] arrays, one per knot.
+
+  `bspline_basis` (with `scale[:, None, None]` for "khronos") without its J axis: XLA:TPU
+  lays a minor J = 16 axis out in (8, 128) tiles and re-lays every knot's slice out
+  again for each consumer (GBs of copies at 8,192 rows); a list has no such axis. The
+  normalisation multiplies by 1 / total (`_inverse_total`), so each knot's weight is a
+  cheap function of t that XLA can recompute where it is read."""
+  grid_J, sc = _knot_grid(n_knots), _knot_scale(scale, n_knots)
+  inverse = _inverse_total(t_NxHxS, scale, n_knots, basis)
+  basis_J = [_unnormalized(jnp.abs(t_NxHxS - grid_J[k]) * sc) for k in range(n_knots)]
+  return basis_J if inverse is None else [b * inverse for b in basis_J]
+
+
+def _knot_basis_stacked(t_NxHxS, scale, n_knots, basis):
+  """`_knot_basis` stacked on a leading knot axis, [J, N, H, S], computed from t in one
+  expression (the same values): the dot in `_vectorized_bwd` then builds its operand
+  from t instead of reading a stacked copy."""
+  grid_J, sc = _knot_grid(n_knots), _knot_scale(scale, n_knots)
+  inverse = _inverse_total(t_NxHxS, scale, n_knots, basis)
+  basis_JxNxHxS = _unnormalized(jnp.abs(t_NxHxS[None] - grid_J[:, None, None, None]) * sc)
+  return basis_JxNxHxS if inverse is None else basis_JxNxHxS * inverse[None]
+
+
+def _knot_phi(basis_J, delta_HxSxJxR):
+  """phi[n,h,s,r] = sum_j B_j (1 + delta[h,s,j,r]) as J multiply-adds per element, all in
   float32 on the vector units (a matmul with J = 16 contracted would run in bfloat16
   passes on a TPU and leave most of its MXU idle)."""
-  phi = basis_NxHxSxJ.sum(-1)[..., None]
-  for j in range(basis_NxHxSxJ.shape[-1]):
-    phi = phi + basis_NxHxSxJ[..., j, None] * delta_HxSxJxR[:, :, j]
+  phi = sum(basis_J[1:], basis_J[0])[..., None]
+  for j, b in enumerate(basis_J):
+    phi = phi + b[..., None] * delta_HxSxJxR[:, :, j]
   return phi
 
 
@@ -403,9 +446,9 @@ def _signed_log_product_once(phi, axis: int, eps: float):
 def _vectorized_core(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps, grad_dtype,
                      one_reduction):
   del grad_dtype
-  basis_NxHxSxJ = _dense_basis(t_NxHxS, scale, delta_HxSxJxR.shape[2], basis)
+  basis_J = _knot_basis(t_NxHxS, scale, delta_HxSxJxR.shape[2], basis)
   product = _signed_log_product_once if one_reduction else signed_log_product
-  return product(_dense_phi(basis_NxHxSxJ, delta_HxSxJxR), 2, log_eps)
+  return product(_knot_phi(basis_J, delta_HxSxJxR), 2, log_eps)
 
 
 def _vectorized_fwd(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps, grad_dtype,
@@ -416,23 +459,40 @@ def _vectorized_fwd(t_NxHxS, scale, delta_HxSxJxR, basis, log_eps, grad_dtype,
 
 
 def _vectorized_bwd(basis, log_eps, grad_dtype, one_reduction, residuals, g_modes_NxHxR):
+  """Two passes over [N, H, S, R], neither of which stores anything of that size:
+
+    g_t[n,h,s] = sum_r g_phi dphi/dt         dphi/dt: phi's forward derivative in t
+    g_delta[h,s,j,r] = sum_n B_j g_phi       one dot over the rows
+
+  with g_phi = g_modes * modes / factor(phi) (d modes / d phi, as in `_fused_bwd`) and phi
+  recomputed in each. phi[n,h,s,:] depends on t only through t[n,h,s] (and on the KHRONOS
+  scale only through scale[h]), so dphi/dt is the jvp with tangent 1: the chain rule
+  through the basis, sum_j dB_j/dt (1 + delta_j), folded into the same reduction as g_phi
+  instead of a [N, H, S, J] basis gradient. XLA:TPU fuses g_phi's recomputation into the
+  dot's operand, so g_phi never goes through HBM (the earlier backward stored it, 2.1 GB
+  at 8,192 rows, and read it twice).
+  """
   del one_reduction
   t_NxHxS, scale, delta_HxSxJxR, modes = residuals
   j = delta_HxSxJxR.shape[2]
-  basis_NxHxSxJ, basis_vjp = jax.vjp(lambda t, sc: _dense_basis(t, sc, j, basis), t_NxHxS,
-                                     scale)
-  factor = _factor(_dense_phi(basis_NxHxSxJ, delta_HxSxJxR), log_eps)
-  # d modes / d phi = modes / factor (as in `_fused_bwd`).
-  g_phi_NxHxSxR = (g_modes_NxHxR * modes)[:, :, None, :] / factor
-  g_sum_NxHxS = g_phi_NxHxSxR.sum(-1)
-  # The two products read g_phi from HBM: in bfloat16 (lev.phi_grad_dtype) half the bytes.
-  g_phi_NxHxSxR = g_phi_NxHxSxR.astype(grad_dtype)
-  matmul = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST,
-                             preferred_element_type=jnp.float32)
-  g_basis_NxHxSxJ = g_sum_NxHxS[..., None] + matmul("nhsr,hsjr->nhsj", g_phi_NxHxSxR,
-                                                    delta_HxSxJxR)
-  g_delta_HxSxJxR = matmul("nhsj,nhsr->hsjr", basis_NxHxSxJ, g_phi_NxHxSxR)
-  g_t_NxHxS, g_scale = basis_vjp(g_basis_NxHxSxJ)
+  f32 = jnp.float32
+  g_log_NxHxSxR = (g_modes_NxHxR * modes)[:, :, None, :]
+  phi_of = lambda t, sc: _knot_phi(_knot_basis(t, sc, j, basis), delta_HxSxJxR)
+  phi, dphi_dt = jax.jvp(lambda t: phi_of(t, scale), (t_NxHxS,), (jnp.ones_like(t_NxHxS),))
+  factor = _factor(phi, log_eps)
+  if grad_dtype == "float32":
+    g_t_NxHxS = (g_log_NxHxSxR * dphi_dt / factor).sum(-1)
+  else:  # g_phi rounded once to grad_dtype, as it enters each product
+    g_t_NxHxS = ((g_log_NxHxSxR / factor).astype(grad_dtype).astype(f32) * dphi_dt).sum(-1)
+  g_scale = None
+  if scale is not None:
+    dphi_dscale = jax.jvp(lambda sc: phi_of(t_NxHxS, sc), (scale,), (jnp.ones_like(scale),))[1]
+    g_phi = (g_log_NxHxSxR / factor).astype(grad_dtype).astype(f32)
+    g_scale = (g_phi * dphi_dscale).sum((0, 2, 3))
+  g_delta_HxSxJxR = jnp.einsum(
+      "jnhs,nhsr->hsjr", _knot_basis_stacked(t_NxHxS, scale, j, basis),
+      (g_log_NxHxSxR / factor).astype(grad_dtype), precision=jax.lax.Precision.HIGHEST,
+      preferred_element_type=f32)
   return g_t_NxHxS, g_scale, g_delta_HxSxJxR
 
 
@@ -448,24 +508,28 @@ def lev_modes_vectorized(t_NxHxS: jax.Array, scale, delta_HxSxJxR: jax.Array,
 
   The accelerator path (`lev.impl = "vectorized"`): no loop over the S coordinates, so
   nothing [N, H, R]-sized goes through HBM once per coordinate as in the fused core's
-  loop: LEV's embedding and its gradient for 4,096 rows per chip take 4.2 ms with this
-  core against 80.1 ms with the fused one by XLA:TPU's cost model
-  (benchmarks/lev_tpu_estimate.py --impl; compiler ESTIMATES, one v5p chip,
-  leviathan_1.2b's shapes). It holds [N, H, S, R] float32 (phi, and its
-  gradient in the backward), so rows are bounded by `lev.chunk_size`. A custom VJP keeps
-  only t and the modes as residuals and recomputes phi; delta's gradient and the basis
-  gradient are matmuls over the rows (float32, HIGHEST precision) of phi's gradient
-  g_phi, [N, H, S, R] in HBM. On a TPU the core is bound by HBM traffic, not by its
-  arithmetic: off the CPU the product's log-sum and sign count are one reduction
-  (`_signed_log_product_once`), and `grad_dtype="bfloat16"` stores g_phi rounded to
-  bfloat16 (each element once, relative error <= 2**-9; every other operand and sum
-  float32): leviathan_200m, 8,192 rows on one v5p chip, 6.74 ms before, 6.78 with the one
-  reduction, 5.41 with it and bfloat16 (compiler ESTIMATES, benchmarks/
-  lev_tpu_estimate.py; leviathan_1.2b, 4,096 rows: 4.22 -> 3.55 -> 2.84 ms; in the
-  whole 200M step with lev.remat the one reduction saves 0.5 ms,
-  benchmarks/maxtext_compare.py). Computing phi
-  or these products on the MXU at lower precision (bfloat16x3 by hand, Precision.HIGH or
-  DEFAULT) made it slower there: phi then goes through HBM.
+  loop (leviathan_1.2b's shapes, 4,096 rows on one v5p chip: 4.2 ms with the first
+  version of this core against 80.1 ms with the fused one; benchmarks/
+  lev_tpu_estimate.py --impl, compiler ESTIMATES). It computes [N, H, S, R] float32
+  values (phi, and its gradient in the backward) inside fusions, so rows are bounded by
+  `lev.chunk_size`. A custom VJP keeps only t and the modes as residuals and recomputes
+  phi (`_vectorized_bwd`): t's gradient is one reduction over R of phi's gradient g_phi
+  times phi's derivative in t (the KHRONOS scale's likewise), and delta's one dot over the
+  rows (float32, HIGHEST precision) whose operands XLA:TPU builds from t and g_modes
+  inside the dot's fusion. The basis is a list of J [N, H, S] arrays (`_knot_basis`),
+  never a [..., J] tensor. On a TPU the core's estimate is bound by HBM traffic: off the
+  CPU the product's log-sum and sign count are one reduction (`_signed_log_product_once`).
+  leviathan_200m, 8,192 rows on one v5p chip, LEV's embedding and gradient: 2.21 ms,
+  5.19e9 bytes accessed, against 6.78 ms, 15.9e9 bytes with the backward before this one
+  (which stored g_phi, 2.1 GB, and a [N, H, S, J] basis gradient; 5.41 ms with g_phi in
+  bfloat16); leviathan_1.2b, 4,096 rows: 1.28 ms, 2.99e9 bytes, against 4.22 ms
+  (compiler ESTIMATES, `python benchmarks/lev_tpu_estimate.py --rung leviathan_200m
+  --rows 8192`, and `--rung leviathan_1.2b --rows 4096`). `grad_dtype="bfloat16"` rounds
+  g_phi to bfloat16 as it enters each product (relative error <= 2**-9 per element);
+  nothing of g_phi is stored any more, so it saves no HBM traffic: it costs more
+  (leviathan_200m, 8,192 rows: 3.24 ms, 7.6e9 bytes, ESTIMATE, `--phi_grad_dtype
+  bfloat16`). Computing phi on the MXU at lower precision (bfloat16x3 by hand,
+  Precision.HIGH or DEFAULT) made the core slower there: phi then goes through HBM.
 
   Equals `lev_modes_from_spline` (and the reference path) up to float32 rounding, values
   and gradients to t, scale and delta (with grad_dtype="float32").
