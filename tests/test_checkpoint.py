@@ -380,16 +380,16 @@ def test_a_latest_step_removed_during_the_run_is_one_warning(tmp_path, caplog):
 
 
 def test_a_step_folder_under_another_name_is_named_by_every_reader(finished_tied_run, tmp_path):
-  """Newcomer pass 11: a finished run's checkpoints renamed (4 -> four): lev-train's
+  """Newcomer pass 11: a finished run's checkpoints renamed (4 -> 4.bak): lev-train's
   re-run trained from step 0 over the run's files, and lev-eval called the run "still
   starting"; Orbax lists only folders named by their step."""
   from lev_jax import inference, trainer
   from lev_jax.config import ConfigError
   c, workdir = copy_run(finished_tied_run, tmp_path / "run")
   (workdir / "checkpoints" / "2").rename(workdir / "checkpoints" / "two")
-  (workdir / "checkpoints" / "4").rename(workdir / "checkpoints" / "four")
+  (workdir / "checkpoints" / "4").rename(workdir / "checkpoints" / "4.bak")
   before = files_of(workdir)
-  expected = (f"{workdir / 'checkpoints' / 'four'}: a checkpoint step (checksums.json "
+  expected = (f"{workdir / 'checkpoints' / '4.bak'}: a checkpoint step (checksums.json "
               f"records step 4) under a name that is not its step's, which no restore "
               f"sees: name it 4 again, or move it out of {workdir / 'checkpoints'}")
   with pytest.raises(ConfigError, match=re.escape(expected + ". Nothing was changed")):
