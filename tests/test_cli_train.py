@@ -465,6 +465,16 @@ def test_preflight_checks_the_workdir_it_is_given(finished_tied_run, tmp_path, c
       f"; {workdir} already holds this run, finished at step 4: the job will only print "
       "its result")
   assert train_cli._preflight_workdir(c, str(tmp_path / "new")) == ""
+  # newcomer pass 12: past the run's end (an extension) with another model, the job's
+  # restore refuses it: so does the preflight
+  longer = other.copy_and_resolve_references()
+  longer.train.steps, longer.model.d_model = 8, 2 * c.model.d_model
+  with pytest.raises(SystemExit):
+    train_cli._preflight_workdir(longer, str(workdir))
+  assert (f"checkpoint {workdir / 'checkpoints' / '4'} does not match this config's model "
+          "shape: model.d_model: ") in capsys.readouterr().err
+  longer.model.d_model = c.model.d_model
+  assert train_cli._preflight_workdir(longer, str(workdir)) == ""  # it would resume
   with pytest.raises(SystemExit):
     train_cli._preflight_workdir(c, str(workdir / "sub"))  # inside a run
   assert "is inside" in capsys.readouterr().err

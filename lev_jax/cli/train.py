@@ -139,8 +139,43 @@ def _preflight_workdir(config, workdir: str | None) -> str:
     done = trainer.finished_run(config, os.path.expanduser(workdir), warn=False)
   except (ConfigError, CheckpointMismatchError, CheckpointCorruptError) as e:
     common.fail("lev-train", str(e))
-  return (f"; {workdir} already holds this run, finished at step {done.step}: the job "
-          "will only print its result" if done else "")
+  if done:
+    return (f"; {workdir} already holds this run, finished at step {done.step}: the job "
+            "will only print its result")
+  problem = _resume_problem(config, os.path.expanduser(workdir))
+  if problem:
+    common.fail("lev-train", problem)
+  return ""
+
+
+def _resume_problem(config, workdir: str) -> str | None:
+  """Why the job could not resume the run in `workdir` (its latest checkpoint's model
+  shape or data position differs from `config`'s, as Checkpointer.restore would refuse),
+  read without writing; None when there is nothing to resume or it would resume."""
+  from lev_jax.checkpoint import CheckpointReader  # pylint: disable=import-outside-toplevel
+  from lev_jax.checkpoint_checks import (ITERATOR_FIELDS, SHAPE_FIELDS,  # pylint: disable=import-outside-toplevel
+                                         config_differences, resume_flags)
+  checkpoints = os.path.join(workdir, CHECKPOINTS)
+  if not os.path.isdir(checkpoints):
+    return None
+  with CheckpointReader(checkpoints) as reader:
+    steps = reader.all_steps()
+    if not steps:
+      return None
+    try:
+      saved = reader.saved_config(steps[-1])
+    except Exception:  # pylint: disable=broad-except  # the job's restore names it
+      return None
+  where = f"checkpoint {os.path.join(checkpoints, str(steps[-1]))}"
+  diffs = config_differences(saved, config, SHAPE_FIELDS)
+  if diffs:
+    return (f"{where} does not match this config's model shape: {'; '.join(diffs)}. Use "
+            "a new --workdir, or the checkpoint's config")
+  moved = config_differences(saved, config, ITERATOR_FIELDS, stored_only=True)
+  if moved:
+    return (f"{where}: its data position was saved under other data settings: "
+            f"{'; '.join(moved)}; resume with {resume_flags(saved, moved)}")
+  return None
 
 
 # JAX_PLATFORMS names jax accepts (jax/_src/xla_bridge.py, jax 0.10: "gpu" tries cuda
