@@ -294,13 +294,14 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
   reject_passthrough(train_args, "--workdir", "give it to launch/slurm.py (before --)")
   for flag in ("--coordinator_address", "--num_processes", "--process_id"):
     reject_passthrough(train_args, flag, "launch/slurm.py sets it for every task")
-  chdir = os.path.abspath(args.chdir or cwd or os.getcwd())
+  chdir = os.path.abspath(os.path.expanduser(args.chdir or cwd or os.getcwd()))
   workdir = os.path.join(chdir, os.path.expanduser(args.workdir))  # absolute stays as is
   problem = folder_problem("--workdir", args.workdir, workdir)  # the script goes next to it
   if problem:
     raise LaunchError(problem)
   return SlurmJob(args.nodes, args.gpus_per_node, args.partition, args.time, args.job_name,
-                  args.account, args.venv, os.path.normpath(workdir), chdir, args.requeue,
+                  args.account, args.venv and os.path.expanduser(args.venv),  # quoted in the script
+                  os.path.normpath(workdir), chdir, args.requeue,
                   args.max_requeues, args.signal_s, args.port, tuple(train_args),
                   cpus_per_task=args.cpus_per_task, qos=args.qos, mem=args.mem,
                   exclusive=args.exclusive, constraint=args.constraint,

@@ -148,17 +148,20 @@ def misnamed_step(directory) -> str | None:
   if not directory.is_dir():
     return None
   for p in sorted(directory.iterdir()):
-    if p.name.isdigit() or ".orbax-checkpoint-tmp" in p.name or not (p / MANIFEST).is_file():
+    if ((p.name.isdigit() and str(int(p.name)) == p.name)  # "06" is no step to Orbax
+        or ".orbax-checkpoint-tmp" in p.name or not (p / MANIFEST).is_file()):
       continue
     try:
       recorded = json.loads((p / MANIFEST).read_text()).get("step")
     except (OSError, ValueError, AttributeError):
       recorded = None
-    name = (f"name it {recorded} again" if isinstance(recorded, int) and not
-            (directory / str(recorded)).exists() else "give it its step's number")
+    if isinstance(recorded, int) and (directory / str(recorded)).exists():
+      name = f"a copy of step {recorded}, which is there too: move the copy"
+    else:
+      name = (f"name it {recorded} again, or move it" if isinstance(recorded, int)
+              else "give it its step's number, or move it")
     return (f"{p}: a checkpoint step ({MANIFEST} records step {recorded}) under a name "
-            f"that is not its step's, which no restore sees: {name}, or move it out of "
-            f"{directory}")
+            f"that is not its step's, which no restore sees: {name} out of {directory}")
   return None
 
 

@@ -367,7 +367,7 @@ def _check_resumed_tokenizer(workdir: epath.Path, tokenizer) -> None:
       "data, or train in a new --workdir")
 
 
-def _check_run_folder(workdir: epath.Path) -> None:
+def check_run_folder(workdir: epath.Path) -> None:
   """Refuses an existing folder that is not a run to train in, reading only its names
   (after `_check_workdir`: an output of the wrong kind is named there).
 
@@ -830,7 +830,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     return finished
   t = config.train
   _check_workdir(workdir, profile=bool(t.profile_steps) and t.profile_steps[1] > 0)
-  _check_run_folder(workdir)
+  check_run_folder(workdir)
   bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree
   _check_resumed_tokenizer(workdir, bundle.tokenizer)
   bundle.eval_data()  # DataError now, not after training, if validation is too small

@@ -399,6 +399,16 @@ def test_a_step_folder_under_another_name_is_named_by_every_reader(finished_tied
   with pytest.raises(inference.InferenceError, match=re.escape(expected)):
     inference.load(workdir)
   assert files_of(workdir) == before
+  # newcomer pass 12: zero-padded (Orbax lists no "04" either) and a copy beside its step
+  (workdir / "checkpoints" / "4.bak").rename(workdir / "checkpoints" / "04")
+  with pytest.raises(ConfigError, match=re.escape(f"{workdir / 'checkpoints' / '04'}: a ")):
+    trainer.finished_run(c, workdir)
+  shutil.copytree(workdir / "checkpoints" / "04", workdir / "checkpoints" / "4")
+  with pytest.raises(ConfigError, match=re.escape(
+      f"{workdir / 'checkpoints' / '04'}: a checkpoint step (checksums.json records step 4) "
+      "under a name that is not its step's, which no restore sees: a copy of step 4, which "
+      f"is there too: move the copy out of {workdir / 'checkpoints'}")):
+    trainer.finished_run(c, workdir)
 
 
 def test_a_finished_run_s_output_of_the_wrong_kind_is_one_line(finished_tied_run, tmp_path):

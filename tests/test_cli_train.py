@@ -475,6 +475,11 @@ def test_preflight_checks_the_workdir_it_is_given(finished_tied_run, tmp_path, c
           "shape: model.d_model: ") in capsys.readouterr().err
   longer.model.d_model = c.model.d_model
   assert train_cli._preflight_workdir(longer, str(workdir)) == ""  # it would resume
+  (tmp_path / "prepared").mkdir()  # newcomer pass 12 (L04): prepared data as --workdir
+  (tmp_path / "prepared" / "dataset_info.json").write_text("{}")
+  with pytest.raises(SystemExit):
+    train_cli._preflight_workdir(c, str(tmp_path / "prepared"))
+  assert "is prepared data (lev-prepare-data's output)" in capsys.readouterr().err
   with pytest.raises(SystemExit):
     train_cli._preflight_workdir(c, str(workdir / "sub"))  # inside a run
   assert "is inside" in capsys.readouterr().err

@@ -291,6 +291,7 @@ def test_an_eval_json_edited_consistently_is_unreadable(tmp_path):
      "'jax_cache': the root's shared compilation cache folder"),
     ("RUNGS = ('a/b',)\ndef get_config(v):\n  return None\n", "'a/b': not one plain folder"),
     ("RUNGS = ('..',)\ndef get_config(v):\n  return None\n", "'..': not one plain folder"),
+    ("RUNGS = ('~',)\ndef get_config(v):\n  return None\n", "'~': not one plain folder"),
     ("import no_such_module_xyz\n", "failed to import: ModuleNotFoundError"),
 ])
 def test_bad_ladder_files_are_named(tmp_path, source, match):

@@ -137,6 +137,8 @@ def _preflight_workdir(config, workdir: str | None) -> str:
   from lev_jax.checkpoint_checks import CheckpointCorruptError  # pylint: disable=import-outside-toplevel
   try:
     done = trainer.finished_run(config, os.path.expanduser(workdir), warn=False)
+    # prepared data, a folder of other files (newcomer pass 12: L04)
+    trainer.check_run_folder(epath.Path(os.path.expanduser(workdir)))
   except (ConfigError, CheckpointMismatchError, CheckpointCorruptError) as e:
     common.fail("lev-train", str(e))
   if done:

@@ -120,7 +120,7 @@ def folder_name_problem(name: str) -> str | None:
   The root also holds the report (ROOT/report, ROOT/report_PIECE for a study's piece)
   and the shared compilation cache (ROOT/jax_cache, workdir.JAX_CACHE): a run of such a
   name would train into them. A name is one plain path component."""
-  if name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
+  if name in (".", "..") or name.startswith("~") or "/" in name or os.sep in name or "\0" in name:
     return "not one plain folder name"
   if name == JAX_CACHE:
     return f"the root's shared compilation cache folder ({JAX_CACHE} is reserved)"
