@@ -90,11 +90,15 @@ def get_config(variant: str = "leviathan_1.2b"):
   # LEV is held through the backbone's backward pass) by lev-compile on v5p-128, per
   # chip: 200M 7.75 -> 7.05 GiB (tied 6.98; v5p-32: 34.84 -> 34.14, tied 34.17), so on;
   # from 400M up it raised memory (400M 14.38 -> 15.74 GiB, 1.2B 20.34 -> 23.22; tied
-  # 14.30, 20.33) and the estimated step, so off.
+  # 14.30, 20.33) and the estimated step, so off. Since the vectorized core's backward
+  # stores nothing [rows, heads, d_seed, rank]-sized (issue 24, 2026-12-03) it is off at
+  # 200M too: per chip 5.16 GiB on v5p-128 (tied 5.06; 4.99 with it on) and 23.39 on
+  # v5p-32 (tied 22.66), and the 2-layer 200M step estimates 0.98x MaxText's instead of
+  # 1.01x (docs/results.md "The head and attention").
   c.lev.mode = "tokens"
   c.lev.impl = "vectorized"
   c.lev.chunk_size = 32_768
-  c.lev.remat = size == "200m"
+  c.lev.remat = False
   # The head's loss, its logits' precision and the attention kernel (lev-compile,
   # tied_200m; ESTIMATES, no TPU measured; docs/results.md "The head and attention"). On a
   # v5p-128 slice the dense loss fits with 93 % of HBM free and estimates fastest with
