@@ -165,6 +165,28 @@ def misnamed_step(directory) -> str | None:
   return None
 
 
+def not_a_step(directory) -> str | None:
+  """The line for an entry of a checkpoints folder named like a step (digits) that
+  cannot be one, or None: a file, or an empty folder. Orbax lists an empty folder as
+  the latest step (then fails reading its items, and a loader blamed "an older lev_jax"
+  and the step's config) and skips a file (a loader said the run was "still starting"):
+  newcomer pass 12. Orbax's own writes never leave either (a step is written in a
+  temporary folder and renamed, or on GCS under its name, never empty)."""
+  directory = epath.Path(directory)
+  if not directory.is_dir():
+    return None
+  for p in sorted(directory.iterdir()):
+    if not p.name.isdigit():
+      continue
+    if not p.is_dir():
+      return (f"{p}: a file named like a checkpoint step; expected a step folder (move "
+              f"it out of {directory})")
+    if not any(p.iterdir()):
+      return (f"{p}: an empty folder named like a checkpoint step (a step holds its "
+              f"items and {MANIFEST}); move it out of {directory}")
+  return None
+
+
 def verify_manifest(step_dir, checksums: bool = True) -> bool:
   """Checks every file of a step against its manifest.
 

@@ -57,7 +57,7 @@ from lev_jax import checkpoint
 from lev_jax.checkpoint import error_line
 from lev_jax.checkpoint_checks import (MANIFEST, SHAPE_FIELDS, CheckpointCorruptError,
                                        config_differences, file_digests, misnamed_step,
-                                       step_files, verify_manifest)
+                                       not_a_step, step_files, verify_manifest)
 from lev_jax.config import DTYPES, ConfigError, from_dict
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import load_tokenizer, save_tokenizer
@@ -243,6 +243,9 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
   ckpt_dir = root / CHECKPOINTS
   if not ckpt_dir.exists():
     raise InferenceError(_not_a_workdir(root))
+  odd = not_a_step(ckpt_dir)  # before Orbax lists an empty folder as the latest step
+  if odd:
+    raise InferenceError(odd)
   with checkpoint.CheckpointReader(ckpt_dir) as reader:  # never saves or deletes
     steps = reader.all_steps()
     if not steps:

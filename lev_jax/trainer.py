@@ -43,8 +43,8 @@ from tqdm import tqdm
 from lev_jax import data as data_lib
 from lev_jax.checkpoint import Checkpointer, CheckpointMismatchError, CheckpointReader
 from lev_jax.checkpoint_checks import (CheckpointCorruptError, CheckpointRenamedError,
-                                       config_differences, misnamed_step, result_fields,
-                                       verify_manifest)
+                                       config_differences, misnamed_step, not_a_step,
+                                       result_fields, verify_manifest)
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import TOKENIZER_JSON, save_tokenizer
@@ -291,12 +291,13 @@ def _check_output_kinds(workdir: epath.Path, profile: bool = False) -> list[epat
 
 def _check_step_names(workdir: epath.Path) -> None:
   """Refuses a checkpoints/ holding a complete step under another name than its step's
-  (checkpoint_checks.misnamed_step): the run would train over it, blind to it.
+  (checkpoint_checks.misnamed_step): the run would train over it, blind to it; or a
+  file or an empty folder named like a step (checkpoint_checks.not_a_step).
 
   Raises:
-    ConfigError: naming the folder and the step its manifest records.
+    ConfigError: naming the folder (and the step its manifest records).
   """
-  problem = misnamed_step(workdir / CHECKPOINTS)
+  problem = not_a_step(workdir / CHECKPOINTS) or misnamed_step(workdir / CHECKPOINTS)
   if problem:
     raise ConfigError(f"{problem}. Nothing was changed")
 

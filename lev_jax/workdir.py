@@ -122,6 +122,9 @@ SCALING_FIT_PNG = "scaling_fit.png"
 FREQ_BUCKETS_PNG = "freq_buckets.png"
 TREND_CSV = "trend.csv"
 TREND_PNG = "trend.png"
+# Every file a lev-ladder or lev-study report folder can hold.
+REPORT_FILES = (REPORT_MD, ANALYSIS_JSON, LADDER_CSV, STUDY_CSV, BUCKETS_CSV,
+                LOSS_VS_TOKENS_PNG, SCALING_FIT_PNG, FREQ_BUCKETS_PNG, TREND_CSV, TREND_PNG)
 
 
 class OutputWriteError(OSError):

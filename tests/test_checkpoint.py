@@ -411,6 +411,32 @@ def test_a_step_folder_under_another_name_is_named_by_every_reader(finished_tied
     trainer.finished_run(c, workdir)
 
 
+@pytest.mark.parametrize("entry", ["empty folder", "file"])
+def test_an_entry_named_like_a_step_that_is_none_is_named(finished_tied_run, tmp_path,
+                                                          entry):
+  """Newcomer pass 12 (B11, B15-B18, X13): an empty folder checkpoints/9 was Orbax's
+  latest step (its warnings, then "written by an older lev_jax" and "its config cannot
+  be read"); a file checkpoints/6 made lev-eval say the run was "still starting"."""
+  from lev_jax import inference, trainer
+  from lev_jax.config import ConfigError
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  odd = workdir / "checkpoints" / "9"
+  if entry == "file":
+    shutil.rmtree(workdir / "checkpoints" / "4")
+    odd = workdir / "checkpoints" / "4"
+    odd.write_text("x")
+    expected = f"{odd}: a file named like a checkpoint step; expected a step folder"
+  else:
+    odd.mkdir()
+    expected = f"{odd}: an empty folder named like a checkpoint step"
+  before = files_of(workdir)
+  with pytest.raises(ConfigError, match=re.escape(expected)):
+    trainer.finished_run(c, workdir)
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(expected)):
+    inference.load(workdir)
+  assert files_of(workdir) == before
+
+
 def test_a_finished_run_s_output_of_the_wrong_kind_is_one_line(finished_tied_run, tmp_path):
   """Newcomer pass 11: eval.json a folder made lev-train's re-run of a finished run an
   IsADirectoryError traceback (the check of the outputs' kinds came after it)."""

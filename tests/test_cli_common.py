@@ -225,6 +225,26 @@ def test_a_report_of_another_ladder_or_study_file_is_not_replaced(tmp_path):
                                    source="/abs/experiments/s.py:a") is None
 
 
+@pytest.mark.parametrize("name", ["report.md", "ladder.csv", "trend.png"])
+def test_a_report_file_that_is_a_folder_is_refused_before_writing(tmp_path, name):
+  """Newcomer pass 12 (B06-B08): report.md (or ladder.csv) replaced by a folder: the
+  report was half rewritten, then an IsADirectoryError traceback."""
+  from lev_jax.cli import common
+  from lev_jax.ladder import reporting
+  report = tmp_path / "report"
+  report.mkdir()
+  (report / "ladder.csv").write_text("")
+  (report / "analysis.json").write_text("{}")
+  (report / name).unlink(missing_ok=True)
+  (report / name).mkdir()
+  assert common.report_owner_error("--report_dir", str(report), "ladder.csv") == (
+      f"--report_dir={report}: {report / name}: is a folder; expected the report's {name} "
+      "file (move it aside)")
+  with pytest.raises(ValueError, match=f"{name}: is a folder"):
+    reporting.begin_report(report, {"json": "analysis.json", "x": name}, {}, None)
+  assert (report / "analysis.json").read_text() == "{}"  # nothing written
+
+
 def test_output_file_error_refuses_a_file_in_prepared_data(tmp_path):
   """Newcomer pass 8: lev-eval wrote its result into lev-prepare-data's output."""
   from lev_jax.cli import common
@@ -433,6 +453,11 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
      "--config.data.prepared_dir=VALUE, e.g. --config.data.prepared_dir=VALUE\n"),
     (["--config.train.steps"], "--config.train.steps has no value; expected "
      "--config.train.steps=VALUE, e.g. --config.train.steps=300\n"),
+    # newcomer pass 12: a path through a text field was ml_collections' TypeError
+    (["--config.data.tokenizer.sentencepiece_file=x.model"],
+     "--config.data.tokenizer.sentencepiece_file: config.data.tokenizer = "
+     "'sentencepiece' is a value, not a section: it has no field 'sentencepiece_file' "
+     "(did you mean --config.data.sentencepiece_file?)\n"),
 ])
 def test_config_flag_mistakes_are_one_line_naming_the_field(monkeypatch, capsys, tmp_path,
                                                             argv, error):
@@ -478,6 +503,22 @@ def test_an_override_before_the_config_file_applies_to_that_file(monkeypatch):
   parse(sys.argv)
   assert (fv.config.name, fv.config.train.steps, fv.config.eval.batches,
           fv.stop_at_step) == ("smoke_tied", 3, 2, 2)
+
+
+@pytest.mark.parametrize("form", ["--config=~/exp.py:tied", "--config ~/exp.py:tied"])
+def test_a_config_file_under_home_is_expanded(monkeypatch, tmp_path, form):
+  """Newcomer pass 12 (T15, T17): `--config='~/x.py:tied'` was read as a file in a
+  folder named `~` (lev-train blamed get_config), while every path flag expands `~`."""
+  monkeypatch.setenv("HOME", str(tmp_path))
+  (tmp_path / "exp.py").write_text(
+      "from lev_jax.experiments import load_experiment\n"
+      f"_smoke = load_experiment({str(REPO / 'experiments/smoke.py')!r})\n"
+      "def get_config(variant):\n  return _smoke.get_config(variant)\n")
+  monkeypatch.delitem(sys.modules, "config_config", raising=False)
+  argv = ["lev-x", *form.split(" "), "--config.train.steps=3"]
+  fv, parse = _config_command(monkeypatch, argv)
+  parse(sys.argv)
+  assert (fv.config.name, fv.config.train.steps) == ("smoke_tied", 3)
 
 
 def test_the_tpu_backend_is_skipped_only_without_chips_and_a_platform_choice(monkeypatch):

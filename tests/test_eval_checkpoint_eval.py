@@ -84,6 +84,11 @@ def test_cli_writes_results_and_compares_with_a_baseline(workdirs, tmp_path):
     (dict(checkpoint="/nonexistent/run"), "/nonexistent/run: no such checkpoint folder"),
     (dict(overrides={"model.n_layers": 4}), "cannot be overridden"),
     (dict(split="test"), "config.data.test_files is empty"),
+    (dict(overrides={"data.validation_files": ()}), "^--config.data.validation_files is "
+     "empty$"),
+    # newcomer pass 12 (Q03): an empty file name did not name the field
+    (dict(overrides={"data.validation_files": ("",)}), r"^--config.data.validation_files "
+     r"= \(''\,\): expected non-empty paths"),
     # issue 26: "cannot read a lev_eval.json ...; run lev-eval on the baseline first"
     (dict(baseline="/nonexistent/run"), r"^--baseline=/nonexistent/run: no such file or "
      r"folder \(expected another run's lev_eval.json, or the folder holding it\)$"),

@@ -578,6 +578,24 @@ def test_a_finished_rung_without_its_checkpoints_is_unverified_and_left_out(tmp_
                               f"{root / 'tied_a'} aside and train the run there")
 
 
+def test_a_rung_whose_step_folder_was_renamed_is_named_not_retrained(tmp_path):
+  """Newcomer pass 12 (W05, W08): checkpoints/6 renamed 6.bak: the rung "holds no
+  checkpoint ... move it aside and train the rung there" (throwing a finished rung
+  away); lev-train and lev-eval name the renamed folder."""
+  import json as json_lib
+  ladder, root, _ = build_ladder(tmp_path, sizes={"a": 16}, downstream=False)
+  ckpt = root / "tied_a" / "checkpoints"
+  (ckpt / str(STEPS) / "checksums.json").write_text(json_lib.dumps(
+      {"sha256": {"config/metadata": "0" * 64}, "step": STEPS}))
+  (ckpt / str(STEPS)).rename(ckpt / f"{STEPS}.bak")
+  for owner, member in (("ladder", "rung"), ("study", "run")):
+    rung = collect(ladder, root, owner=owner).rung("tied_a")
+    assert rung.status == "unverified" and rung.reason == (
+        f"{ckpt / f'{STEPS}.bak'}: a checkpoint step (checksums.json records step {STEPS}) "
+        f"under a name that is not its step's, which no restore sees: name it {STEPS} "
+        f"again, or move it out of {ckpt}; the {member} is left out until then")
+
+
 def test_an_eval_json_edited_with_its_metrics_row_is_unreadable_by_its_buckets(tmp_path):
   """Newcomer pass 9: eval.json and metrics.jsonl's eval row both edited to loss 5.0,
   perplexity exp(5) were reported; the buckets' token-weighted loss tells."""

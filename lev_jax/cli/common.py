@@ -29,8 +29,8 @@ from ml_collections import config_flags
 from lev_jax.cli import interrupt
 from lev_jax.experiments import file_problem
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF,
-                             LADDER_CSV, LOCK, RUN_OUTPUTS, STUDY_CSV, TOKEN_COUNTS,
-                             TOKENIZER, first_non_utf8, is_prepared_data)
+                             LADDER_CSV, LOCK, REPORT_FILES, RUN_OUTPUTS, STUDY_CSV,
+                             TOKEN_COUNTS, TOKENIZER, first_non_utf8, is_prepared_data)
 
 # The flags `define_path` defines belong to the command calling it (its --help lists
 # them), not to this module.
@@ -346,6 +346,10 @@ def report_owner_error(flag: str, path: str, table: str,
               f"or this command's own report folder (give another --report_dir)")
   if not os.path.isdir(folder):
     return None
+  from lev_jax.ladder.reporting import report_files_error  # pylint: disable=import-outside-toplevel
+  wrong_kind = report_files_error(folder, REPORT_FILES)
+  if wrong_kind:
+    return f"{flag}={path}: {wrong_kind}"
   if os.path.exists(os.path.join(folder, table)):
     recorded = _report_source(folder)
     if source and recorded and _source_key(recorded) != _source_key(source):
@@ -714,22 +718,30 @@ def config_first(argv: list[str]) -> list[str]:
   ml_collections applies `--config.<field>` overrides to the file's config, and refuses
   one given before the file ("Found --config.train.steps=3 in argv before a value for
   --config was specified"); the order of the other flags does not matter, so the file
-  goes first and `--config.train.steps=3 --config=FILE` means what it says. Arguments
-  after `--` stay where they are.
+  goes first and `--config.train.steps=3 --config=FILE` means what it says. A leading
+  `~` of FILE is expanded, as in every path flag (`_PathParser`; newcomer pass 12:
+  `--config='~/x.py:tied'` was read as a file named `~`). Arguments after `--` stay
+  where they are.
   """
   args = list(argv[1:])
   end = args.index("--") if "--" in args else len(args)
   files, rest, i = [], [], 0
   while i < end:
     if args[i].startswith(("--config=", "-config=")):
-      files.append(args[i])
+      name, _, value = args[i].partition("=")
+      files.append(f"{name}={_expand_config_file(value)}")
     elif args[i] in ("--config", "-config") and i + 1 < end:
-      files += args[i:i + 2]
+      files += [args[i], _expand_config_file(args[i + 1])]
       i += 1
     else:
       rest.append(args[i])
     i += 1
   return [*argv[:1], *files, *rest, *args[end:]]
+
+
+def _expand_config_file(value: str) -> str:
+  """`FILE[:VARIANT]` with a leading `~` of FILE expanded (os.path.expanduser)."""
+  return os.path.expanduser(value) if value.startswith("~") else value
 
 
 # absl's message for a value that a flag's (or an override's) parser refused:
@@ -953,8 +965,10 @@ def unknown_override(config, argv) -> str | None:
     for i, part in enumerate(parts):
       where = ".".join(["config", *parts[:i]])
       if not isinstance(node, (ml_collections.ConfigDict, dict)):
+        elsewhere = [path for path, _ in _config_fields(config, parts[-1])]
+        hint = f" (did you mean --{elsewhere[0]}?)" if len(elsewhere) == 1 else ""
         return (f"{given}: {where} = {node!r} is a value, not a section: it has no field "
-                f"{part!r}")
+                f"{part!r}{hint}")
       keys = list(node.keys())
       if part in keys:
         node = node[part]
@@ -1125,9 +1139,14 @@ def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
              or _no_get_config(error, argv) or malformed_override(error, argv)
              or _overrides_on_a_non_config(error, argv)
              or _not_a_config_file(_config_file(argv)))
-  if message is None and isinstance(error, (AttributeError, LookupError)) and override_fields(argv):
+  # ml_collections raises AttributeError / KeyError for an unknown field, and TypeError
+  # for a path through a text field (newcomer pass 12: --config.data.tokenizer.x=...).
+  if (message is None and isinstance(error, (AttributeError, LookupError, TypeError))
+      and override_fields(argv)):
     config = _config_being_overridden(error)
     message = unknown_override(config, argv) if config is not None else None
+    if message is None and isinstance(error, TypeError):
+      raise error  # every override names a field: not the user's path
     if message is None:  # the config could not be walked: the error's own words
       message = f"{override_fields(argv)[-1][0]}: {first_line(error)}"
   if message is None:

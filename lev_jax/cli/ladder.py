@@ -426,7 +426,10 @@ def main(argv):
       rung.reason = f"{rung.reason}; {f.launcher} run exited with status {status}"
   analysis = ladder_analysis.analyse(result)
   command = shlex.join([PROG, *sys.argv[1:]])
-  paths = report.write_report(analysis, report_dir, command=command)
+  try:  # the report folder was checked at the start; a run may have changed it since
+    paths = report.write_report(analysis, report_dir, command=command)
+  except ValueError as e:
+    common.fail(PROG, str(e))
   print(summary(analysis, paths))
   if failed:
     sys.exit(1)

@@ -167,6 +167,8 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
 
   Raises:
     runs.LadderError, ConfigError, StudyError: before anything runs (see load_study).
+    ValueError: a file of the report folder is there as a folder (before the report
+      is written).
   """
   from lev_jax.ladder import runs, study as study_lib, study_report
   from lev_jax.cli import ladder as ladder_cli

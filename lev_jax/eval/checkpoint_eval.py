@@ -340,6 +340,10 @@ def evaluate_model(im, *, split="validation", baseline=None, overrides: dict | N
       validation_files = [validation_files]
     if not validation_files:
       raise ConfigError("--config.data.validation_files is empty")
+    if not all(isinstance(f, (str, os.PathLike)) and os.fspath(f).strip()
+               for f in validation_files):
+      raise ConfigError(f"--config.data.validation_files = {tuple(validation_files)!r}: "
+                        "expected non-empty paths, globs or folders (JSONL/text files)")
     with config.unlocked():
       config.data.validation_files = tuple(validation_files)
   validation_override = validation_files is not None

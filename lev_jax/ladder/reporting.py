@@ -150,6 +150,18 @@ def write_csv(path, columns, rows) -> None:
     w.writerows(rows)
 
 
+def report_files_error(out_dir, names) -> str | None:
+  """The one line when a file the report writes into `out_dir` (`names`: file names) is
+  there as something else than a regular file (a folder: newcomer pass 12 found the
+  report half rewritten before an IsADirectoryError), else None."""
+  for name in names:
+    path = Path(out_dir) / name
+    if path.exists() and not path.is_file():
+      kind = "a folder" if path.is_dir() else "not a regular file"
+      return f"{path}: is {kind}; expected the report's {name} file (move it aside)"
+  return None
+
+
 def begin_report(out_dir, names: dict, analysis: dict,
                  command: str | None) -> tuple[dict, dict]:
   """Opens a report folder: creates out_dir and writes the analysis to names["json"].
@@ -162,7 +174,13 @@ def begin_report(out_dir, names: dict, analysis: dict,
 
   Returns:
     ({key: out_dir / name}, produced): paths and provenance(command).
+  Raises:
+    ValueError: one of those files is there as a folder (`report_files_error`); checked
+      before anything is written.
   """
+  problem = report_files_error(out_dir, names.values())
+  if problem:
+    raise ValueError(problem)
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   paths = {key: out / name for key, name in names.items()}

@@ -42,7 +42,8 @@ from pathlib import Path
 import ml_collections
 from etils import epath
 
-from lev_jax.checkpoint_checks import SHAPE_FIELD_NAMES, config_differences, result_fields
+from lev_jax.checkpoint_checks import (SHAPE_FIELD_NAMES, config_differences, misnamed_step,
+                                       result_fields)
 from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load_experiment
 from lev_jax.workdir import (CHECKPOINTS, EVAL_JSON, JAX_CACHE, LEV_EVAL_JSON, METRICS,
                              REPORT, eval_record_problem, loads_json)
@@ -535,6 +536,12 @@ def collect_rung(module, variant: str, root: epath.Path,
     rung.reason = f"{eval_path}: final loss is {final['loss']} (diverged?)"
     return rung
   member = "rung" if owner == "ladder" else "run"  # newcomer pass 8: a study's "rung"
+  renamed = (misnamed_step(workdir / CHECKPOINTS) if unchecked and stored_step is None
+             else None)
+  if renamed:  # newcomer pass 12: "holds no checkpoint ... train the rung there"
+    rung.status = "unverified"
+    rung.reason = f"{renamed}; the {member} is left out until then"
+    return rung
   if unchecked:  # newcomer pass 9: checkpoints/ deleted, another run's files copied in
     rung.status = "unverified"
     rung.reason = (f"{unchecked}, so the config it was trained with cannot be checked "
