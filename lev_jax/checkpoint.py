@@ -58,10 +58,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from lev_jax.checkpoint_checks import (DATA_FIELDS, ITERATOR_FIELDS, MANIFEST, SHAPE_FIELDS,
+from lev_jax.checkpoint_checks import (DATA_FIELDS, MANIFEST,
                                        CheckpointCorruptError, CheckpointMismatchError,
                                        config_differences, quarantine, result_fields,
-                                       resume_flags, verify_manifest, write_manifest)
+                                       resume_flags, resume_mismatch, verify_manifest,
+                                       write_manifest)
 from lev_jax.error_log import ErrorLog
 from lev_jax.workdir import ERRORS_LOG
 
@@ -399,17 +400,9 @@ class Checkpointer:
       logging.warning("%s has no checksum manifest (%s); restoring it unverified",
                       where, MANIFEST)
     saved = self.saved_config(step)
-    diffs = config_differences(saved, config, SHAPE_FIELDS)
-    if diffs:
-      raise CheckpointMismatchError(
-          f"{where} does not match this config's model shape:\n  " + "\n  ".join(diffs)
-          + "\nUse a new --workdir, or the checkpoint's config.")
-    moved = config_differences(saved, config, ITERATOR_FIELDS, stored_only=True)
-    if moved:  # grain would fail, or restore another stream: the step is not at fault
-      raise CheckpointMismatchError(
-          f"{where}: its data position was saved under other data settings: "
-          f"{'; '.join(moved)}; resume with {resume_flags(saved, moved)}. Nothing was "
-          "changed")
+    mismatch = resume_mismatch(saved, config, where)
+    if mismatch:
+      raise CheckpointMismatchError(mismatch)
     data_diffs = config_differences(saved, config, DATA_FIELDS)
     try:
       restored = self._read(step, where, abstract_state, data_iterator, data_diffs, saved)

@@ -306,6 +306,27 @@ def resume_flags(saved: dict, differences: list[str]) -> str:
   return " ".join(out)
 
 
+def resume_mismatch(saved: dict, config: ml_collections.ConfigDict, where: str,
+                    one_line: bool = False) -> str | None:
+  """Why a run of `config` cannot resume the checkpoint whose stored config is `saved`
+  (`where`: "checkpoint DIR/STEP"), or None: its model shape differs (SHAPE_FIELDS,
+  every field named, one per line unless `one_line`), or a field that shapes the data
+  iterator's state (ITERATOR_FIELDS, named with the flags that resume). What
+  Checkpointer.restore refuses and lev-train's --preflight (one_line) foresees."""
+  diffs = config_differences(saved, config, SHAPE_FIELDS)
+  if diffs:
+    listed = ("; ".join(diffs) + ". " if one_line
+              else "\n  " + "\n  ".join(diffs) + "\n")
+    return (f"{where} does not match this config's model shape:{' ' * one_line}{listed}"
+            "Use a new --workdir, or the checkpoint's config.")
+  moved = config_differences(saved, config, ITERATOR_FIELDS, stored_only=True)
+  if moved:  # grain would fail, or restore another stream: the step is not at fault
+    return (f"{where}: its data position was saved under other data settings: "
+            f"{'; '.join(moved)}; resume with {resume_flags(saved, moved)}. Nothing was "
+            "changed")
+  return None
+
+
 def _as_stored(value):
   """`value` as the config item stores it: JSON (tuples as lists, sections as dicts)."""
   if isinstance(value, ml_collections.ConfigDict):

@@ -304,6 +304,7 @@ def _check_step_names(workdir: epath.Path) -> None:
 
 def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
   """Refuses a workdir that cannot hold a run, before anything is read or written.
+  (checkpoints/'s step names were checked by `finished_run`, which runs first.)
 
   Raises:
     ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS; profile/ only
@@ -312,7 +313,6 @@ def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
       writable.
   """
   present = _check_output_kinds(workdir, profile)
-  _check_step_names(workdir)
   if (workdir / TOKENIZER).is_dir():
     for p in (workdir / TOKENIZER).iterdir():
       if p.is_dir():  # save_tokenizer replaces the files it holds

@@ -155,8 +155,7 @@ def _resume_problem(config, workdir: str) -> str | None:
   shape or data position differs from `config`'s, as Checkpointer.restore would refuse),
   read without writing; None when there is nothing to resume or it would resume."""
   from lev_jax.checkpoint import CheckpointReader  # pylint: disable=import-outside-toplevel
-  from lev_jax.checkpoint_checks import (ITERATOR_FIELDS, SHAPE_FIELDS,  # pylint: disable=import-outside-toplevel
-                                         config_differences, resume_flags)
+  from lev_jax.checkpoint_checks import resume_mismatch  # pylint: disable=import-outside-toplevel
   checkpoints = os.path.join(workdir, CHECKPOINTS)
   if not os.path.isdir(checkpoints):
     return None
@@ -168,16 +167,9 @@ def _resume_problem(config, workdir: str) -> str | None:
       saved = reader.saved_config(steps[-1])
     except Exception:  # pylint: disable=broad-except  # the job's restore names it
       return None
-  where = f"checkpoint {os.path.join(checkpoints, str(steps[-1]))}"
-  diffs = config_differences(saved, config, SHAPE_FIELDS)
-  if diffs:
-    return (f"{where} does not match this config's model shape: {'; '.join(diffs)}. Use "
-            "a new --workdir, or the checkpoint's config")
-  moved = config_differences(saved, config, ITERATOR_FIELDS, stored_only=True)
-  if moved:
-    return (f"{where}: its data position was saved under other data settings: "
-            f"{'; '.join(moved)}; resume with {resume_flags(saved, moved)}")
-  return None
+  return resume_mismatch(saved, config,
+                         f"checkpoint {os.path.join(checkpoints, str(steps[-1]))}",
+                         one_line=True)
 
 
 # JAX_PLATFORMS names jax accepts (jax/_src/xla_bridge.py, jax 0.10: "gpu" tries cuda
