@@ -453,6 +453,14 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
      "--config.data.prepared_dir=VALUE, e.g. --config.data.prepared_dir=VALUE\n"),
     (["--config.train.steps"], "--config.train.steps has no value; expected "
      "--config.train.steps=VALUE, e.g. --config.train.steps=300\n"),
+    # newcomer pass 13: other codebases' flags name the field they mean here first
+    (["--batch_size=4"], "unknown flag --batch_size; to set a config field, pass one of "
+     "--config.train.global_batch_size=4, --config.eval.batch_size=4\n"),
+    (["--max_iters=6"], "unknown flag --max_iters; to set the config field, pass "
+     "--config.train.steps=6\n"),
+    # newcomer pass 13: `--config=` (an unset variable) was ml_collections' traceback
+    (["--config="], "--config is empty (an unset shell variable?); expected a Python "
+     "config file and variant, e.g. experiments/smoke.py:leviathan\n"),
     # newcomer pass 12: a path through a text field was ml_collections' TypeError
     (["--config.data.tokenizer.sentencepiece_file=x.model"],
      "--config.data.tokenizer.sentencepiece_file: config.data.tokenizer = "
@@ -479,6 +487,32 @@ def test_config_flag_mistakes_are_one_line_naming_the_field(monkeypatch, capsys,
   assert e.value.code == 2 and err.count("\n") == 1, err
   error = error.replace("NOGET", str(noget)).replace("BINARY", str(tmp_path / "binary.py"))
   assert err.startswith("lev-x: error: " + error), err
+
+
+@pytest.mark.parametrize("given", ["--config=", "--config=experiments/smoke.py:tied"])
+def test_a_config_file_given_to_a_command_of_overrides_is_one_line(monkeypatch, capsys,
+                                                                   given):
+  """Newcomer pass 13: lev-eval --config=FILE was absl's "Overriding config is not
+  allowed"; its config is the checkpoint's, changed only by --config.<field> overrides."""
+  from absl import flags
+  from ml_collections import config_flags
+  from lev_jax.cli import common
+  from lev_jax.config import base_config
+  argv = ["lev-x", given, "--config.eval.batches=2"]
+  monkeypatch.setattr(sys, "argv", list(argv))
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_dict("config", base_config(), "Overrides.", flag_values=fv)
+  with pytest.raises(SystemExit) as e:
+    common.flags_parser("lev-x", None, fv)(argv)
+  assert e.value.code == 2 and capsys.readouterr().err == (
+      f"lev-x: error: {given}: lev-x takes no config file: it uses the checkpoint's own "
+      "config; change its fields with --config.<section>.<field>=VALUE (e.g. "
+      "--config.eval.batches=4)\n")
+  argv = ["lev-x", "--batch_size=3"]
+  with pytest.raises(SystemExit) as e:  # not a training: no habit of training flags
+    common.flags_parser("lev-x", None, fv)(argv)
+  assert capsys.readouterr().err == ("lev-x: error: unknown flag --batch_size; to set the "
+                                     "config field, pass --config.eval.batch_size=3\n")
 
 
 def test_an_override_without_a_config_to_change_says_so(monkeypatch, capsys):

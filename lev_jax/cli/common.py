@@ -663,9 +663,16 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
     argv = config_first(argv)
     if "config" in fv and isinstance(fv["config"].parser,
                                      config_flags.config_flags.ConfigFileFlagParser):
+      if _config_given(argv) == "":  # newcomer pass 13: ml_collections' traceback
+        fail(prog, empty_message("config", _CONFIG_EXAMPLE))
       unreadable = _not_a_config_file(_config_file(argv))  # before ml_collections reads
       if unreadable:  # it: /dev/zero would be read until memory runs out
         fail(prog, unreadable)
+    elif ("config" in fv and _is_config_flag(fv["config"])
+          and _config_given(argv) is not None):  # a config dict: lev-eval's overrides
+      fail(prog, f"--config={_config_given(argv)}: {prog} takes no config file: it uses "
+           "the checkpoint's own config; change its fields with "
+           "--config.<section>.<field>=VALUE (e.g. --config.eval.batches=4)")
     try:
       rest = fv(argv)
     except SystemExit as e:  # newcomer pass 10: get_config called sys.exit(0): exit 0
@@ -887,10 +894,45 @@ def _command_config(fv: flags.FlagValues):
   return base_config()
 
 
+# Flags other codebases train with (nanoGPT, Hugging Face, MaxText, Levanter) and the
+# config field each means here; named first by `_config_field_hint` (newcomer pass 13:
+# --batch_size was pointed at eval.batch_size, --max_iters at nothing).
+_HABITS = {
+    "batch_size": "train.global_batch_size", "max_iters": "train.steps",
+    "max_steps": "train.steps", "num_steps": "train.steps", "total_steps": "train.steps",
+    "train_steps": "train.steps", "num_train_steps": "train.steps",
+    "learning_rate": "optim.lr", "warmup_iters": "optim.warmup_steps",
+    "num_warmup_steps": "optim.warmup_steps", "block_size": "train.seq_len",
+    "seq_length": "train.seq_len", "max_seq_length": "train.seq_len",
+    "max_target_length": "train.seq_len", "context_length": "train.seq_len",
+    "eval_iters": "eval.batches", "eval_steps": "eval.batches",
+    "eval_interval": "train.eval_every", "log_interval": "train.log_every",
+    "save_interval": "train.checkpoint_every", "checkpoint_period": "train.checkpoint_every",
+    "gradient_accumulation_steps": "train.grad_accum_steps",
+    "grad_clip": "optim.clip_norm", "max_grad_norm": "optim.clip_norm",
+    "n_layer": "model.n_layers", "num_layers": "model.n_layers",
+    "num_hidden_layers": "model.n_layers", "n_head": "model.n_heads",
+    "num_attention_heads": "model.n_heads", "n_embd": "model.d_model",
+    "hidden_size": "model.d_model", "emb_dim": "model.d_model",
+}
+
+
+def _habit_field(config, name: str) -> list[tuple[str, object]]:
+  """[("config.SECTION.FIELD", its value)] for a flag of another codebase (`_HABITS`)
+  whose field this config has; [] otherwise."""
+  node = config
+  for part in _HABITS.get(name, "").split("."):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+      return []
+    node = node[part]
+  return [(f"config.{_HABITS[name]}", node)]
+
+
 def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
-  """For an unknown `--NAME[=VALUE]` where NAME is a config field's name (`--steps=3`):
-  `unknown flag --steps; to set the config field, pass --config.train.steps=3` (each
-  field of that name listed); None otherwise (absl's own message stands)."""
+  """For an unknown `--NAME[=VALUE]` where NAME is a config field's name (`--steps=3`)
+  or another codebase's name for one (`--max_iters=3`, `_HABITS`): `unknown flag
+  --steps; to set the config field, pass --config.train.steps=3` (each field of that
+  name listed, the habit's first); None otherwise (absl's own message stands)."""
   if not isinstance(error, flags.UnrecognizedFlagError):
     return None
   config = _command_config(fv)
@@ -898,7 +940,10 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
     return None
   name, given = error.flagname, str(error.flagvalue or "")
   value = given.split("=", 1)[1] if "=" in given else None
-  fields = _config_fields(config, name)
+  # A training's config file (lev-train, lev-compile, ...), not lev-eval's overrides.
+  training = isinstance(fv["config"].parser, config_flags.config_flags.ConfigFileFlagParser)
+  habit = _habit_field(config, name) if training else []
+  fields = habit + [f for f in _config_fields(config, name) if f[0] not in dict(habit)]
   if not fields and name.startswith("no") and value is None:  # --noremat
     fields = [(path, v) for path, v in _config_fields(config, name[2:]) if isinstance(v, bool)]
     value = "false"
@@ -1042,14 +1087,24 @@ def _frozen(config) -> bool:
   return isinstance(config, ml_collections.FrozenConfigDict)
 
 
-def _config_file(argv) -> str | None:
-  """The FILE of the last `--config=FILE[:variant]` in argv, else None."""
-  path = None
+_CONFIG_EXAMPLE = "a Python config file and variant, e.g. experiments/smoke.py:leviathan"
+
+
+def _config_given(argv) -> str | None:
+  """The value of the last `--config=FILE[:variant]` (or `--config FILE`) in argv, as
+  given ("" for `--config=`), else None."""
+  given = None
   for i, arg in enumerate(argv[1:], 1):
     if arg.startswith(("--config=", "-config=")):
-      path = arg.split("=", 1)[1]
+      given = arg.split("=", 1)[1]
     elif arg in ("--config", "-config") and i + 1 < len(argv):
-      path = argv[i + 1]
+      given = argv[i + 1]
+  return given
+
+
+def _config_file(argv) -> str | None:
+  """The FILE of the last `--config=FILE[:variant]` in argv, else None."""
+  path = _config_given(argv)
   return path.split(":", 1)[0] if path else None
 
 
@@ -1168,8 +1223,7 @@ def config_or_exit(prog: str, fv: flags.FlagValues = flags.FLAGS):
   except Exception as e:  # config_flags defers file errors until first access
     given = fv["config"].serialize().split("=", 1)[-1]
     if not given.strip():  # --config= is a path flag too (define_path)
-      fail(prog, empty_message("config", "a Python config file and variant, e.g. "
-                               "experiments/smoke.py:leviathan"))
+      fail(prog, empty_message("config", _CONFIG_EXAMPLE))
     path = given.split(":", 1)[0]
     fail(prog, _not_a_config_file(path) or _not_a_python_file(path) or
          f"--config={given}: {_last_line(e)}")
