@@ -165,6 +165,31 @@ def misnamed_step(directory) -> str | None:
   return None
 
 
+def _renamed_line(step_dir: epath.Path, recorded) -> str | None:
+  """The line for a step folder whose manifest records another step (`recorded`) than
+  its name: renamed (name it back), or a copy of a step that is there too (newcomer pass
+  13: a copy named 12 beside its step 6 was told to be named 6); None when they agree."""
+  named = _folder_step(step_dir)
+  if not isinstance(recorded, int) or named is None or recorded == named:
+    return None
+  if (step_dir.parent / str(recorded)).is_dir():
+    return (f"checkpoint {step_dir}: its manifest records step {recorded}: a copy of step "
+            f"{recorded}, which is there too; move the copy out of {step_dir.parent}")
+  return (f"checkpoint {step_dir}: its manifest records step {recorded}: the folder was "
+          f"renamed; name it {recorded} again (or move it aside)")
+
+
+def renamed_step(step_dir) -> str | None:
+  """`_renamed_line` of a step folder, its manifest's recorded step read (None when the
+  manifest is missing or unreadable: `verify_manifest` names that)."""
+  step_dir = epath.Path(step_dir)
+  try:
+    recorded = json.loads((step_dir / MANIFEST).read_text()).get("step")
+  except (OSError, ValueError, AttributeError):
+    return None
+  return _renamed_line(step_dir, recorded)
+
+
 def not_a_step(directory) -> str | None:
   """The line for an entry of a checkpoints folder named like a step (digits) that
   cannot be one, or None: a file, or an empty folder. Orbax lists an empty folder as
@@ -222,11 +247,9 @@ def verify_manifest(step_dir, checksums: bool = True) -> bool:
   if not expected:
     raise CheckpointCorruptError(f"{path}: the checksum manifest lists no file (expected "
                                  "every file of the step); it verifies nothing")
-  recorded, named = manifest.get("step"), _folder_step(step_dir)
-  if isinstance(recorded, int) and named is not None and recorded != named:
-    raise CheckpointRenamedError(  # newcomer pass 10: a folder renamed 6 -> 7 was step 7
-        f"checkpoint {step_dir}: its manifest records step {recorded}: the folder was "
-        f"renamed; name it {recorded} again (or move it aside)")
+  renamed = _renamed_line(step_dir, manifest.get("step"))
+  if renamed:  # newcomer pass 10: a folder renamed 6 -> 7 was step 7
+    raise CheckpointRenamedError(renamed)
   unlisted = sorted(rel for rel in step_files(step_dir)
                     if "/" in rel and rel not in expected)  # item folders' files
   if unlisted:

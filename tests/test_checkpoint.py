@@ -409,6 +409,17 @@ def test_a_step_folder_under_another_name_is_named_by_every_reader(finished_tied
       "under a name that is not its step's, which no restore sees: a copy of step 4, which "
       f"is there too: move the copy out of {workdir / 'checkpoints'}")):
     trainer.finished_run(c, workdir)
+  # newcomer pass 13: a copy under another step's number beside its step
+  shutil.rmtree(workdir / "checkpoints" / "04")
+  (workdir / "checkpoints" / "two").rename(workdir / "checkpoints" / "2")
+  shutil.copytree(workdir / "checkpoints" / "4", workdir / "checkpoints" / "12")
+  copy = (f"checkpoint {workdir / 'checkpoints' / '12'}: its manifest records step 4: a "
+          f"copy of step 4, which is there too; move the copy out of "
+          f"{workdir / 'checkpoints'}")
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(copy)):
+    inference.load(workdir)
+  with pytest.raises(checkpoint_checks.CheckpointRenamedError, match="^" + re.escape(copy)):
+    trainer.finished_run(c, workdir)
 
 
 @pytest.mark.parametrize("entry", ["empty folder", "file"])

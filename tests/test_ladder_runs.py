@@ -11,6 +11,8 @@ the rungs' real parameter counts. The analysis must give back 2.1 and (E, A, alp
 import json
 import math
 import os
+import shutil
+import re
 import subprocess
 import sys
 from io import StringIO
@@ -215,6 +217,15 @@ def test_stored_checkpoint_config_decides_steps_and_tokens(tmp_path):
       f"{root / 'tied_a'} holds a model of another shape than the ladder's tied_a "
       f"(model.d_model: checkpoint 48, ladder {load_ladder(ladder).get_config('tied_a').model.d_model}"
       "): left out; move it aside and train the rung there")
+  # newcomer pass 13: --run (lev-ladder's and lev-study's) refuses before training
+  # anything: lev-train would refuse the rung, and the report would lose it
+  result = collect(ladder, root, {"tied_a": expected})
+  assert "tied_a" not in ladder_cli.trainable(result)
+  with pytest.raises(ValueError, match=re.escape(
+      f"--run: {root / 'tied_a'} holds a model of another shape than the ladder's tied_a "
+      "(model.d_model: checkpoint 48, ladder ") + ".*Nothing was run or written \\(without "
+      "--run, lev-ladder only reports\\)$"):
+    ladder_cli.check_runnable(result)
   # newcomer pass 8: lev-study's lines spoke of "the ladder's" run and "the rung"
   reason = collect(ladder, root, {"tied_a": expected}, owner="study").rung("tied_a").reason
   assert "another shape than the study's tied_a (model.d_model: checkpoint 48, study " in reason
@@ -594,6 +605,14 @@ def test_a_rung_whose_step_folder_was_renamed_is_named_not_retrained(tmp_path):
         f"{ckpt / f'{STEPS}.bak'}: a checkpoint step (checksums.json records step {STEPS}) "
         f"under a name that is not its step's, which no restore sees: name it {STEPS} "
         f"again, or move it out of {ckpt}; the {member} is left out until then")
+  # newcomer pass 13 (N189): a copy under a later step's number beside the intact step
+  (ckpt / f"{STEPS}.bak").rename(ckpt / str(STEPS))
+  shutil.copytree(ckpt / str(STEPS), ckpt / str(2 * STEPS))
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "unverified" and rung.reason == (
+      f"checkpoint {ckpt / str(2 * STEPS)}: its manifest records step {STEPS}: a copy of step "
+      f"{STEPS}, which is there too; move the copy out of {ckpt}; the rung is left out "
+      "until then")
 
 
 def test_an_eval_json_edited_with_its_metrics_row_is_unreadable_by_its_buckets(tmp_path):

@@ -293,8 +293,27 @@ def train_rungs(commands, launcher: str, runner=call_forwarding, out=sys.stdout,
 def trainable(result) -> list[str]:
   """The variants --run trains: every rung not finished, except an "unverified" one (its
   outputs are there without checkpoints/: lev-train refuses such a folder, and its
-  reason says to move it aside)."""
-  return [r.variant for r in result.rungs if not r.finished and r.status != "unverified"]
+  reason says to move it aside) and an "other config" one (`check_runnable`)."""
+  return [r.variant for r in result.rungs
+          if not r.finished and r.status not in ("unverified", "other config")]
+
+
+def check_runnable(result, command: str = "lev-ladder") -> None:
+  """Refuses --run when a rung's folder holds a finished run of other settings than the
+  rung's (status "other config"; with --train_flags that differ from the ones it was
+  trained with, every rung): lev-train would refuse each, and the report would be
+  rewritten without them (newcomer pass 13: a finished ladder's report replaced by a
+  "0 of 4" one).
+
+  Raises:
+    ValueError: naming the first such rung and its differing fields; nothing was run or
+      written.
+  """
+  other = [r for r in result.rungs if r.status == "other config"]
+  if other:
+    more = f" (and {len(other) - 1} more)" if len(other) > 1 else ""
+    raise ValueError(f"--run: {other[0].reason}{more}. Nothing was run or written "
+                     f"(without --run, {command} only reports)")
 
 
 def summary(analysis: dict, paths: dict) -> str:
@@ -395,6 +414,8 @@ def main(argv):
     launcher_flags = _split("launcher_flags", f.launcher_flags)
     if launcher_flags and f.launcher not in ("tpu", "slurm"):
       raise ValueError(f"--launcher_flags is for --launcher=tpu or slurm, not {f.launcher}")
+    if f.run:
+      check_runnable(result)
     todo = trainable(result)
     commands = rung_commands(f.launcher, f.ladder, todo, f.root, train_flags=train_flags,
                              launcher_flags=launcher_flags) if f.run else []

@@ -168,7 +168,8 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   Raises:
     runs.LadderError, ConfigError, StudyError: before anything runs (see load_study).
     ValueError: a file of the report folder is there as a folder (before the report
-      is written).
+      is written); with run, a run's folder holding a finished run of other settings
+      (ladder.check_runnable), before anything runs.
   """
   from lev_jax.ladder import runs, study as study_lib, study_report
   from lev_jax.cli import ladder as ladder_cli
@@ -181,6 +182,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   result = runs.collect(module, root, expected, owner="study")
   failed = {}
   if run:
+    ladder_cli.check_runnable(result, PROG)
     todo = ladder_cli.trainable(result)
     if not todo:
       print(f"{PROG}: every run of {study} is finished under {root}; nothing to train",

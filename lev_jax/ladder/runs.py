@@ -43,7 +43,7 @@ import ml_collections
 from etils import epath
 
 from lev_jax.checkpoint_checks import (SHAPE_FIELD_NAMES, config_differences, misnamed_step,
-                                       result_fields)
+                                       renamed_step, result_fields)
 from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load_experiment
 from lev_jax.workdir import (CHECKPOINTS, EVAL_JSON, JAX_CACHE, LEV_EVAL_JSON, METRICS,
                              REPORT, eval_record_problem, loads_json)
@@ -263,6 +263,16 @@ def _latest_checkpoint_config(workdir: epath.Path) -> tuple[dict | None, str | N
     return None, f"{path}: missing", step
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     return None, f"{path}: not JSON ({e})", step
+
+
+def _renamed_latest(folder: epath.Path) -> str | None:
+  """The line when a checkpoints folder's steps are misnamed: no step but one under
+  another name (6.bak: checkpoint_checks.misnamed_step), or a latest step folder whose
+  manifest records another step (a copy named 12 beside 6, or 6 renamed 12:
+  checkpoint_checks.renamed_step; newcomer pass 13); None otherwise."""
+  from lev_jax.checkpoint import latest_config_file  # imports Orbax: only when reading
+  latest = latest_config_file(folder)
+  return misnamed_step(folder) if latest is None else renamed_step(latest.parent.parent)
 
 
 def _as_number(value) -> float:
@@ -536,8 +546,7 @@ def collect_rung(module, variant: str, root: epath.Path,
     rung.reason = f"{eval_path}: final loss is {final['loss']} (diverged?)"
     return rung
   member = "rung" if owner == "ladder" else "run"  # newcomer pass 8: a study's "rung"
-  renamed = (misnamed_step(workdir / CHECKPOINTS) if unchecked and stored_step is None
-             else None)
+  renamed = _renamed_latest(workdir / CHECKPOINTS) if unchecked else None
   if renamed:  # newcomer pass 12: "holds no checkpoint ... train the rung there"
     rung.status = "unverified"
     rung.reason = f"{renamed}; the {member} is left out until then"
