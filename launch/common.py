@@ -67,6 +67,10 @@ def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 class _Parser(argparse.ArgumentParser):
   def error(self, message):  # argparse would print usage and exit; keep one line instead
+    if (message.startswith("unrecognized arguments: ")
+        and "--" not in getattr(self, "full_argv", ["--"])):  # newcomer pass 13
+      message += (f": the arguments for the program go after --, e.g. {self.prog} "
+                  f"[flags] -- {message.split(': ', 1)[1]}")
     raise LaunchError(message)
 
 
@@ -86,6 +90,7 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[argparse.Nam
     LaunchError: an unknown flag or a bad value (argparse's message).
   """
   own, rest = split_passthrough(argv)
+  p.full_argv = list(argv)  # whether `--` was given, for the error's hint
   return p.parse_args(own), rest
 
 

@@ -71,6 +71,17 @@ def lock_path(folder, inside: bool = True) -> str:
   return os.path.join(parent, f".{name}.lock")
 
 
+def lock_kind_error(folder, inside: bool = True) -> str | None:
+  """`_open_error`'s line when the folder's lock file is there as a folder, else None:
+  for commands that read before they lock (lev-train reads a finished run first, and
+  announced an extension that the lock then refused: newcomer pass 13)."""
+  path = lock_path(folder, inside)
+  if not os.path.isdir(path):
+    return None
+  folder = os.path.abspath(os.path.expanduser(os.fspath(folder)))
+  return _open_error(folder, path, "", OSError(errno.EISDIR, "Is a directory"))
+
+
 def describe(record: dict | None) -> str:
   """'lev-train (pid 12, host h, started 2026-12-01T10:00:00+00:00)' for a lock record."""
   if not record:

@@ -409,6 +409,11 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
     ([*GPU, "--workdir=gs://b/r"], "expected a shared filesystem path"),
     ([*GPU, "--", "--process_id=3"], "--process_id after --: launch/slurm.py sets it"),
     ([*GPU, "--partition=a b"], "--partition='a b': expected letters"),
+    # newcomer pass 13: an unset $VENV meant no virtualenv; lev-train's flags before --
+    ([*GPU, "--venv="], "--venv is empty (an unset shell variable?)"),
+    ([*GPU, "--config=c.py:x"], "unrecognized arguments: "
+     "--config=c.py:x: the arguments for the program go after --, e.g. launch/slurm.py "
+     "[flags] -- --config=c.py:x"),
 ])
 def test_slurm_bad_inputs(argv, needle, capsys):
   err = error(slurm.main, argv, capsys)

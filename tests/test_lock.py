@@ -168,6 +168,13 @@ def test_a_lock_file_that_is_a_folder_is_one_error(tmp_path):
                      rf"expected {tmp_path}'s lock file: remove that folder"):
     with lock.hold(tmp_path, prog="lev-train"):
       pass
+  # newcomer pass 13: lev-train asks before it reads the run (which announced an
+  # extension the lock then refused)
+  assert lock.lock_kind_error(tmp_path) == (
+      f"{tmp_path / '.lock'}: is a folder; expected {tmp_path}'s lock file: remove that "
+      "folder (or move it aside) and re-run")
+  (tmp_path / ".lock").rmdir()
+  assert lock.lock_kind_error(tmp_path) is None
 
 
 @pytest.mark.parametrize("code, line", [
