@@ -11,8 +11,8 @@ the rungs' real parameter counts. The analysis must give back 2.1 and (E, A, alp
 import json
 import math
 import os
-import shutil
 import re
+import shutil
 import subprocess
 import sys
 from io import StringIO
@@ -542,16 +542,17 @@ def test_a_get_config_returning_no_full_config_is_one_line_before_anything_is_cr
   """Newcomer pass 9: get_config returning 42 was AttributeError: 'int' object has no
   attribute 'train' (lev-study said "a int")."""
   ladder = tmp_path / "odd_ladder.py"
-  ladder.write_text(f"import ml_collections\nRUNGS = ('a', 'b')\ndef get_config(r):\n"
-                    f"  return {returned}\n")
+  ladder.write_text(f"import ml_collections\nRUNGS = ('tied_a', 'leviathan_a')\n"
+                    f"def get_config(r):\n  return {returned}\n")
   root = tmp_path / "root"
   proc = _cli(f"--ladder={ladder}", f"--root={root}", "--run")
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-  assert proc.stderr.strip() == f"lev-ladder: error: {ladder}: get_config('a') {what} " \
-      "(config.base_config() with fields changed, as experiments/smoke_ladder.py builds them)"
+  assert proc.stderr.strip() == f"lev-ladder: error: {ladder}: get_config('tied_a') " \
+      f"{what} (config.base_config() with fields changed, as experiments/smoke_ladder.py " \
+      "builds them)"
   assert not root.exists()
   from lev_jax.cli import study as study_cli
-  with pytest.raises(LadderError, match=rf"^{ladder}: get_config\('a'\) {what} "):
+  with pytest.raises(LadderError, match=rf"^{ladder}: get_config\('tied_a'\) {what} "):
     study_cli.load_study(str(ladder))
 
 
@@ -700,3 +701,51 @@ def test_a_signal_to_lev_ladder_run_stops_the_rung_in_training_first(tmp_path, s
       f"lev-ladder: {cause}: stopped rung tied_d (it exited with status {status}); re-run "
       "the same command to resume it and the unfinished rungs")
   assert "leviathan_d" not in out  # the next rung was not started
+
+
+def test_a_study_file_given_to_lev_ladder_is_refused_before_anything_is_written(tmp_path):
+  """Newcomer pass 13 (N185): `lev-ladder --ladder=mystudy.py` said "4 of 4 rungs
+  finished" over n/a rows such as "s0 n/a (leviathan_s0 is not in RUNGS)": a study's
+  run names (leviathan-lr3_s0) are not a ladder's tied_SIZE / leviathan_SIZE."""
+  study = REPO / "experiments" / "smoke_study.py"
+  root = tmp_path / "root"
+  with pytest.raises(LadderError) as e:
+    ladder_cli.load_inputs(str(study), str(root), run=True, report_dir=None)
+  assert str(e.value) == (
+      f"--ladder={study}: RUNGS holds 'leviathan-lr1_s0', 'leviathan-lr3_s0', "
+      "'leviathan-lr1_s1' and 3 more, which are not KIND_SIZE with KIND tied or leviathan "
+      "(a ladder pairs tied_SIZE with leviathan_SIZE, e.g. 'tied_200m', 'leviathan_200m' "
+      f"in experiments/ladder.py); a study file? use lev-study --study={study}")
+  assert not root.exists()
+  for source, odd in (("RUNGS = ('tied_a', 'untied_a')\n", "'untied_a', which is not"),
+                      ("RUNGS = ('tied_a', 'leviathan')\n", "'leviathan', which is not")):
+    (tmp_path / "odd.py").write_text(source + "def get_config(v):\n  return None\n")
+    with pytest.raises(LadderError, match=rf"^--ladder=.*odd.py: RUNGS holds {odd} "):
+      load_ladder(tmp_path / "odd.py")
+    assert load_ladder(tmp_path / "odd.py", kind="study").RUNGS  # a study names runs freely
+  for name in ("ladder.py", "smoke_ladder.py"):  # the repo's ladders still load
+    assert len(load_ladder(REPO / "experiments" / name).RUNGS) == 8
+  for name in ("smoke_study.py", "fidelity_study.py", "scale_study.py", "ablation_study.py"):
+    with pytest.raises(LadderError, match=r"a study file\? use lev-study --study="):
+      load_ladder(REPO / "experiments" / name)
+    assert load_ladder(REPO / "experiments" / name, kind="study").RUNGS
+  root.mkdir()  # the command: one line, exit 2, no report
+  proc = _cli(f"--ladder={study}", f"--root={root}")
+  assert proc.returncode == 2 and proc.stderr.strip() == f"lev-ladder: error: {e.value}"
+  assert not any(root.iterdir())
+
+
+def test_a_rung_folder_replaced_by_a_file_is_named_as_such(tmp_path):
+  """Newcomer pass 13 (N173): ROOT/tied_a a file: lev-ladder said "missing tied_a: no
+  workdir ROOT/tied_a" (there is something there; training into it fails)."""
+  ladder, root, _ = build_ladder(tmp_path, sizes={"a": 16}, downstream=False)
+  shutil.rmtree(root / "tied_a")
+  (root / "tied_a").write_text("not a workdir")
+  for owner, member in (("ladder", "rung"), ("study", "run")):
+    rung = collect(ladder, root, owner=owner).rung("tied_a")
+    assert rung.status == "unreadable" and rung.reason == (
+        f"{root / 'tied_a'}: is a file; expected the {member}'s workdir folder (move it "
+        "aside)")
+  missing = analyse(collect(ladder, root))["missing"]
+  assert [m["variant"] for m in missing] == ["tied_a"]
+  assert collect(ladder, root).rung("leviathan_a").finished

@@ -39,6 +39,16 @@ def test_too_few_points_is_a_clear_error_not_a_curve():
     fit_power_law([2e8, 2e8, 4e8, 4e8], _loss([2e8, 2e8, 4e8, 4e8]))
 
 
+def test_too_few_distinct_sizes_are_listed_as_counted():
+  """Newcomer pass 13 (N185's summary): "no power-law fit: ... got 1: [688768.0,
+  688768.0]" counted the distinct sizes but listed every rung's."""
+  with pytest.raises(ScalingError, match=r"; got 1: \[688768.0\] \(from 2 rungs\)$"):
+    fit_power_law([688768.0, 688768.0], [3.0, 3.1])
+  with pytest.raises(ScalingError, match=r"; got 3: \[200000000.0, 400000000.0, "
+                     r"800000000.0\]$"):
+    fit_power_law(SIZES[:3], _loss(SIZES[:3]))
+
+
 @pytest.mark.parametrize("n,loss,match", [
     ([1, 2, 3], [1.0, 2.0], "equal length"),
     ([1, 2, -3, 4], [3.0, 2.0, 1.5, 1.2], "positive"),

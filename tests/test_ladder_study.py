@@ -17,6 +17,7 @@ from lev_jax.ladder import study
 from lev_jax.cli import study as study_cli
 from lev_jax.ladder.runs import LadderError
 from lev_jax.ladder.study import StudyError
+from lev_jax.workdir import file_sha256
 
 
 def test_paired_t_interval_on_fixed_numbers():
@@ -124,6 +125,8 @@ def test_driver_trains_evaluates_and_reports_means_and_intervals(tmp_path):
   assert not failed and not analysis["missing"]
   ev = json.loads((root / "leviathan_s1" / "study_eval.json").read_text())
   assert ev["step"] == 4 and ev["eval_batches"] == 2
+  assert ev["run"] == "leviathan_s1" and ev["manifest_sha256"] == file_sha256(
+      root / "leviathan_s1" / "checkpoints" / "4" / "checksums.json")  # N182
   assert ev["validation"]["log"]["loss"] != ev["test"]["log"]["loss"]  # distinct splits
   assert ev["test"]["equal_mass"]["bucket_scheme"] == "equal_mass"
   comp = analysis["comparisons"][0]
@@ -633,6 +636,58 @@ def test_a_run_s_file_replaced_by_a_folder_makes_it_unreadable(tmp_path):
     assert missing["reason"].startswith(f"{path}: is a folder; expected "), missing
     path.rmdir()
     shutil.move(tmp_path / "aside", path)
+
+
+def test_another_run_s_study_eval_json_copied_in_makes_its_run_unreadable(tmp_path):
+  """Newcomer pass 13 (N182): tied_s1's study_eval.json copied over tied_s0's was read as
+  tied_s0's (two seeds became one counted twice): nothing in the file tied it to its
+  run. It records its run and the sha256 of the evaluated step's checksums.json now."""
+  from lev_jax.checkpoint_checks import write_manifest
+  from test_ladder_runs import STEPS
+  ladder, root = _synthetic_study(tmp_path)
+  for variant in ("tied_a", "leviathan_a"):  # as evaluate_run writes them now
+    write_manifest(root / variant / "checkpoints" / str(STEPS))
+    path = root / variant / "study_eval.json"
+    ev = json.loads(path.read_text())
+    ev.update(study.study_eval_identity(root / variant, ev["step"]))
+    path.write_text(json.dumps(ev))
+  assert ev["run"] == "leviathan_a" and len(ev["manifest_sha256"]) == 64
+  analysis, _, failed = _report_only(ladder, root, tmp_path)
+  assert not analysis["missing"] and not failed
+  path = root / "leviathan_a" / "study_eval.json"
+  own = path.read_text()
+  shutil.copy(root / "tied_a" / "study_eval.json", path)
+  tail = ("; expected lev-study's own evaluation of this run's checkpoint (delete it and "
+          "re-run lev-study to evaluate again)")
+  analysis, _, failed = _report_only(ladder, root, tmp_path)
+  assert not failed and analysis["missing"] == [{
+      "run": "leviathan_a", "status": "unreadable",
+      "reason": f"{path}: it belongs to another run: it records run 'tied_a', not "
+                f"leviathan_a{tail}"}]
+  assert analysis["comparisons"][0]["perplexity"] == {}  # nothing summarised
+  path.write_text(own)  # its own file, but the run trained again: another checkpoint
+  step_dir = root / "leviathan_a" / "checkpoints" / str(STEPS)
+  recorded = json.loads(own)["manifest_sha256"]
+  (step_dir / "state").mkdir()
+  (step_dir / "state" / "params").write_bytes(b"retrained")
+  write_manifest(step_dir)
+  now = study.study_eval_identity(root / "leviathan_a", STEPS)["manifest_sha256"]
+  (missing,) = _report_only(ladder, root, tmp_path)[0]["missing"]
+  assert missing["status"] == "unreadable" and missing["reason"] == (
+      f"{path}: it belongs to another checkpoint: it records checksums.json sha256 "
+      f"{recorded[:16]}..., but this run's {step_dir / 'checksums.json'} has sha256 "
+      f"{now[:16]}... (the run trained again, or its checkpoints replaced){tail}")
+  (step_dir / "checksums.json").unlink()
+  (missing,) = _report_only(ladder, root, tmp_path)[0]["missing"]
+  assert missing["reason"].endswith(f"but this run's {step_dir / 'checksums.json'} is "
+                                    f"absent (the run trained again, or its checkpoints "
+                                    f"replaced){tail}")
+  # A file written before lev-study recorded its run is read as before (unchecked).
+  ev = json.loads(own)
+  del ev["run"], ev["manifest_sha256"]
+  path.write_text(json.dumps(ev))
+  analysis, _, failed = _report_only(ladder, root, tmp_path)
+  assert not analysis["missing"] and not failed
 
 
 def _shift_equal_mass(ev):

@@ -28,7 +28,9 @@ report (lev_jax/ladder/study_report.py) goes to --report_dir (default ROOT/repor
 Re-running the same command resumes; Ctrl-C or SIGTERM is forwarded to the run in
 training, which saves a checkpoint and exits; lev-study waits for it and ends (130 or
 143) naming the run stopped. A current study_eval.json whose figures disagree
-(lev_jax.ladder.study.study_eval_problem: edited) makes its run "unreadable", never
+(lev_jax.ladder.study.study_eval_problem: edited), or that records another run or
+checkpoint (study_eval_owner_problem: its "run" and the sha256 of the evaluated step's
+checksums.json; copied from another run's folder), makes its run "unreadable", never
 summarised. Exit status: 0; 1 when a run failed to train or evaluate; 2 for a bad
 flag or study file.
 """
@@ -107,8 +109,10 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
                       out=sys.stdout) -> tuple[dict, dict]:
   """({run: study_eval.json}, {run: error}) for every finished run; a run whose file is
   current (same step and eval.batches) is read, the others are evaluated. A current
-  file whose figures disagree (`study.study_eval_problem`: edited) makes its run
-  "unreadable" with the reason, neither evaluated again nor summarised."""
+  file whose figures disagree (`study.study_eval_problem`: edited), or that records
+  another run or checkpoint than this run's (`study.study_eval_owner_problem`: copied
+  from another run's folder), makes its run "unreadable" with the reason, neither
+  evaluated again nor summarised."""
   from lev_jax.ladder import study as study_lib
   from lev_jax.workdir import STUDY_EVAL_JSON
   on_device = evaluate is None  # in this process: jax's backends must start
@@ -132,6 +136,13 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
         rung.status, rung.reason = "unreadable", (
             f"{path}: {problem}: the file was edited; expected lev-study's own evaluation "
             "(delete it and re-run lev-study to evaluate again)")
+        continue
+      problem = study_lib.study_eval_owner_problem(ev, rung.workdir)
+      if problem:  # newcomer pass 13 (N182): another run's file, one seed counted twice
+        path = Path(rung.workdir) / STUDY_EVAL_JSON
+        rung.status, rung.reason = "unreadable", (
+            f"{path}: {problem}; expected lev-study's own evaluation of this run's "
+            "checkpoint (delete it and re-run lev-study to evaluate again)")
         continue
     if not current:
       if on_device:  # JAX_PLATFORMS naming a backend this machine lacks: one line

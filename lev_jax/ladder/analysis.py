@@ -28,10 +28,9 @@ import math
 
 from lev_jax.eval import evaluate
 from lev_jax.ladder import scaling
-from lev_jax.ladder.runs import LadderResult, Rung
+from lev_jax.ladder.runs import KINDS, LadderResult, Rung
 from lev_jax.workdir import METRICS
 
-KINDS = ("tied", "leviathan")
 N_CONVENTION = ("N = total parameters (lev-params 'total': the tied table counted once; "
                 "Leviathan = LEV + untied head + backbone), as the paper states model "
                 "sizes; non-embedding = backbone only (no input table, LEV or head)")

@@ -4,7 +4,8 @@
   analysis = lev_jax.ladder.analysis.analyse(result)   # the paper's comparisons
 
 A ladder is an experiment file with `RUNGS` (variant names "<kind>_<size>", kind "tied"
-or "leviathan") and `get_config(variant)`, e.g. experiments/ladder.py; rung VARIANT is
+or "leviathan": `load_ladder` refuses other names, e.g. a study file's) and
+`get_config(variant)`, e.g. experiments/ladder.py; rung VARIANT is
 trained into ROOT/VARIANT (`lev-train --config=LADDER:VARIANT --workdir=ROOT/VARIANT`).
 
 What is read from each workdir (lev_jax/trainer.py writes it):
@@ -48,6 +49,8 @@ from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load
 from lev_jax.workdir import (CHECKPOINTS, EVAL_JSON, JAX_CACHE, LEV_EVAL_JSON, METRICS,
                              REPORT, eval_record_problem, loads_json)
 
+# A ladder's kinds of rung, "<kind>_<size>" (lev_jax/ladder/analysis.py pairs them per size).
+KINDS = ("tied", "leviathan")
 # Per-group optimizer figures of metrics.jsonl (lev_jax/trainer.py) kept at their last value.
 GROUP_METRICS = ("train/grad_norm/", "train/update_ratio/")
 
@@ -67,8 +70,10 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
     LadderError: no such file (or FILE.py:PIECE given to lev-ladder), not a .py file
       (experiments.file_problem), it fails to import, or it lacks `RUNGS` (a non-empty
       tuple of distinct variant names, each a folder name the root does not reserve:
-      `folder_name_problem`) or `get_config`; a path is named with its flag
-      (`--ladder=PATH`, `--study=PATH`).
+      `folder_name_problem`) or `get_config`; for a ladder ("ladder"), a RUNGS name that
+      is not KIND_SIZE with KIND tied or leviathan (`variant_name_problem`: e.g. a study
+      file's "leviathan-lr3_s0" given to lev-ladder, whose pairs would all be n/a); a
+      path is named with its flag (`--ladder=PATH`, `--study=PATH`).
   """
   if isinstance(ladder, types.ModuleType):
     module, where = ladder, f"{kind} {getattr(ladder, '__file__', ladder.__name__)}"
@@ -110,6 +115,17 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
     if problem:
       raise LadderError(f"{where}: RUNGS names a {name} {rung!r}: {problem}; each name is "
                         f"the folder ROOT/NAME its run trains in, so rename it")
+  odd = [rung for rung in rungs if kind == "ladder" and variant_name_problem(rung)]
+  if odd:  # newcomer pass 13 (N185): a study file read as a ladder of n/a pairs
+    more = f" and {len(odd) - 3} more" if len(odd) > 3 else ""
+    study = (getattr(module, "__file__", module.__name__)
+             if isinstance(ladder, types.ModuleType) else ladder)
+    raise LadderError(
+        f"{where}: RUNGS holds {', '.join(map(repr, odd[:3]))}{more}, "
+        f"{'which is' if len(odd) == 1 else 'which are'} not KIND_SIZE with KIND "
+        f"{' or '.join(KINDS)} (a ladder pairs tied_SIZE with leviathan_SIZE, e.g. "
+        f"'tied_200m', 'leviathan_200m' in experiments/ladder.py); a study file? use "
+        f"lev-study --study={study}")
   if not callable(getattr(module, "get_config", None)):
     raise LadderError(f"{where}: no get_config(variant) function")
   return module
@@ -169,6 +185,18 @@ def split_variant(variant: str) -> tuple[str, str]:
   return kind, size
 
 
+def variant_name_problem(variant: str) -> str | None:
+  """Why `variant` is not a ladder rung's name KIND_SIZE (KIND one of KINDS, SIZE not
+  empty), or None. lev-ladder pairs tied_SIZE with leviathan_SIZE; a study's run names
+  (lev_jax/ladder/study.py: "leviathan-lr3_s0", "untied_s0") are not rungs."""
+  kind, size = split_variant(variant)
+  if kind not in KINDS:
+    return f"its kind {kind!r} is not {' or '.join(KINDS)}"
+  if not size:
+    return "no _SIZE after its kind"
+  return None
+
+
 # ---------------------------------------------------------------------------- one rung
 
 @dataclasses.dataclass
@@ -179,12 +207,13 @@ class Rung:
     variant, kind, size: "tied_m" -> ("tied", "m").
     workdir: ROOT/VARIANT.
     status: "finished", "missing" (no workdir or no metrics), "unfinished", "unreadable"
-      (a file that does not parse), "other config" (a finished run whose stored config
-      differs from the rung's, get_config(variant) with lev-ladder's --train_flags, in
-      its model shape, checkpoint_checks.SHAPE_FIELDS, or in another field that decides
-      results, `result_fields`), "unverified" (eval.json at the final step but no
-      readable stored config of that step: checkpoints/ deleted, so another run copied
-      there would pass); `reason` says which, in words.
+      (a file that does not parse, or a file in place of the workdir), "other config" (a
+      finished run whose stored config differs from the rung's, get_config(variant) with
+      lev-ladder's --train_flags, in its model shape, checkpoint_checks.SHAPE_FIELDS,
+      or in another field that decides results, `result_fields`), "unverified"
+      (eval.json at the final step but no readable stored config of that step:
+      checkpoints/ deleted, so another run copied there would pass); `reason` says
+      which, in words.
     steps: train.steps; step: the last step logged (None before any row).
     tokens_per_step: train.global_batch_size * train.seq_len.
     params: lev-params counts {"embedding", "lev", "backbone", "head", "total"}.
@@ -497,6 +526,12 @@ def collect_rung(module, variant: str, root: epath.Path,
               params=_param_counts(config), config_source=source,
               train_curve={"tokens": [], "loss": []}, eval_curve={"tokens": [], "loss": []},
               notes=notes)
+  member = "rung" if owner == "ladder" else "run"  # newcomer pass 8: a study's "rung"
+  if workdir.exists() and not workdir.is_dir():  # newcomer pass 13 (N173): "no workdir"
+    rung.status = "unreadable"
+    rung.reason = (f"{workdir}: is {'a file' if workdir.is_file() else 'not a folder'}; "
+                   f"expected the {member}'s workdir folder (move it aside)")
+    return rung
   if not workdir.is_dir():
     rung.reason = f"no workdir {workdir}"
     return rung
@@ -545,7 +580,6 @@ def collect_rung(module, variant: str, root: epath.Path,
     rung.status = "unreadable"
     rung.reason = f"{eval_path}: final loss is {final['loss']} (diverged?)"
     return rung
-  member = "rung" if owner == "ladder" else "run"  # newcomer pass 8: a study's "rung"
   renamed = _renamed_latest(workdir / CHECKPOINTS) if unchecked else None
   if renamed:  # newcomer pass 12: "holds no checkpoint ... train the rung there"
     rung.status = "unverified"
@@ -597,7 +631,7 @@ def collect(ladder, root, expected: Mapping[str, ml_collections.ConfigDict] | No
   Raises:
     LadderError: the ladder file is broken (see load_ladder, collect_rung).
   """
-  module = load_ladder(ladder)
+  module = load_ladder(ladder, "study" if owner == "study" else "ladder")
   root_path = epath.Path(root)
   where = getattr(module, "__file__", None) or str(ladder)
   return LadderResult(ladder=str(ladder) if not isinstance(ladder, types.ModuleType)

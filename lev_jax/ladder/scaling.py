@@ -93,11 +93,13 @@ def fit_power_law(n_params: Sequence[float], losses: Sequence[float]) -> PowerLa
       not converge or has no finite covariance.
   """
   n, loss = _check_pairs(n_params, losses, "n_params", "losses")
-  if len(np.unique(n)) < MIN_POINTS:
+  distinct = np.unique(n)  # sorted
+  if len(distinct) < MIN_POINTS:  # the distinct sizes listed, as counted (N of 2 rungs once)
     raise ScalingError(
         f"a power-law fit L(N) = E + A N^-alpha needs at least {MIN_POINTS} rungs with "
-        f"distinct sizes (3 parameters + 1 for an uncertainty); got {len(np.unique(n))}: "
-        f"{sorted(n.tolist())}")
+        f"distinct sizes (3 parameters + 1 for an uncertainty); got {len(distinct)}: "
+        f"{distinct.tolist()}"
+        + (f" (from {len(n)} rungs)" if len(distinct) < len(n) else ""))
   log_n = np.log(n)
   e0 = 0.9 * loss.min()
   # Initial slope and scale from a straight line through log(L - E0) vs log N.

@@ -23,7 +23,8 @@ model without LEV. Cell labels name the size and the corpus only in a study with
 of them, so the reports of one-size, one-corpus studies (fidelity_study, smoke_study)
 read as before.
 
-Each finished run is evaluated once more (`evaluate_run` -> WORKDIR/study_eval.json) on
+Each finished run is evaluated once more (`evaluate_run` -> WORKDIR/study_eval.json,
+which records the run and the evaluated checkpoint: `study_eval_identity`) on
 the validation split and on the held-out test split (lev_jax/cli/eval.py: `lev-eval
 --split=test`; the embedded source holds one out with data.test_fraction > 0), under the
 log-frequency and the equal-mass buckets (lev_jax/eval/evaluate.py).
@@ -69,9 +70,11 @@ import numpy as np
 from etils import epath
 from scipy import stats
 
+from lev_jax.checkpoint_checks import MANIFEST
 from lev_jax.eval import evaluate
 from lev_jax.ladder import analysis as ladder_analysis, runs
-from lev_jax.workdir import STUDY_EVAL_JSON, loads_json, write_json_atomic
+from lev_jax.workdir import (CHECKPOINTS, STUDY_EVAL_JSON, file_sha256, loads_json,
+                             write_json_atomic)
 
 # Config fields a study's runs may differ in, and the factor each belongs to.
 # The backbone's shape: the size factor (lev_jax/model.py reads these six fields).
@@ -432,11 +435,61 @@ def study_eval_problem(ev, steps: int) -> str | None:
   return None
 
 
+def study_eval_identity(workdir, step: int) -> dict:
+  """What ties a study_eval.json to the checkpoint it evaluated (`evaluate_run` records
+  it, `study_eval_owner_problem` checks it): {"run": the workdir's folder name (RUN of
+  ROOT/RUN), "manifest_sha256": the sha256 of the step's checksum manifest
+  WORKDIR/checkpoints/<step>/checksums.json (checkpoint_checks.MANIFEST: the sha256 of
+  every file of the step, so another checkpoint has another digest), None without one}.
+
+  Raises:
+    OSError: the manifest is there but cannot be read (a folder in its place, no
+      permission).
+  """
+  manifest = epath.Path(workdir) / CHECKPOINTS / str(step) / MANIFEST
+  return {"run": epath.Path(workdir).name,
+          "manifest_sha256": file_sha256(manifest) if manifest.exists() else None}
+
+
+def study_eval_owner_problem(ev: dict, workdir) -> str | None:
+  """Why `ev` (a study_eval.json whose figures agree: `study_eval_problem`) is not the
+  evaluation of this run's checkpoint, as a phrase; None when its identity
+  (`study_eval_identity`) is this run's, or when it records none (a file written before
+  lev-study recorded it is read as before, as a file without "eval_batches" or "data"
+  is: it cannot be checked).
+
+  Returns:
+    e.g. "it belongs to another run: it records run 'tied_s1', not tied_s0", or
+    "it belongs to another checkpoint: ...", naming the manifest (newcomer pass 13
+    (N182): tied_s1's study_eval.json copied over tied_s0's counted one seed twice).
+  """
+  if "run" not in ev:
+    return None
+  manifest = epath.Path(workdir) / CHECKPOINTS / str(ev["step"]) / MANIFEST
+  try:
+    mine = study_eval_identity(workdir, ev["step"])
+  except OSError as e:
+    return (f"its checkpoint cannot be checked: {manifest} cannot be read "
+            f"({e.strerror or e})")
+  if ev["run"] != mine["run"]:
+    return f"it belongs to another run: it records run {ev['run']!r}, not {mine['run']}"
+  recorded = ev.get("manifest_sha256")
+  if recorded != mine["manifest_sha256"]:
+    current = mine["manifest_sha256"]
+    return (f"it belongs to another checkpoint: it records {MANIFEST} "
+            + ("absent" if recorded is None else f"sha256 {str(recorded)[:16]}...")
+            + f", but this run's {manifest} "
+            + ("is absent" if current is None else f"has sha256 {current[:16]}...")
+            + " (the run trained again, or its checkpoints replaced)")
+  return None
+
+
 def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
   """Validation and test evaluation of a finished run, both bucket schemes; writes and
-  returns WORKDIR/study_eval.json: {"step", "eval_batches", "validation": {"log",
-  "equal_mass", "data"}, "test": {...}}, each an `evaluate.evaluate` result and what
-  was evaluated (`evaluate.data_record`).
+  returns WORKDIR/study_eval.json: {"step", "run", "manifest_sha256" (what was evaluated:
+  `study_eval_identity`), "eval_batches", "validation": {"log", "equal_mass", "data"},
+  "test": {...}}, each an `evaluate.evaluate` result and what was evaluated
+  (`evaluate.data_record`).
 
   Args:
     workdir: a finished lev-train workdir (its latest checkpoint is evaluated).
@@ -451,7 +504,8 @@ def evaluate_run(workdir, *, eval_batches: int | None = None) -> dict:
   im = inference.load(workdir)
   overrides = {"eval.batches": eval_batches} if eval_batches else {}
   step_fn = make_eval_step(eval_partition(im.config), im.config)  # one compile, both splits
-  out = {"step": im.step, "eval_batches": eval_batches or im.config.eval.batches}
+  out = {"step": im.step, **study_eval_identity(workdir, im.step),
+         "eval_batches": eval_batches or im.config.eval.batches}
   for split in SPLITS:
     r = evaluate_model(im, split=split, overrides=overrides, eval_step=step_fn)
     out[split] = {"log": r["validation"], "equal_mass": r.get("validation_equal_mass"),
