@@ -357,6 +357,33 @@ def _as_stored(value):
   return json.loads(json.dumps(value))
 
 
+def shape_record(config: ml_collections.ConfigDict) -> dict:
+  """{"model.d_model": 512, ...}: the config's SHAPE_FIELDS (LEV's only for a Leviathan
+  model), as lev-train records them in data_report.json ("model_shape") so that a loader
+  can tell a step copied in from another run (newcomer pass 13: a Leviathan run's step in
+  a tied run's folder was evaluated as that run). JSON values (tuples as lists)."""
+  record = {}
+  for section, fields in SHAPE_FIELDS.items():
+    if section == "lev" and config.model.embedding != "lev":
+      continue
+    for name in fields:
+      value = config[section].get(name)
+      record[f"{section}.{name}"] = list(value) if isinstance(value, tuple) else value
+  return record
+
+
+def shape_record_differences(record: dict, saved: dict) -> list[str]:
+  """"model.embedding: checkpoint 'lev', run 'tied'" for each field of a `shape_record`
+  (from data_report.json) that a stored config `saved` holds with another value."""
+  out = []
+  for key, value in record.items():
+    section, _, name = key.partition(".")
+    stored = saved.get(section, {}).get(name, FIELDS_ADDED.get(key))
+    if stored != value:
+      out.append(f"{key}: checkpoint {stored!r}, run {value!r}")
+  return out
+
+
 def config_differences(saved: dict, config: ml_collections.ConfigDict,
                        table: dict = SHAPE_FIELDS, *, stored_only: bool = False) -> list[str]:
   """The fields of `table` (SHAPE_FIELDS, DATA_FIELDS, result_fields) whose stored value

@@ -44,7 +44,7 @@ from lev_jax import data as data_lib
 from lev_jax.checkpoint import Checkpointer, CheckpointMismatchError, CheckpointReader
 from lev_jax.checkpoint_checks import (CheckpointCorruptError, CheckpointRenamedError,
                                        config_differences, misnamed_step, not_a_step,
-                                       result_fields, verify_manifest)
+                                       result_fields, shape_record, verify_manifest)
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import TOKENIZER_JSON, save_tokenizer
@@ -211,14 +211,18 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
   return result
 
 
-def _write_data_report(workdir: epath.Path, bundle, step: int) -> None:
+def _write_data_report(workdir: epath.Path, bundle, step: int,
+                       config: ml_collections.ConfigDict) -> None:
   """WORKDIR/data_report.json (process 0, atomic): `DataBundle.current_report`; for
-  jsonl_stream with ``counted_at_step``, as its counts grow while the stream is read."""
+  jsonl_stream with ``counted_at_step``, as its counts grow while the stream is read;
+  and the model's shape (checkpoint_checks.shape_record, "model_shape"), by which the
+  loaders tell a step of another run copied into checkpoints/."""
   if jax.process_index() != 0:
     return
   report = bundle.current_report()
   if "counted" in report:
     report["counted_at_step"] = step
+  report["model_shape"] = shape_record(config)
   with _writing(workdir / DATA_REPORT):
     write_json_atomic(workdir / DATA_REPORT, report, default=str)
 
@@ -890,7 +894,8 @@ class _Outputs:
     if self.started:
       return
     self.checkpointer()
-    _write_data_report(self.workdir, self.bundle, step)  # documents, tokens, skipped lines
+    _write_data_report(self.workdir, self.bundle, step,  # documents, tokens, skipped lines
+                       self.config)
     if jax.process_index() == 0:  # the tokenizer, the token counts
       with _writing(self.workdir / TOKENIZER):
         save_tokenizer(self.bundle.tokenizer, self.workdir / TOKENIZER,
@@ -1075,7 +1080,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
           outputs.checkpointer().save(step, state, train_iter, config, tokens_seen(step),
                                       bundle.tokenizer.fingerprint)
         if bundle.report.get("source") == "jsonl_stream":  # counts grow as it is read
-          _write_data_report(workdir, bundle, step)
+          _write_data_report(workdir, bundle, step, config)
       if stopping:
         stopped = Stopped(step, signalled or "stop_at_step")
         logging.warning("stopping at step %d (%s) after saving a checkpoint", step,

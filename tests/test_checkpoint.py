@@ -422,6 +422,28 @@ def test_a_step_folder_under_another_name_is_named_by_every_reader(finished_tied
     trainer.finished_run(c, workdir)
 
 
+def test_a_step_of_another_run_s_model_is_refused_by_the_loaders(finished_tied_run,
+                                                                   tmp_path):
+  """Newcomer pass 13 (N162): a Leviathan run's step copied into a tied run's
+  checkpoints/ was evaluated as that run without a word. lev-train records the model's
+  shape in data_report.json; the loaders compare the step's config with it."""
+  from lev_jax import inference
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  report = json.loads((workdir / "data_report.json").read_text())
+  assert report["model_shape"] == checkpoint_checks.shape_record(c)
+  assert report["model_shape"]["model.embedding"] == "tied"
+  assert not any(k.startswith("lev.") for k in report["model_shape"])
+  inference.load(workdir)  # its own steps load
+  report["model_shape"]["model.embedding"] = "lev"  # as if the step were another run's
+  (workdir / "data_report.json").write_text(json.dumps(report))
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(
+      f"checkpoint {workdir / 'checkpoints' / '4'} holds another model than the run in "
+      f"{workdir} trained (model.embedding: checkpoint 'tied', run 'lev'; the run's is "
+      f"recorded in {workdir / 'data_report.json'}): a step copied in from another run? "
+      f"move it out of {workdir / 'checkpoints'}")):
+    inference.load(workdir)
+
+
 @pytest.mark.parametrize("entry", ["empty folder", "file"])
 def test_an_entry_named_like_a_step_that_is_none_is_named(finished_tied_run, tmp_path,
                                                           entry):
