@@ -252,6 +252,14 @@ def verify_manifest(step_dir, checksums: bool = True) -> bool:
     raise CheckpointRenamedError(renamed)
   unlisted = sorted(rel for rel in step_files(step_dir)
                     if "/" in rel and rel not in expected)  # item folders' files
+  items = {rel.split("/")[0] for rel in expected if "/" in rel}
+  gone = sorted(item for item in items if not (step_dir / item).exists())
+  if gone:  # newcomer pass 13: state/ renamed was "state_old/_METADATA is not in ..."
+    extra = sorted({rel.split("/")[0] for rel in unlisted} - items)
+    raise CheckpointCorruptError(
+        f"checkpoint {step_dir}: its {gone[0]}/ item is missing (its manifest lists "
+        f"{gone[0]}/'s files)" + (f"; {extra[0]}/ is not part of the save (renamed? name "
+                                   f"it {gone[0]} again)" if extra else ""))
   if unlisted:
     raise CheckpointCorruptError(
         f"checkpoint {step_dir}: {unlisted[0]} is not in its checksum manifest (added "

@@ -3,6 +3,7 @@
 
 import errno
 import json
+import re
 
 import pytest
 
@@ -47,6 +48,12 @@ def test_a_manifest_lists_every_file_and_verifies_until_one_changes(tmp_path):
   with pytest.raises(CheckpointCorruptError, match="state/d/chunk is 1000 bytes, its "
                      "manifest says 2048"):
     verify_manifest(step, checksums=False)
+  (step / "state").rename(step / "state_old")  # newcomer pass 13: "state_old/... is not
+  with pytest.raises(CheckpointCorruptError, match=re.escape(  # in its checksum manifest"
+      f"checkpoint {step}: its state/ item is missing (its manifest lists state/'s files); "
+      "state_old/ is not part of the save (renamed? name it state again)")):
+    verify_manifest(step)
+  (step / "state_old").rename(step / "state")
   (step / "config" / "metadata").unlink()
   with pytest.raises(CheckpointCorruptError, match="config/metadata is missing"):
     verify_manifest(step)

@@ -357,6 +357,21 @@ def test_damaged_shards_and_edited_counts_are_named_then_prepared_again(tmp_path
   with pytest.raises(DataError, match=f"^{out / 'token_counts.npy'}: is a folder; expected a "
                      r"\.npy array file"):
     prepared.open_prepared(out)
+  # newcomer pass 13: the re-run unmarked the finished dataset (dataset_info.json
+  # deleted), then crashed writing into the folder; the same for report.json,
+  # features.json and metadata.json
+  for name in ("token_counts.npy", "report.json", "features.json", "metadata.json"):
+    if name != "token_counts.npy":
+      shutil.move(out / name, tmp_path / f"{name}.aside")
+      (out / name).mkdir()
+    with pytest.raises(DataError, match=f"^{out / name}: is a folder; expected "
+                       f"lev-prepare-data's {name} file \\(move it aside\\)$"):
+      prepare(c)
+    assert (out / "dataset_info.json").is_file()  # still marked finished
+    (out / name).rmdir()
+    shutil.move(tmp_path / f"{name}.aside" if name != "token_counts.npy"
+                else tmp_path / "counts.aside", out / name)
+  assert prepare(c)["written_shards"] == 0
 
 
 def test_a_shard_damaged_inside_is_named_when_read(tmp_path, pile, monkeypatch):

@@ -143,6 +143,18 @@ def test_an_output_that_cannot_be_a_file_is_one_line(tmp_path, capsys, output, e
       tmp=tmp_path)
 
 
+def test_a_folder_in_place_of_the_default_output_is_one_line(tmp_path, capsys):
+  """Newcomer pass 13: CHECKPOINT/lev_eval.json a folder was told to write a file
+  inside it."""
+  (tmp_path / "run" / "lev_eval.json").mkdir(parents=True)
+  with pytest.raises(SystemExit):
+    eval_cli._check_output_writable(None, str(tmp_path / "run"))
+  assert capsys.readouterr().err.strip() == (
+      f"lev-eval: error: --output (default {tmp_path / 'run' / 'lev_eval.json'}): is a "
+      "folder; expected lev-eval's result file there (move the folder aside, or pass "
+      "--output=FILE)")
+
+
 def test_an_output_inside_a_saved_checkpoint_is_refused(tmp_path, capsys):
   """`--output=RUN/checkpoints/300/x.json` wrote into a finished step."""
   (tmp_path / "run" / "checkpoints" / "300").mkdir(parents=True)

@@ -423,6 +423,13 @@ def test_cli_print_launcher_prints_the_commands_of_unfinished_rungs_and_writes_n
   assert proc.stdout == f"lev-train --config={ladder}:leviathan_d --workdir={root}/leviathan_d\n"
   assert "1 of 8 rungs would be trained" in proc.stderr and "nothing written" in proc.stderr
   assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no report
+  # newcomer pass 13: without --run the launcher was ignored and a report written
+  proc = _cli(f"--ladder={ladder}", f"--root={root}", "--launcher=print")
+  assert proc.returncode == 2 and proc.stderr.endswith(
+      "lev-ladder: error: --launcher=print acts only with --run (how the unfinished rungs "
+      "are trained; --launcher=print prints their commands); without --run lev-ladder "
+      "writes the report alone\n"), proc.stderr[-3000:]
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
   proc = _cli(f"--ladder={ladder}", f"--root={root}")  # report only
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"7 of 8 rungs finished; report {root}/report/report.md" in proc.stdout

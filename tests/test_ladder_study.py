@@ -3,6 +3,7 @@ end to end on 2 tiny cells x 2 seeds (trained in this process, evaluated on vali
 and test, reported)."""
 
 import csv
+import io
 import json
 import math
 import re
@@ -688,6 +689,21 @@ def test_another_run_s_study_eval_json_copied_in_makes_its_run_unreadable(tmp_pa
   path.write_text(json.dumps(ev))
   analysis, _, failed = _report_only(ladder, root, tmp_path)
   assert not analysis["missing"] and not failed
+
+
+def test_another_eval_batches_says_which_evaluation_it_replaces(tmp_path):
+  """Newcomer pass 13 (N371): a report-only lev-study with another --eval_batches
+  replaced every run's study_eval.json without a word saying so."""
+  from test_ladder_runs import STEPS
+  ladder, root = _synthetic_study(tmp_path)
+  batches = json.loads((root / "tied_a" / "study_eval.json").read_text())["eval_batches"]
+  out = io.StringIO()
+  def evaluate(workdir, eval_batches):
+    raise ValueError("stop here")  # the line before the evaluation is what is checked
+  study_cli.run_study(str(ladder), str(root), report_dir=str(tmp_path / "report"),
+                      eval_batches=batches + 1, evaluate=evaluate, out=out)
+  assert (f"lev-study: tied_a: evaluating validation and test (replacing its "
+          f"study_eval.json of step {STEPS}, eval_batches {batches})") in out.getvalue()
 
 
 def _shift_equal_mass(ev):

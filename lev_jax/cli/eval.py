@@ -154,6 +154,9 @@ def _check_output_writable(output: str | None, checkpoint: str) -> None:
                                                            own=checkpoint))
   if inside:  # newcomer pass 9: into another run's or export's folder
     common.fail(PROG, inside)
+  if path.is_dir() and not output:  # newcomer pass 13: a path inside it was suggested
+    common.fail(PROG, f"{flag}: is a folder; expected lev-eval's result file there (move "
+                "the folder aside, or pass --output=FILE)")
   if path.is_dir():
     common.fail(PROG, f"{flag}: is a folder; expected the result file's path, e.g. "
                 f"{path / LEV_EVAL_JSON}")

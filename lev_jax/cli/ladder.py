@@ -412,6 +412,10 @@ def main(argv):
     result = ladder_lib.collect(module, f.root, expected)
     result.ladder = f.ladder
     launcher_flags = _split("launcher_flags", f.launcher_flags)
+    if f["launcher"].present and not f.run:  # newcomer pass 13: ignored, report written
+      raise ValueError(f"--launcher={f.launcher} acts only with --run (how the unfinished "
+                       "rungs are trained; --launcher=print prints their commands); "
+                       "without --run lev-ladder writes the report alone")
     if launcher_flags and f.launcher not in ("tpu", "slurm"):
       raise ValueError(f"--launcher_flags is for --launcher=tpu or slurm, not {f.launcher}")
     if f.run:

@@ -147,7 +147,10 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
     if not current:
       if on_device:  # JAX_PLATFORMS naming a backend this machine lacks: one line
         common.backend_or_exit(PROG)
-      print(f"{PROG}: {rung.variant}: evaluating validation and test", file=out, flush=True)
+      replaced = (f" (replacing its {STUDY_EVAL_JSON} of step {ev.get('step')}, "
+                  f"eval_batches {ev.get('eval_batches')})" if found else "")
+      print(f"{PROG}: {rung.variant}: evaluating validation and test{replaced}", file=out,
+            flush=True)  # newcomer pass 13: another --eval_batches replaced it unsaid
       try:
         ev = evaluate(rung.workdir, eval_batches=eval_batches)
       except ValueError as e:  # InferenceError, ConfigError, DataError

@@ -310,6 +310,26 @@ def _opens(out: epath.Path) -> bool:
   return True
 
 
+# The files `_finish` writes (TFDS's write_metadata: features.json, metadata.json, then
+# dataset_info.json).
+_FINISH_FILES = (prepared.COUNTS_FILE, prepared.REPORT_FILE, "features.json",
+                 "metadata.json", prepared.INFO_FILE)
+
+
+def _check_finish_files(out: epath.Path) -> None:
+  """Refuses a dataset folder where a file `_finish` writes is there as a folder: the
+  re-run unmarked the finished dataset, then crashed at the write (newcomer pass 13).
+
+  Raises:
+    DataError: naming it; before anything is written or unmarked.
+  """
+  for name in _FINISH_FILES:
+    path = out / name
+    if path.is_dir():
+      raise DataError(f"{path}: is a folder; expected lev-prepare-data's {name} file "
+                      "(move it aside)")
+
+
 def _check_strays(out: epath.Path, shards: list[Shard], overwrite: bool) -> None:
   """Shard files that this run does not plan: DataError (removed when `overwrite`)."""
   planned = {s.name for s in shards}
@@ -417,6 +437,7 @@ def prepare(config: ml_collections.ConfigDict, *, output_dir=None,
             for i, src in enumerate(sources[split])]
 
   prepared.check_work_dir(out)  # before anything is written or unmarked
+  _check_finish_files(out)
   state = _claim_folder(out, rid, overwrite)
   done = {}
   if state != "new":
