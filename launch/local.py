@@ -41,6 +41,7 @@ from launch.common import LaunchError, parse, parser, run_main, shell_join  # no
 
 PROG = "launch/local.py"
 DEFAULT_MODULE = "lev_jax.cli.train"
+MAX_PROCESSES_PER_CORE = 4  # a typo (100000 for 10) is refused before anything starts
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -67,6 +68,11 @@ def process_commands(argv: Sequence[str], num_processes: int, devices_per_proces
   """
   if num_processes < 1:
     raise LaunchError(f"--num_processes={num_processes}: expected at least 1")
+  most = max(MAX_PROCESSES_PER_CORE * (os.cpu_count() or 1), 8)
+  if num_processes > most:  # newcomer pass 13: 100,000 JAX processes on 2 cores, unsaid
+    raise LaunchError(f"--num_processes={num_processes}: expected at most {most} on this "
+                      f"machine ({os.cpu_count()} cores; every process starts here: "
+                      "for many hosts use launch/slurm.py or launch/tpu.py)")
   if devices_per_process < 1:
     raise LaunchError(f"--devices_per_process={devices_per_process}: expected at least 1")
   if not 0 < port < 65536:

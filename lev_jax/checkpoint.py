@@ -622,5 +622,7 @@ def latest_config_file(directory) -> epath.Path | None:
   directory = epath.Path(directory)
   if not directory.is_dir():
     return None
-  steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+  # Orbax's step folders only: "6", not "06" (misnamed_step) or a file named 6 (not_a_step)
+  steps = sorted(int(p.name) for p in directory.iterdir()
+                 if p.name.isdigit() and str(int(p.name)) == p.name and p.is_dir())
   return directory / str(steps[-1]) / "config" / "metadata" if steps else None

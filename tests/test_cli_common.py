@@ -245,6 +245,22 @@ def test_a_report_file_that_is_a_folder_is_refused_before_writing(tmp_path, name
   assert (report / "analysis.json").read_text() == "{}"  # nothing written
 
 
+def test_a_lock_folder_beside_an_output_is_named(tmp_path):
+  """Newcomer pass 13 (N441, N443): lev-export's / lev-prepare-data's PARENT/.NAME.lock
+  a folder was "cannot write in PARENT (Is a directory)"."""
+  import errno
+  from lev_jax.cli import common
+  out = tmp_path / "exp"
+  (tmp_path / ".exp.lock").mkdir()
+  error = OSError(errno.EISDIR, "Is a directory", str(tmp_path / ".exp.lock"))
+  assert common.output_path_error("--output", str(out), error) == (
+      f"--output={out}: {tmp_path / '.exp.lock'}: is a folder; expected the lock file kept "
+      f"beside {out} while it is written: remove that folder (or move it aside) and re-run")
+  assert common.output_path_error("--output", str(out), OSError(
+      errno.EACCES, "Permission denied", str(tmp_path / ".exp.tmp"))).startswith(
+          f"--output={out}: cannot write in {tmp_path} (Permission denied)")
+
+
 def test_output_file_error_refuses_a_file_in_prepared_data(tmp_path):
   """Newcomer pass 8: lev-eval wrote its result into lev-prepare-data's output."""
   from lev_jax.cli import common

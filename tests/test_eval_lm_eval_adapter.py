@@ -472,6 +472,7 @@ def test_model_args_and_tasks_are_checked_before_the_hub_probe(capsys, monkeypat
        "lm-eval's max_batch_size, device, trust_remote_code are accepted and ignored)"),
       (["step=3"], "--model_args: no checkpoint=PATH (a lev-train workdir or lev-export "
        "folder)"),
+      (["checkpoint="], "--model_args checkpoint= is empty (an unset shell variable?)"),
       ([f"checkpoint={w}/nowhere"], f"--model_args checkpoint={w}/nowhere: {w}/nowhere: "
        "no such checkpoint folder"),
       ([f"checkpoint={w}/checkpoints"], f"the checkpoints folder; give the run's folder: "

@@ -283,8 +283,9 @@ def test_an_eval_json_edited_consistently_is_unreadable(tmp_path):
   assert rung.status == "unreadable"
   assert rung.reason == (
       f"{path}: its loss 1.6 differs from the step-{result['step']} evaluation in "
-      f"metrics.jsonl ({recorded}): the file was edited or replaced; expected lev-train's "
-      "own result (delete it and re-run lev-train on the run to evaluate again)")
+      f"metrics.jsonl ({recorded}): one of the two files was edited or replaced (from "
+      "another run?); expected lev-train's own pair (put back the one that changed; a "
+      "re-run of lev-train evaluates again into eval.json but keeps metrics.jsonl's rows)")
 
 
 @pytest.mark.parametrize("source,match", [
@@ -613,6 +614,25 @@ def test_a_rung_whose_step_folder_was_renamed_is_named_not_retrained(tmp_path):
         f"{ckpt / f'{STEPS}.bak'}: a checkpoint step (checksums.json records step {STEPS}) "
         f"under a name that is not its step's, which no restore sees: name it {STEPS} "
         f"again, or move it out of {ckpt}; the {member} is left out until then")
+  # newcomer pass 13 (N433-N439): zero-padded, a file named like the step (a
+  # NotADirectoryError traceback), an empty folder named like a later step
+  (ckpt / f"{STEPS}.bak").rename(ckpt / f"0{STEPS}")
+  assert collect(ladder, root).rung("tied_a").reason.startswith(
+      f"{ckpt / f'0{STEPS}'}: a checkpoint step (checksums.json records step {STEPS}) under "
+      "a name that is not its step's")
+  (ckpt / str(STEPS)).write_text("x")
+  assert collect(ladder, root).rung("tied_a").reason == (
+      f"{ckpt / str(STEPS)}: a file named like a checkpoint step; expected a step folder "
+      f"(move it out of {ckpt}); the rung is left out until then")
+  (ckpt / str(STEPS)).unlink()
+  (ckpt / f"0{STEPS}").rename(ckpt / f"{STEPS}.bak")
+  (ckpt / str(2 * STEPS)).mkdir()
+  (ckpt / f"{STEPS}.bak").rename(ckpt / str(STEPS))
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "unverified" and rung.reason.startswith(
+      f"{ckpt / str(2 * STEPS)}: an empty folder named like a checkpoint step")
+  (ckpt / str(2 * STEPS)).rmdir()
+  (ckpt / str(STEPS)).rename(ckpt / f"{STEPS}.bak")
   # newcomer pass 13 (N189): a copy under a later step's number beside the intact step
   (ckpt / f"{STEPS}.bak").rename(ckpt / str(STEPS))
   shutil.copytree(ckpt / str(STEPS), ckpt / str(2 * STEPS))

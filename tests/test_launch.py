@@ -603,6 +603,8 @@ def test_local_default_port_is_shared_and_free():
 
 @pytest.mark.parametrize("argv,needle", [
     (["--num_processes=0", "--dry-run"], "--num_processes=0: expected at least 1"),
+    # newcomer pass 13: 100,000 processes were planned on a 2-core host
+    (["--num_processes=100000", "--dry-run"], "--num_processes=100000: expected at most "),
     (["--devices_per_process=0", "--dry-run"], "--devices_per_process=0: expected at least 1"),
     (["--port=70000", "--dry-run"], "--port=70000: expected a TCP port"),
     (["--command", "--dry-run"], "--command needs the command after --"),

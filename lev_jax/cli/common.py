@@ -125,6 +125,9 @@ def output_path_error(name: str, output: str, error: OSError) -> str | None:
   beside = os.path.dirname(path) == parent and os.path.basename(path).startswith(f".{base}")
   if not (path == out or path.startswith(out + os.sep) or beside):
     return None
+  if beside and os.path.isdir(path) and path.endswith(".lock"):  # newcomer pass 13
+    return (f"{name}={output}: {path}: is a folder; expected the lock file kept beside "
+            f"{out} while it is written: remove that folder (or move it aside) and re-run")
   return (f"{name}={output}: cannot write in {parent} ({error.strerror or error}); "
           "expected a folder you can write to")
 

@@ -289,6 +289,9 @@ def model_args_problem(args) -> str | None:
   if "checkpoint" not in given:
     return ("--model_args: no checkpoint=PATH (a lev-train workdir or lev-export folder), "
             "e.g. --model_args checkpoint=runs/smoke_leviathan")
+  if not str(given["checkpoint"]).strip():  # newcomer pass 13: taken as the current folder
+    return ("--model_args checkpoint= is empty (an unset shell variable?); expected a "
+            "lev-train workdir or lev-export folder, e.g. checkpoint=runs/smoke_leviathan")
   problem = _checkpoint_problem(str(given["checkpoint"]))
   if problem:
     return f"--model_args checkpoint={given['checkpoint']}: {problem}"

@@ -44,7 +44,7 @@ import ml_collections
 from etils import epath
 
 from lev_jax.checkpoint_checks import (SHAPE_FIELD_NAMES, config_differences, misnamed_step,
-                                       renamed_step, result_fields)
+                                       not_a_step, renamed_step, result_fields)
 from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load_experiment
 from lev_jax.workdir import (CHECKPOINTS, EVAL_JSON, JAX_CACHE, LEV_EVAL_JSON, METRICS,
                              REPORT, eval_record_problem, loads_json)
@@ -295,11 +295,15 @@ def _latest_checkpoint_config(workdir: epath.Path) -> tuple[dict | None, str | N
 
 
 def _renamed_latest(folder: epath.Path) -> str | None:
-  """The line when a checkpoints folder's steps are misnamed: no step but one under
-  another name (6.bak: checkpoint_checks.misnamed_step), or a latest step folder whose
+  """The line when a checkpoints folder's steps are misnamed: a file or an empty folder
+  named like a step (checkpoint_checks.not_a_step), no step but one under another name
+  (6.bak, 06: checkpoint_checks.misnamed_step), or a latest step folder whose
   manifest records another step (a copy named 12 beside 6, or 6 renamed 12:
   checkpoint_checks.renamed_step; newcomer pass 13); None otherwise."""
   from lev_jax.checkpoint import latest_config_file  # imports Orbax: only when reading
+  odd = not_a_step(folder)  # a file or an empty folder named like a step (newcomer pass 13)
+  if odd:
+    return odd
   latest = latest_config_file(folder)
   return misnamed_step(folder) if latest is None else renamed_step(latest.parent.parent)
 
@@ -464,9 +468,10 @@ def _check_eval(result: dict, path, rows: list[dict]) -> None:
                       "(delete it and re-run lev-train on the run to evaluate again)")
   problem = eval_record_problem(result, rows)
   if problem:  # newcomer pass 8: a consistent edit of loss and perplexity
-    raise LadderError(f"{path}: {problem}: the file was edited or replaced; "
-                      "expected lev-train's own result (delete it and re-run "
-                      "lev-train on the run to evaluate again)")
+    raise LadderError(f"{path}: {problem}: one of the two files was edited or replaced "
+                      f"(from another run?); expected lev-train's own pair (put back the "
+                      "one that changed; a re-run of lev-train evaluates again into "
+                      f"{path.name} but keeps {METRICS}'s rows)")  # newcomer pass 13
   problem = bucket_problem(result)
   if problem:  # newcomer pass 9: eval.json and metrics.jsonl's row edited to agree
     raise LadderError(f"{path}: {problem}: the file was edited; expected lev-train's own "
