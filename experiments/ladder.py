@@ -79,9 +79,10 @@ def get_config(variant: str = "leviathan_1.2b"):
   # by the vectorized core (every seed coordinate at once): the fused core's loop over
   # the 128 coordinates moves [rows, 8, 64] arrays through HBM once per coordinate and
   # is the slowest core on a TPU (XLA:TPU's cost-model estimate for 4,096 rows per
-  # chip: 80 ms vs 4.2 ms; benchmarks/lev_tpu_estimate.py). The vectorized core holds
-  # [rows, 8, 128, 64] float32 per chunk, so chunks of 32,768 ids: 512 rows per chip
-  # per chunk on a v5p-128 slice (64 chips), 8 chunks per step. One chunk of 262,144
+  # chip: 80 ms vs 4.2 ms, 1.28 ms with its new backward; benchmarks/lev_tpu_estimate.py).
+  # The vectorized core holds [rows, 8, 128, 64] float32 per chunk, so chunks of 32,768
+  # ids: 512 rows per chip per chunk on a v5p-128 slice (64 chips), 8 chunks per step.
+  # One chunk of 262,144
   # made the 200M step 1.29x tied's memory per chip; chunks of 65,536 and of 32,768
   # both 1.11x, the chunk's buffers then off the step's peak (lev-compile; docs/results.md,
   # "Every rung on its slice"). `unique` sorts the ids of the whole batch and

@@ -49,3 +49,20 @@ def test_bad_flags_are_one_line(argv, words, capsys):
   with pytest.raises(SystemExit) as e:
     hac.main(argv)
   assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_every_variant_starts_from_the_program_before_issue_24():
+  """Review of issue 24: the variants were overrides of the ladder as it is now (bfloat16
+  logits, the platform's attention), so `dense` no longer compiled the published "float32
+  logits, XLA attention" row. Every field the ladder has since changed is pinned."""
+  from lev_jax.config import base_config
+  from lev_jax.experiments import load_experiment
+  ladder = load_experiment(hac.REPO / "experiments" / "ladder.py").get_config("tied_200m")
+  pinned = {flag.split("=")[0][len("--config."):]: flag.split("=")[1] for flag in hac.BEFORE}
+  assert pinned == {"train.loss_impl": "dense", "model.logits_dtype": "float32",
+                    "model.attention": "xla", "model.attention_logits_dtype": "float32",
+                    "model.embedding_grad_dtype": "float32"}
+  base = base_config()
+  for field in pinned:  # each differs in the ladder now, or would silently follow it
+    section, name = field.split(".")
+    assert ladder[section][name] != base[section][name] or field == "model.attention"

@@ -686,7 +686,10 @@ time.sleep(120)
 '''
 
 DRIVER = '''
-import sys
+import signal, sys
+# Ctrl-C raises KeyboardInterrupt, as in a terminal, also when the suite itself runs in
+# the background (a shell's background job, and nohup, start it with SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from lev_jax.cli import ladder
 child, folder = sys.argv[1], sys.argv[2]
 ladder.rung_commands = lambda launcher, ladder_file, variants, root, **k: [

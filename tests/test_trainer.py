@@ -455,7 +455,8 @@ def test_a_finished_run_with_a_damaged_last_checkpoint_or_none_is_refused(finish
     path.write_bytes(intact)
   assert finished_run(c, workdir) is not None
   shutil.rmtree(step / "state")
-  with pytest.raises(CheckpointMismatchError, match=r"checkpoint .*/4: state/\S+ is missing"):
+  with pytest.raises(CheckpointMismatchError, match=r"checkpoint .*/4: its state/ item is "
+                     "missing"):  # newcomer pass 13: the item named, not its first file
     finished_run(c, workdir)
   shutil.rmtree(workdir / "checkpoints")
   before = files_of(workdir)
