@@ -14,7 +14,8 @@ Each checkpoint step holds four items:
             saved before it existed counts step * its config's batch * seq_len
             (`tokens_seen`); the fingerprint of the tokenizer the run trains with (a
             second record beside data_report.json, inside the verified step; absent in
-            steps saved before it was recorded)
+            steps saved before it was recorded); and "resumed_with_changes" when the
+            run was resumed with other settings than its checkpoint's (`resume_history`)
 
 Orbax writes each step into a temporary directory and renames it only when every item
 is complete, so a run killed at any moment (kill -9) leaves the earlier checkpoints
@@ -166,13 +167,25 @@ def _read_config(manager: ocp.CheckpointManager, step: int) -> dict:
 
 
 def _progress(step: int, config: ml_collections.ConfigDict, tokens_seen: int | None,
-              tokenizer_fingerprint: str | None) -> dict:
+              tokenizer_fingerprint: str | None, resumed: list | None = None) -> dict:
   """A step's progress item (module docstring)."""
   progress = {"tokens_seen": int(step * config.train.global_batch_size * config.train.seq_len
                                  if tokens_seen is None else tokens_seen)}
   if tokenizer_fingerprint is not None:
     progress["tokenizer_fingerprint"] = tokenizer_fingerprint
+  if resumed:
+    progress["resumed_with_changes"] = list(resumed)
   return progress
+
+
+def resume_history(progress: dict) -> list[dict]:
+  """A progress item's "resumed_with_changes": [{"step": S, "changes": ["optim.lr:
+  checkpoint 0.003, this run 0.01", ...]}, ...], each resume of the run with settings
+  that differ from its checkpoint's (a new learning rate is a researcher's choice, and
+  the run's stored config then holds only the last: newcomer pass 13); [] when none."""
+  history = progress.get("resumed_with_changes") if isinstance(progress, dict) else None
+  return [h for h in history if isinstance(h, dict) and isinstance(h.get("step"), int)
+          and isinstance(h.get("changes"), list)] if isinstance(history, list) else []
 
 
 class Checkpointer:
@@ -216,6 +229,7 @@ class Checkpointer:
         "progress": ocp.JsonCheckpointHandler()})
     self._saving: int | None = None  # the step being saved, until `wait` sees it end
     self._latest: int | None = None  # the step this run restored or last saved
+    self._resumed: list[dict] = []  # resume_history, saved with every step
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -245,7 +259,7 @@ class Checkpointer:
           data=DataSave(data_iterator),
           config=ocp.args.JsonSave(config.to_dict()),
           progress=ocp.args.JsonSave(_progress(step, config, tokens_seen,
-                                               tokenizer_fingerprint))))
+                                               tokenizer_fingerprint, self._resumed))))
     except Exception as e:  # Orbax / tensorstore / OSError: any type
       self._saving = None
       self._write_failed(step, e)
@@ -311,6 +325,17 @@ class Checkpointer:
           f"({error_line(e)}); the step is incomplete or damaged: re-run with "
           "--restore_fallback to resume from the latest intact step (this one is moved to "
           f"{self.directory.name}_quarantine/), or move the folder aside") from e
+
+  def _progress_item(self, step: int) -> dict:
+    """`step`'s progress item; {} for a step saved without one, or an unreadable one
+    (`tokens_seen` names that)."""
+    if not (self.directory / str(step) / "progress").exists():
+      return {}
+    try:
+      return self.manager.restore(step, args=ocp.args.Composite(
+          progress=ocp.args.JsonRestore()))["progress"]
+    except Exception:  # pylint: disable=broad-except
+      return {}
 
   def tokens_seen(self, step: int) -> int:
     """The training tokens up to `step` as saved with it (its progress item); for a step
@@ -427,9 +452,14 @@ class Checkpointer:
                       "position refers to the old stream:\n  %s", where, "\n  ".join(data_diffs))
     changed = [d for d in config_differences(saved, config, result_fields(config),
                                              stored_only=True) if d not in data_diffs]
+    self._resumed = resume_history(self._progress_item(step))
     if changed:  # legitimate (a new learning rate, more steps), but the user should see it
-      logging.warning("%s: resuming with settings that differ from the checkpoint's: %s",
-                      where, "; ".join(changed))
+      recorded = [d for d in changed if not d.startswith("train.steps:")]  # an extension
+      logging.warning("%s: resuming with settings that differ from the checkpoint's: %s%s",
+                      where, "; ".join(changed),
+                      " (recorded with every later step)" if recorded else "")
+      if recorded:
+        self._resumed.append({"step": step, "changes": recorded})
     logging.info("restored %s", where)
     return restored["state"]
 

@@ -41,7 +41,8 @@ from etils import epath
 from tqdm import tqdm
 
 from lev_jax import data as data_lib
-from lev_jax.checkpoint import Checkpointer, CheckpointMismatchError, CheckpointReader
+from lev_jax.checkpoint import (Checkpointer, CheckpointMismatchError, CheckpointReader,
+                                resume_history)
 from lev_jax.checkpoint_checks import (CheckpointCorruptError, CheckpointRenamedError,
                                        config_differences, misnamed_step, not_a_step,
                                        result_fields, shape_record, verify_manifest)
@@ -509,6 +510,10 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
       saved = reader.saved_config(step)
     except Exception:  # a deleted or damaged config item (any Orbax error type)
       return None
+    try:
+      history = resume_history(reader.saved_progress(step))
+    except Exception:  # pylint: disable=broad-except  # the restore names a damaged item
+      history = []
   try:  # newcomer pass 11: a renamed, foreign or edited step was blamed on the settings
     _check_finished_step(checkpoints / str(step), step, checksums=False)
   except CheckpointCorruptError:
@@ -520,9 +525,12 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
   if unfinished:
     raise CheckpointMismatchError(unfinished)
   if diffs or step > config.train.steps:
+    resumed = "".join(f" (it was resumed at step {h['step']} with {'; '.join(h['changes'])})"
+                      for h in history)  # newcomer pass 13: its record shows the last
     raise CheckpointMismatchError(
         f"{workdir} holds a run finished at step {step} with other settings: "
-        f"{'; '.join(diffs or [f'train.steps: checkpoint {step}, this run {config.train.steps}'])}. "
+        f"{'; '.join(diffs or [f'train.steps: checkpoint {step}, this run {config.train.steps}'])}"
+        f"{resumed}. "
         "Nothing was changed: use a new --workdir, or the run's own config (lev-eval "
         "evaluates it under other data or eval settings, into its own file)")
   finished = _finished_eval(workdir / EVAL_JSON, step, warn)

@@ -337,8 +337,28 @@ def test_a_resume_with_another_learning_rate_is_one_warning_naming_it(tmp_path, 
   ckpt.restore_latest(abstract, iter(grain.MapDataset.range(4).to_iter_dataset()), c)
   lines = [r.getMessage() for r in caplog.records if "differ" in r.getMessage()]
   assert lines == [f"checkpoint {tmp_path / 'checkpoints' / '3'}: resuming with settings that differ "
-                   f"from the checkpoint's: optim.lr: checkpoint {lr!r}, this run 0.5"]
+                   f"from the checkpoint's: optim.lr: checkpoint {lr!r}, this run 0.5 "
+                   "(recorded with every later step)"]
   ckpt.close()
+
+
+def test_a_run_resumed_with_another_learning_rate_records_it_and_says_so(run):
+  """Newcomer pass 13 (N491): a run resumed with another lr recorded only the new one,
+  so its own config was then refused as "other settings" with no word of the history."""
+  from lev_jax.trainer import finished_run
+  c, workdir = run  # finished at step 4; on to 6 with another learning rate
+  lr = c.optim.lr
+  c.optim.lr = lr * 2
+  train_and_evaluate(c, workdir)
+  with checkpoint.CheckpointReader(workdir / "checkpoints") as reader:
+    history = checkpoint.resume_history(reader.saved_progress(6))
+  changes = [f"optim.lr: checkpoint {lr!r}, this run {lr * 2!r}"]
+  assert history == [{"step": 4, "changes": changes}]  # on every later step
+  c.optim.lr = lr
+  with pytest.raises(CheckpointMismatchError, match=re.escape(
+      f"optim.lr: checkpoint {lr * 2!r}, this run {lr!r} (it was resumed at step 4 with "
+      f"{changes[0]}). Nothing was changed")):
+    finished_run(c, workdir)
 
 
 def test_tokens_seen_is_a_running_count_across_a_resume_with_another_batch(run):
