@@ -42,6 +42,7 @@ from launch.common import LaunchError, parse, parser, run_main, shell_join  # no
 PROG = "launch/local.py"
 DEFAULT_MODULE = "lev_jax.cli.train"
 MAX_PROCESSES_PER_CORE = 4  # a typo (100000 for 10) is refused before anything starts
+MAX_SIMULATED_DEVICES = 4096
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -75,6 +76,13 @@ def process_commands(argv: Sequence[str], num_processes: int, devices_per_proces
                       "for many hosts use launch/slurm.py or launch/tpu.py)")
   if devices_per_process < 1:
     raise LaunchError(f"--devices_per_process={devices_per_process}: expected at least 1")
+  if num_processes * devices_per_process > MAX_SIMULATED_DEVICES:  # newcomer pass 14
+    raise LaunchError(f"--devices_per_process={devices_per_process}: {num_processes} x "
+                      f"{devices_per_process} simulated CPU devices; expected at most "
+                      f"{MAX_SIMULATED_DEVICES} in all (a TPU pod's 4,096 chips)")
+  if not command and not module.strip():  # newcomer pass 14: "No module named " at run
+    raise LaunchError("--module is empty (an unset shell variable?); expected a Python "
+                      f"module, e.g. --module={DEFAULT_MODULE} (the default)")
   if not 0 < port < 65536:
     raise LaunchError(f"--port={port}: expected a TCP port in 1..65535")
   if command and not argv:
@@ -227,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   def body() -> int:
     args, rest = parse(p, sys.argv[1:] if argv is None else argv)
+    if not (args.grace_s >= 0 and args.grace_s != float("inf")):  # newcomer pass 14
+      raise LaunchError(f"--grace_s={args.grace_s}: expected seconds >= 0")
     return launch_local(rest, args.num_processes, args.devices_per_process, port=args.port,
                         module=args.module, command=args.command, dry_run=args.dry_run,
                         grace_s=args.grace_s)

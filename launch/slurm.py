@@ -285,6 +285,9 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
     raise LaunchError(f"--max_requeues={args.max_requeues}: expected 0 or more")
   if args.port is not None and not 0 < args.port < 65536:
     raise LaunchError(f"--port={args.port}: expected a TCP port in 1..65535")
+  if args.chdir is not None and not args.chdir.strip():  # newcomer pass 14: the cwd, unsaid
+    raise LaunchError("--chdir is empty (an unset shell variable?); expected the folder "
+                      "every node runs lev-train in (leave the flag out for this one)")
   if args.venv is not None and not args.venv.strip():  # newcomer pass 13: no venv at all
     raise LaunchError("--venv is empty (an unset shell variable?); expected the "
                       "virtualenv every node activates, e.g. --venv=/shared/lev_jax/.venv "

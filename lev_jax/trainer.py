@@ -294,6 +294,19 @@ def _check_output_kinds(workdir: epath.Path, profile: bool = False) -> list[epat
   return present
 
 
+def _check_tokenizer_entries(workdir: epath.Path) -> None:
+  """Refuses a tokenizer/ holding a folder (save_tokenizer replaces the files it holds).
+
+  Raises:
+    ConfigError: naming it.
+  """
+  if (workdir / TOKENIZER).is_dir():
+    for p in (workdir / TOKENIZER).iterdir():
+      if p.is_dir():
+        raise ConfigError(f"{p}: is a folder; expected a file of the tokenizer (move it "
+                          "aside)")
+
+
 def _check_step_names(workdir: epath.Path) -> None:
   """Refuses a checkpoints/ holding a complete step under another name than its step's
   (checkpoint_checks.misnamed_step): the run would train over it, blind to it; or a
@@ -318,11 +331,7 @@ def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
       writable.
   """
   present = _check_output_kinds(workdir, profile)
-  if (workdir / TOKENIZER).is_dir():
-    for p in (workdir / TOKENIZER).iterdir():
-      if p.is_dir():  # save_tokenizer replaces the files it holds
-        raise ConfigError(f"{p}: is a folder; expected a file of the tokenizer (move it "
-                          "aside)")
+  _check_tokenizer_entries(workdir)
   if "://" in str(workdir):
     return
   probe = workdir if workdir.exists() else next(
@@ -493,6 +502,7 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
   if "://" not in str(workdir):
     workdir = workdir.absolute()  # Orbax needs absolute paths; `runs/x` is relative
   _check_output_kinds(workdir)  # newcomer pass 11: eval.json a folder was a traceback
+  _check_tokenizer_entries(workdir)  # pass 14: before an extension is announced
   _check_step_names(workdir)
   checkpoints = workdir / CHECKPOINTS
   if not checkpoints.is_dir():

@@ -490,6 +490,23 @@ def test_an_entry_named_like_a_step_that_is_none_is_named(finished_tied_run, tmp
   assert files_of(workdir) == before
 
 
+def test_a_tokenizer_file_that_is_a_folder_is_refused_before_an_extension_is_announced(
+    finished_tied_run, tmp_path, caplog):
+  """Newcomer pass 14 (N361): tokenizer/spm.model a folder: "extending the run finished
+  at step 4 ..." was logged, then the refusal."""
+  from lev_jax import trainer
+  from lev_jax.config import ConfigError
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  entry = next(p for p in (workdir / "tokenizer").iterdir() if p.is_file())
+  entry.unlink()
+  entry.mkdir()
+  c.train.steps += 1
+  with pytest.raises(ConfigError, match=re.escape(f"{entry}: is a folder; expected a file "
+                                                  "of the tokenizer")):
+    trainer.finished_run(c, workdir)
+  assert "extending" not in caplog.text
+
+
 def test_a_finished_run_s_output_of_the_wrong_kind_is_one_line(finished_tied_run, tmp_path):
   """Newcomer pass 11: eval.json a folder made lev-train's re-run of a finished run an
   IsADirectoryError traceback (the check of the outputs' kinds came after it)."""

@@ -474,6 +474,12 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
      "--config.train.global_batch_size=4, --config.eval.batch_size=4\n"),
     (["--max_iters=6"], "unknown flag --max_iters; to set the config field, pass "
      "--config.train.steps=6\n"),
+    # newcomer pass 14: the last --config won without a word; an empty file part
+    (["--config=experiments/smoke.py:tied", "--config=experiments/smoke.py:leviathan"],
+     "--config given 2 times (experiments/smoke.py:tied, experiments/smoke.py:leviathan); "
+     "give one\n"),
+    (["--config=:tied"], "--config=:tied: the file part is empty (an unset shell "
+     "variable?)"),
     # newcomer pass 13: `--config=` (an unset variable) was ml_collections' traceback
     (["--config="], "--config is empty (an unset shell variable?); expected a Python "
      "config file and variant, e.g. experiments/smoke.py:leviathan\n"),

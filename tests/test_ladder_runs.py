@@ -226,6 +226,12 @@ def test_stored_checkpoint_config_decides_steps_and_tokens(tmp_path):
       "(model.d_model: checkpoint 48, ladder ") + ".*Nothing was run or written \\(without "
       "--run, lev-ladder only reports\\)$"):
     ladder_cli.check_runnable(result)
+  # newcomer pass 14: a report-only run given contradicting --train_flags replaced the
+  # finished ladder's report with one leaving every rung out
+  with pytest.raises(ValueError, match="^--train_flags: .*Nothing was run or written "
+                     r"\(without --train_flags, lev-ladder reports the rungs as they were "
+                     r"trained\)$"):
+    ladder_cli.check_runnable(result, flag="--train_flags")
   # newcomer pass 8: lev-study's lines spoke of "the ladder's" run and "the rung"
   reason = collect(ladder, root, {"tied_a": expected}, owner="study").rung("tied_a").reason
   assert "another shape than the study's tied_a (model.d_model: checkpoint 48, study " in reason

@@ -411,6 +411,7 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
     ([*GPU, "--partition=a b"], "--partition='a b': expected letters"),
     # newcomer pass 13: an unset $VENV meant no virtualenv; lev-train's flags before --
     ([*GPU, "--venv="], "--venv is empty (an unset shell variable?)"),
+    ([*GPU, "--chdir="], "--chdir is empty (an unset shell variable?)"),
     ([*GPU, "--config=c.py:x"], "unrecognized arguments: "
      "--config=c.py:x: the arguments for the program go after --, e.g. launch/slurm.py "
      "[flags] -- --config=c.py:x"),
@@ -605,6 +606,11 @@ def test_local_default_port_is_shared_and_free():
     (["--num_processes=0", "--dry-run"], "--num_processes=0: expected at least 1"),
     # newcomer pass 13: 100,000 processes were planned on a 2-core host
     (["--num_processes=100000", "--dry-run"], "--num_processes=100000: expected at most "),
+    # newcomer pass 14: accepted, or Python's blank "No module named " at run time
+    (["--num_processes=2", "--devices_per_process=100000", "--dry-run"],
+     "--devices_per_process=100000: 2 x 100000 simulated CPU devices; expected at most 4096"),
+    (["--num_processes=2", "--grace_s=-1", "--dry-run"], "--grace_s=-1.0: expected seconds"),
+    (["--num_processes=2", "--module=", "--dry-run"], "--module is empty"),
     (["--devices_per_process=0", "--dry-run"], "--devices_per_process=0: expected at least 1"),
     (["--port=70000", "--dry-run"], "--port=70000: expected a TCP port"),
     (["--command", "--dry-run"], "--command needs the command after --"),

@@ -668,6 +668,9 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
                                      config_flags.config_flags.ConfigFileFlagParser):
       if _config_given(argv) == "":  # newcomer pass 13: ml_collections' traceback
         fail(prog, empty_message("config", _CONFIG_EXAMPLE))
+      if (_config_given(argv) or "").startswith(":"):  # pass 14: `--config=$FILE:tied`
+        fail(prog, f"--config={_config_given(argv)}: the file part is empty (an unset shell "
+             f"variable?); expected {_CONFIG_EXAMPLE}")
       unreadable = _not_a_config_file(_config_file(argv))  # before ml_collections reads
       if unreadable:  # it: /dev/zero would be read until memory runs out
         fail(prog, unreadable)
@@ -720,6 +723,18 @@ def _get_config_raised(error: flags.Error, argv) -> str | None:
       line = m.group(2)
   where = f"{path}:{line}" if line else f"--config={path}"
   return f"{where}: get_config raised {_last_line(error)}"
+
+
+def config_given_twice(argv) -> str | None:
+  """`--config given twice (A, B); give one` when argv (before `--`) holds more than one
+  `--config=FILE` (absl keeps the last without a word: newcomer pass 14), else None."""
+  args = list(argv[1:])
+  args = args[:args.index("--")] if "--" in args else args
+  given = [a.split("=", 1)[1] for a in args if a.startswith(("--config=", "-config="))]
+  given += [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--config", "-config")]
+  if len(given) < 2:
+    return None
+  return f"--config given {len(given)} times ({', '.join(given)}); give one"
 
 
 def config_first(argv: list[str]) -> list[str]:
@@ -977,6 +992,9 @@ def define_or_exit(prog: str, define) -> None:
   line. Anything else is a bug and keeps its traceback. `--config=FILE` is moved before
   the overrides first (`config_first`).
   """
+  twice = config_given_twice(sys.argv)  # before ml_collections keeps the last
+  if twice:
+    fail(prog, twice)
   sys.argv[:] = config_first(sys.argv)  # ml_collections reads sys.argv when defining
   try:
     define()

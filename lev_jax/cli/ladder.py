@@ -298,12 +298,16 @@ def trainable(result) -> list[str]:
           if not r.finished and r.status not in ("unverified", "other config")]
 
 
-def check_runnable(result, command: str = "lev-ladder") -> None:
+def check_runnable(result, command: str = "lev-ladder", flag: str = "--run") -> None:
   """Refuses --run when a rung's folder holds a finished run of other settings than the
   rung's (status "other config"; with --train_flags that differ from the ones it was
   trained with, every rung): lev-train would refuse each, and the report would be
   rewritten without them (newcomer pass 13: a finished ladder's report replaced by a
   "0 of 4" one).
+
+  Also a report-only command given --train_flags (`flag`): with flags that contradict
+  the finished rungs, its report would replace theirs with one leaving them out
+  (newcomer pass 14).
 
   Raises:
     ValueError: naming the first such rung and its differing fields; nothing was run or
@@ -312,8 +316,10 @@ def check_runnable(result, command: str = "lev-ladder") -> None:
   other = [r for r in result.rungs if r.status == "other config"]
   if other:
     more = f" (and {len(other) - 1} more)" if len(other) > 1 else ""
-    raise ValueError(f"--run: {other[0].reason}{more}. Nothing was run or written "
-                     f"(without --run, {command} only reports)")
+    tail = (f"without --run, {command} only reports" if flag == "--run" else
+            f"without --train_flags, {command} reports the rungs as they were trained")
+    raise ValueError(f"{flag}: {other[0].reason}{more}. Nothing was run or written "
+                     f"({tail})")
 
 
 def summary(analysis: dict, paths: dict) -> str:
@@ -418,8 +424,8 @@ def main(argv):
                        "without --run lev-ladder writes the report alone")
     if launcher_flags and f.launcher not in ("tpu", "slurm"):
       raise ValueError(f"--launcher_flags is for --launcher=tpu or slurm, not {f.launcher}")
-    if f.run:
-      check_runnable(result)
+    if f.run or train_flags:
+      check_runnable(result, flag="--run" if f.run else "--train_flags")
     todo = trainable(result)
     commands = rung_commands(f.launcher, f.ladder, todo, f.root, train_flags=train_flags,
                              launcher_flags=launcher_flags) if f.run else []

@@ -195,8 +195,9 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
       train_flags)
   result = runs.collect(module, root, expected, owner="study")
   failed = {}
+  if run or train_flags:
+    ladder_cli.check_runnable(result, PROG, "--run" if run else "--train_flags")
   if run:
-    ladder_cli.check_runnable(result, PROG)
     todo = ladder_cli.trainable(result)
     if not todo:
       print(f"{PROG}: every run of {study} is finished under {root}; nothing to train",
