@@ -537,6 +537,22 @@ def test_a_config_file_given_to_a_command_of_overrides_is_one_line(monkeypatch, 
                                      "config field, pass --config.eval.batch_size=3\n")
 
 
+@pytest.mark.parametrize("flag, said", [
+    ("--out_dir=x", "unknown flag --out_dir: the run's folder is --workdir=DIR\n"),
+    ("--init_from=resume", "unknown flag --init_from: lev-train resumes from --workdir's "
+     "latest checkpoint by itself (a new --workdir starts from scratch)\n"),
+])
+def test_other_codebases_run_folder_flags_point_at_workdir(monkeypatch, capsys, flag, said):
+  """Newcomer pass 14: --out_dir was absl's "Did you mean: log_dir ?"."""
+  from absl import flags
+  from lev_jax.cli import common
+  fv = flags.FlagValues()
+  flags.DEFINE_string("workdir", None, "The run's folder.", flag_values=fv)
+  with pytest.raises(SystemExit):
+    common.flags_parser("lev-x", None, fv)(["lev-x", flag])
+  assert capsys.readouterr().err == "lev-x: error: " + said
+
+
 def test_an_override_without_a_config_to_change_says_so(monkeypatch, capsys):
   """lev-prepare-data has no default config: `--config.data.seed=3` alone was "Unknown
   command line flag 'config.data.seed'"."""

@@ -689,7 +689,8 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
       line = re.sub(r"^[A-Z]\w*(Error|Exception): ", "", _last_line(e))
       fail(prog, _get_config_raised(e, argv) or override_value_error(argv, fv)
            or _bad_override_value(e, fv)
-           or _override_without_config(e, fv) or _config_field_hint(e, fv)
+           or _override_without_config(e, fv) or _folder_habit(e, fv)
+           or _config_field_hint(e, fv)
            or _required_flag(e, fv) or _REPEATED_FLAG.sub("", line))
     except Exception as e:  # raised by ml_collections while it loads --config=FILE
       _fail_on_config_error(prog, e, argv)
@@ -933,6 +934,27 @@ _HABITS = {
     "num_attention_heads": "model.n_heads", "n_embd": "model.d_model",
     "hidden_size": "model.d_model", "emb_dim": "model.d_model",
 }
+
+
+# Flags other codebases name a run's folder or its resume with, and what they are here
+# (newcomer pass 14: --out_dir was pointed at absl's --log_dir).
+_FOLDER_HABITS = {
+    "out_dir": "the run's folder is --workdir=DIR",
+    "output_dir": "the run's folder is --workdir=DIR",
+    "resume_from_checkpoint": "lev-train resumes from --workdir's latest checkpoint by "
+                              "itself (give the run's --workdir)",
+    "init_from": "lev-train resumes from --workdir's latest checkpoint by itself (a new "
+                 "--workdir starts from scratch)",
+}
+
+
+def _folder_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:
+  """`unknown flag --out_dir: the run's folder is --workdir=DIR` for a command with a
+  --workdir flag; None otherwise."""
+  if not isinstance(error, flags.UnrecognizedFlagError) or "workdir" not in fv:
+    return None
+  hint = _FOLDER_HABITS.get(error.flagname)
+  return f"unknown flag --{error.flagname}: {hint}" if hint else None
 
 
 def _habit_field(config, name: str) -> list[tuple[str, object]]:
