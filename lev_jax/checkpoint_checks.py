@@ -26,7 +26,7 @@ import time
 import ml_collections
 from etils import epath
 
-from lev_jax.workdir import file_sha256, write_json_atomic
+from lev_jax.workdir import DATA_REPORT, file_sha256, write_json_atomic
 
 # Config sections whose values decide parameter shapes; a restore with any of them
 # changed is refused with the list of differences.
@@ -390,6 +390,36 @@ def shape_record_differences(record: dict, saved: dict) -> list[str]:
     if stored != value:
       out.append(f"{key}: checkpoint {stored!r}, run {value!r}")
   return out
+
+
+def run_shape_problem(folder, saved: dict, where: str) -> str | None:
+  """The line when a step's stored config `saved` (`where`: "checkpoint DIR/STEP") holds
+  another model than the one lev-train recorded for the run in `folder`
+  (DATA_REPORT's "model_shape", `shape_record`), or when that record is damaged; None
+  when they agree, or the run has no record (runs from before it: not checked).
+
+  Which of the two changed cannot be told: a step copied in from another run, or
+  data_report.json replaced or edited (newcomer pass 14)."""
+  path = epath.Path(folder) / DATA_REPORT
+  try:
+    record = json.loads(path.read_text()).get("model_shape")
+  except (OSError, ValueError, AttributeError):
+    return None  # the loaders' tokenizer check names an unreadable data_report.json
+  if record is None or record == {}:
+    return None
+  unknown = (sorted(set(record) - SHAPE_FIELD_NAMES) if isinstance(record, dict)
+             else None)
+  if unknown is None or unknown:
+    what = f"unknown field {unknown[0]!r}" if unknown else f"{type(record).__name__}"
+    return (f"{path}: its model_shape holds {what}; expected lev-train's record of the "
+            "model's shape fields (edited? restore the file, or delete that field to "
+            "skip the check)")
+  diffs = shape_record_differences(record, saved)
+  if not diffs:
+    return None
+  return (f"{where} holds another model than the one recorded for the run in {folder} "
+          f"({'; '.join(diffs)}; the record: {path}): a step copied in from another run, "
+          "or data_report.json replaced or edited? Put back the one that changed")
 
 
 def config_differences(saved: dict, config: ml_collections.ConfigDict,

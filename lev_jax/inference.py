@@ -57,7 +57,7 @@ from lev_jax import checkpoint
 from lev_jax.checkpoint import error_line
 from lev_jax.checkpoint_checks import (MANIFEST, SHAPE_FIELDS, CheckpointCorruptError,
                                        config_differences, file_digests, misnamed_step,
-                                       not_a_step, shape_record_differences, step_files,
+                                       not_a_step, run_shape_problem, step_files,
                                        verify_manifest)
 from lev_jax.config import DTYPES, ConfigError, from_dict
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
@@ -188,30 +188,6 @@ def _check_run_tokenizer(folder: epath.Path, tokenizer, checkpoint_record: tuple
         "config writes both again)")
 
 
-def _check_run_shape(folder: epath.Path, saved: dict, where: str) -> None:
-  """The step holds the model the run in `folder` trained: its stored config agrees with
-  the shape lev-train recorded in data_report.json ("model_shape"; runs from before it
-  was recorded, and an unreadable file, are not checked: `_check_run_tokenizer` warns).
-
-  Raises:
-    InferenceError: naming the step, the differing fields and the file (newcomer pass
-      13: a Leviathan run's step copied into a tied run's checkpoints/ was evaluated as
-      that run).
-  """
-  try:
-    record = loads_json(read_small_text(folder / DATA_REPORT)).get("model_shape")
-  except (OSError, ValueError, AttributeError):
-    return
-  if not isinstance(record, dict):
-    return
-  diffs = shape_record_differences(record, saved)
-  if diffs:
-    raise InferenceError(
-        f"{where} holds another model than the run in {folder} trained ({'; '.join(diffs)}"
-        f"; the run's is recorded in {folder / DATA_REPORT}): a step copied in from "
-        f"another run? move it out of {folder / CHECKPOINTS}")
-
-
 def _tokenizer_and_counts(folder: epath.Path, config: ml_collections.ConfigDict,
                           checkpoint_record: tuple | None = None):
   """The tokenizer and counts saved beside a checkpoint; else rebuilt from the data.
@@ -294,7 +270,9 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
       raise InferenceError(f"{where}: its config cannot be read ({error_line(e)}){hint}"
                            ) from e
     _check_expected(saved, expect, where)
-    _check_run_shape(root, saved, where)
+    problem = run_shape_problem(root, saved, where)  # newcomer pass 13: a foreign step
+    if problem:
+      raise InferenceError(problem)
     config = _config_from_json(saved, where)
     graphdef, abstract = _abstract(config)
     try:  # parameters only: the optimizer state is never read

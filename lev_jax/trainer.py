@@ -45,7 +45,8 @@ from lev_jax.checkpoint import (Checkpointer, CheckpointMismatchError, Checkpoin
                                 resume_history)
 from lev_jax.checkpoint_checks import (CheckpointCorruptError, CheckpointRenamedError,
                                        config_differences, misnamed_step, not_a_step,
-                                       result_fields, shape_record, verify_manifest)
+                                       result_fields, run_shape_problem, shape_record,
+                                       verify_manifest)
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import TOKENIZER_JSON, save_tokenizer
@@ -511,6 +512,15 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
     steps = reader.all_steps()
     if not steps:
       return None
+    try:
+      latest = reader.saved_config(steps[-1])
+    except Exception:  # pylint: disable=broad-except  # named below, or by the restore
+      latest = None
+    if latest is not None:  # newcomer pass 14: lev-eval refused such a folder, lev-train
+      problem = run_shape_problem(workdir, latest,  # advised "the run's own config"
+                                  f"checkpoint {checkpoints / str(steps[-1])}")
+      if problem:
+        raise CheckpointMismatchError(f"{problem}. Nothing was changed")
     if steps[-1] < config.train.steps:
       if warn:
         _warn_if_extending(reader, steps[-1], config, workdir)

@@ -456,12 +456,28 @@ def test_a_step_of_another_run_s_model_is_refused_by_the_loaders(finished_tied_r
   inference.load(workdir)  # its own steps load
   report["model_shape"]["model.embedding"] = "lev"  # as if the step were another run's
   (workdir / "data_report.json").write_text(json.dumps(report))
-  with pytest.raises(inference.InferenceError, match="^" + re.escape(
-      f"checkpoint {workdir / 'checkpoints' / '4'} holds another model than the run in "
-      f"{workdir} trained (model.embedding: checkpoint 'tied', run 'lev'; the run's is "
-      f"recorded in {workdir / 'data_report.json'}): a step copied in from another run? "
-      f"move it out of {workdir / 'checkpoints'}")):
+  line = (f"checkpoint {workdir / 'checkpoints' / '4'} holds another model than the one "
+          f"recorded for the run in {workdir} (model.embedding: checkpoint 'tied', run "
+          f"'lev'; the record: {workdir / 'data_report.json'}): a step copied in from "
+          "another run, or data_report.json replaced or edited? Put back the one that "
+          "changed")
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(line) + "$"):
     inference.load(workdir)
+  # newcomer pass 14: lev-train said "use the run's own config" (M10), or extended the
+  # run over the record (M15)
+  from lev_jax.trainer import finished_run
+  with pytest.raises(CheckpointMismatchError, match="^" + re.escape(
+      line + ". Nothing was changed") + "$"):
+    finished_run(c, workdir)
+  c.train.steps += 2
+  with pytest.raises(CheckpointMismatchError, match="^" + re.escape(line)):
+    finished_run(c, workdir)
+  for damaged, what in (("garbage", "str"), ({"model.foo": 1}, "unknown field 'model.foo'")):
+    report["model_shape"] = damaged  # M03, M11: not lev-train's record
+    (workdir / "data_report.json").write_text(json.dumps(report))
+    with pytest.raises(inference.InferenceError, match="^" + re.escape(
+        f"{workdir / 'data_report.json'}: its model_shape holds {what}; expected ")):
+      inference.load(workdir)
 
 
 @pytest.mark.parametrize("entry", ["empty folder", "file"])
