@@ -278,6 +278,9 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
       raise LaunchError(f"--env={item!r}: {name} is set by the script itself")
     if "\n" in value or "\r" in value:
       raise LaunchError(f"--env={name}=...: expected a one-line value")
+    if name in dict(env):  # newcomer pass 14: both exported, the last won unsaid
+      raise LaunchError(f"--env={item!r}: {name} is given twice ({name}={dict(env)[name]} "
+                        "too); give it once")
     env.append((name, value))
   if args.signal_s < 1:
     raise LaunchError(f"--signal_s={args.signal_s}: expected a positive number of seconds")

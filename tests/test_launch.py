@@ -412,6 +412,7 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
     # newcomer pass 13: an unset $VENV meant no virtualenv; lev-train's flags before --
     ([*GPU, "--venv="], "--venv is empty (an unset shell variable?)"),
     ([*GPU, "--chdir="], "--chdir is empty (an unset shell variable?)"),
+    ([*GPU, "--env=A=1", "--env=A=2"], "--env='A=2': A is given twice (A=1 too); give it once"),
     ([*GPU, "--config=c.py:x"], "unrecognized arguments: "
      "--config=c.py:x: the arguments for the program go after --, e.g. launch/slurm.py "
      "[flags] -- --config=c.py:x"),
