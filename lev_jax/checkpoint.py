@@ -326,16 +326,21 @@ class Checkpointer:
           "--restore_fallback to resume from the latest intact step (this one is moved to "
           f"{self.directory.name}_quarantine/), or move the folder aside") from e
 
-  def _progress_item(self, step: int) -> dict:
-    """`step`'s progress item; {} for a step saved without one, or an unreadable one
-    (`tokens_seen` names that)."""
+  def _progress_item(self, step: int) -> dict | None:
+    """`step`'s progress item; None for a step saved without one (an older lev_jax).
+
+    Raises:
+      CheckpointMismatchError: the item cannot be read (a damaged step).
+    """
     if not (self.directory / str(step) / "progress").exists():
-      return {}
+      return None
     try:
       return self.manager.restore(step, args=ocp.args.Composite(
           progress=ocp.args.JsonRestore()))["progress"]
-    except Exception:  # pylint: disable=broad-except
-      return {}
+    except Exception as e:  # a damaged item: any Orbax / JSON error type
+      raise CheckpointMismatchError(
+          f"checkpoint {self.directory / str(step)}: its progress item cannot be read "
+          f"({error_line(e)}); the step is incomplete or damaged") from e
 
   def tokens_seen(self, step: int) -> int:
     """The training tokens up to `step` as saved with it (its progress item); for a step
@@ -344,11 +349,11 @@ class Checkpointer:
     Raises:
       CheckpointMismatchError: neither can be read.
     """
-    if (self.directory / str(step) / "progress").exists():
+    progress = self._progress_item(step)
+    if progress is not None:
       try:
-        return int(self.manager.restore(step, args=ocp.args.Composite(
-            progress=ocp.args.JsonRestore()))["progress"]["tokens_seen"])
-      except Exception as e:  # a damaged item: any Orbax / JSON error type
+        return int(progress["tokens_seen"])
+      except (KeyError, TypeError, ValueError) as e:
         raise CheckpointMismatchError(
             f"checkpoint {self.directory / str(step)}: its progress item cannot be read "
             f"({error_line(e)}); the step is incomplete or damaged") from e
@@ -452,7 +457,10 @@ class Checkpointer:
                       "position refers to the old stream:\n  %s", where, "\n  ".join(data_diffs))
     changed = [d for d in config_differences(saved, config, result_fields(config),
                                              stored_only=True) if d not in data_diffs]
-    self._resumed = resume_history(self._progress_item(step))
+    try:  # a damaged progress item is named by tokens_seen, which the trainer reads next
+      self._resumed = resume_history(self._progress_item(step) or {})
+    except CheckpointMismatchError:
+      self._resumed = []
     if changed:  # legitimate (a new learning rate, more steps), but the user should see it
       recorded = [d for d in changed if not d.startswith("train.steps:")]  # an extension
       logging.warning("%s: resuming with settings that differ from the checkpoint's: %s%s",

@@ -323,16 +323,15 @@ def _check_step_names(workdir: epath.Path) -> None:
 
 def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
   """Refuses a workdir that cannot hold a run, before anything is read or written.
-  (checkpoints/'s step names were checked by `finished_run`, which runs first.)
+  (checkpoints/'s step names and tokenizer/'s entries were checked by `finished_run`,
+  which runs first.)
 
   Raises:
-    ConfigError: the workdir, one of its outputs (workdir.RUN_OUTPUTS; profile/ only
-      with `profile`) or an entry of tokenizer/ (files only) has the wrong kind (file vs
-      folder), or the workdir, an output folder or metrics.jsonl (appended to) is not
-      writable.
+    ConfigError: the workdir or one of its outputs (workdir.RUN_OUTPUTS; profile/ only
+      with `profile`) has the wrong kind (file vs folder), or the workdir, an output
+      folder or metrics.jsonl (appended to) is not writable.
   """
   present = _check_output_kinds(workdir, profile)
-  _check_tokenizer_entries(workdir)
   if "://" in str(workdir):
     return
   probe = workdir if workdir.exists() else next(
@@ -512,23 +511,21 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
     steps = reader.all_steps()
     if not steps:
       return None
-    try:
-      latest = reader.saved_config(steps[-1])
-    except Exception:  # pylint: disable=broad-except  # named below, or by the restore
-      latest = None
-    if latest is not None:  # newcomer pass 14: lev-eval refused such a folder, lev-train
-      problem = run_shape_problem(workdir, latest,  # advised "the run's own config"
-                                  f"checkpoint {checkpoints / str(steps[-1])}")
-      if problem:
-        raise CheckpointMismatchError(f"{problem}. Nothing was changed")
-    if steps[-1] < config.train.steps:
-      if warn:
-        _warn_if_extending(reader, steps[-1], config, workdir)
-      return None
     step = steps[-1]
     try:
       saved = reader.saved_config(step)
-    except Exception:  # a deleted or damaged config item (any Orbax error type)
+    except Exception:  # pylint: disable=broad-except  # deleted or damaged: the restore
+      saved = None  # names it (any Orbax error type)
+    if saved is not None:  # newcomer pass 14: lev-eval refused such a folder, lev-train
+      problem = run_shape_problem(workdir, saved,  # advised "the run's own config"
+                                  f"checkpoint {checkpoints / str(step)}")
+      if problem:
+        raise CheckpointMismatchError(f"{problem}. Nothing was changed")
+    if step < config.train.steps:
+      if warn and saved is not None:
+        _warn_if_extending(saved, step, config, workdir)
+      return None
+    if saved is None:
       return None
     try:
       history = resume_history(reader.saved_progress(step))
@@ -584,18 +581,14 @@ def _unfinished_line(workdir, step: int, saved: dict, steps: int, diffs) -> str 
           f"--checkpoint={workdir} --step={step}, or use a new --workdir")
 
 
-def _warn_if_extending(reader, step: int, config, workdir: epath.Path) -> None:
-  """Logs one warning when the
-  run's latest `step` is its finished end (its stored train.steps, evaluated into
-  eval.json) and config.train.steps is larger: training goes on (as in MaxText and
-  Levanter, train.steps is the total), eval.json will hold the new end's evaluation;
-  the earlier one stays in metrics.jsonl."""
+def _warn_if_extending(saved: dict, step: int, config, workdir: epath.Path) -> None:
+  """Logs one warning when the run's latest `step` (its stored config `saved`) is its
+  finished end (its stored train.steps, evaluated into eval.json) and config.train.steps
+  is larger: training goes on (as in MaxText and Levanter, train.steps is the total),
+  eval.json will hold the new end's evaluation; the earlier one stays in metrics.jsonl."""
   if _finished_eval(workdir / EVAL_JSON, step, warn=False) is None:
     return
-  try:
-    stored_steps = reader.saved_config(step)["train"]["steps"]
-  except Exception:  # pylint: disable=broad-except  # unreadable: the restore says why
-    return
+  stored_steps = saved.get("train", {}).get("steps") if isinstance(saved, dict) else None
   if stored_steps == step:
     logging.warning(
         "%s: extending the run finished at step %d to train.steps = %d (the learning-rate "

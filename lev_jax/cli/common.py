@@ -666,10 +666,11 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
     argv = config_first(argv)
     if "config" in fv and isinstance(fv["config"].parser,
                                      config_flags.config_flags.ConfigFileFlagParser):
-      if _config_given(argv) == "":  # newcomer pass 13: ml_collections' traceback
+      given = _config_given(argv)
+      if given == "":  # newcomer pass 13: ml_collections' traceback
         fail(prog, empty_message("config", _CONFIG_EXAMPLE))
-      if (_config_given(argv) or "").startswith(":"):  # pass 14: `--config=$FILE:tied`
-        fail(prog, f"--config={_config_given(argv)}: the file part is empty (an unset shell "
+      if (given or "").startswith(":"):  # newcomer pass 14: `--config=$FILE:tied`
+        fail(prog, f"--config={given}: the file part is empty (an unset shell "
              f"variable?); expected {_CONFIG_EXAMPLE}")
       unreadable = _not_a_config_file(_config_file(argv))  # before ml_collections reads
       if unreadable:  # it: /dev/zero would be read until memory runs out
@@ -729,10 +730,7 @@ def _get_config_raised(error: flags.Error, argv) -> str | None:
 def config_given_twice(argv) -> str | None:
   """`--config given twice (A, B); give one` when argv (before `--`) holds more than one
   `--config=FILE` (absl keeps the last without a word: newcomer pass 14), else None."""
-  args = list(argv[1:])
-  args = args[:args.index("--")] if "--" in args else args
-  given = [a.split("=", 1)[1] for a in args if a.startswith(("--config=", "-config="))]
-  given += [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--config", "-config")]
+  given = _config_values(argv)
   if len(given) < 2:
     return None
   return f"--config given {len(given)} times ({', '.join(given)}); give one"
@@ -1133,16 +1131,25 @@ def _frozen(config) -> bool:
 _CONFIG_EXAMPLE = "a Python config file and variant, e.g. experiments/smoke.py:leviathan"
 
 
+def _config_values(argv) -> list[str]:
+  """The values of every `--config=FILE[:variant]` (or `--config FILE`) in argv before
+  `--`, in order, as given ("" for `--config=`)."""
+  args = list(argv[1:])
+  args = args[:args.index("--")] if "--" in args else args
+  values = []
+  for i, arg in enumerate(args):
+    if arg.startswith(("--config=", "-config=")):
+      values.append(arg.split("=", 1)[1])
+    elif arg in ("--config", "-config") and i + 1 < len(args):
+      values.append(args[i + 1])
+  return values
+
+
 def _config_given(argv) -> str | None:
   """The value of the last `--config=FILE[:variant]` (or `--config FILE`) in argv, as
   given ("" for `--config=`), else None."""
-  given = None
-  for i, arg in enumerate(argv[1:], 1):
-    if arg.startswith(("--config=", "-config=")):
-      given = arg.split("=", 1)[1]
-    elif arg in ("--config", "-config") and i + 1 < len(argv):
-      given = argv[i + 1]
-  return given
+  values = _config_values(argv)
+  return values[-1] if values else None
 
 
 def _config_file(argv) -> str | None:

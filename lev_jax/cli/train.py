@@ -271,8 +271,9 @@ def main(argv):
   logging.info("config %s -> workdir %s", config.name, workdir)
   try:
     # A finished run is only read: before the lock, so nothing at all is written.
-    if flags.FLAGS.lock and workdir_lock.lock_kind_error(workdir):
-      common.fail("lev-train", workdir_lock.lock_kind_error(workdir))
+    lock_problem = flags.FLAGS.lock and workdir_lock.lock_kind_error(workdir)
+    if lock_problem:
+      common.fail("lev-train", lock_problem)
     result = trainer.finished_run(config, workdir, flags.FLAGS.restore_fallback)
     if result is None:
       lock = (workdir_lock.hold(workdir, prog="lev-train",
