@@ -37,7 +37,8 @@ from typing import TextIO
 if __package__ in (None, ""):  # run as `python launch/local.py`
   sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launch.common import LaunchError, parse, parser, run_main, shell_join  # noqa: E402
+from launch.common import (LaunchError, parse, parser, reject_passthrough, run_main,  # noqa: E402
+                           shell_join)
 
 PROG = "launch/local.py"
 DEFAULT_MODULE = "lev_jax.cli.train"
@@ -87,6 +88,10 @@ def process_commands(argv: Sequence[str], num_processes: int, devices_per_proces
     raise LaunchError(f"--port={port}: expected a TCP port in 1..65535")
   if command and not argv:
     raise LaunchError("--command needs the command after --, e.g. -- python -c 'print(1)'")
+  if not command:  # newcomer pass 14 (K05): lev-train then asked for the other two
+    for flag in ("--coordinator_address", "--num_processes", "--process_id"):
+      reject_passthrough(argv, flag, "launch/local.py sets it for every process "
+                         "(--num_processes, --port before --)")
   environ = os.environ if environ is None else environ
   program = list(argv) if command else [python, "-m", module, *argv]
   out = []

@@ -15,7 +15,10 @@ Each checkpoint step holds four items:
             (`tokens_seen`); the fingerprint of the tokenizer the run trains with (a
             second record beside data_report.json, inside the verified step; absent in
             steps saved before it was recorded); and "resumed_with_changes" when the
-            run was resumed with other settings than its checkpoint's (`resume_history`)
+            run was resumed with other settings than its checkpoint's (`resume_history`);
+            "run": the run's id (`new_run_id`, kept by every resume; also in
+            data_report.json), by which a loader tells a step copied in from another run
+            of the same model shape (newcomer pass 14)
 
 Orbax writes each step into a temporary directory and renames it only when every item
 is complete, so a run killed at any moment (kill -9) leaves the earlier checkpoints
@@ -46,8 +49,10 @@ step's config item is stored in, for readers without Orbax (lev_jax.ladder.runs)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
+import os
 import re
 from typing import Any
 
@@ -166,11 +171,26 @@ def _read_config(manager: ocp.CheckpointManager, step: int) -> dict:
   return manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
 
+def new_run_id(directory, config: ml_collections.ConfigDict) -> str:
+  """The id of a run that starts from scratch in `directory` (its checkpoints folder)
+  under `config`: 16 hex digits of the sha256 of the folder's absolute path and the
+  config's JSON. The same in every process of a multi-process run (no draw, no
+  exchange); a resume keeps the id its checkpoint holds (`Checkpointer.run_id`)."""
+  where = str(directory)
+  if "://" not in where:
+    where = os.path.abspath(where)
+  text = f"{where}\n{config.to_json(sort_keys=True)}"
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _progress(step: int, config: ml_collections.ConfigDict, tokens_seen: int | None,
-              tokenizer_fingerprint: str | None, resumed: list | None = None) -> dict:
+              tokenizer_fingerprint: str | None, resumed: list | None = None,
+              run_id: str | None = None) -> dict:
   """A step's progress item (module docstring)."""
   progress = {"tokens_seen": int(step * config.train.global_batch_size * config.train.seq_len
                                  if tokens_seen is None else tokens_seen)}
+  if run_id is not None:
+    progress["run"] = run_id
   if tokenizer_fingerprint is not None:
     progress["tokenizer_fingerprint"] = tokenizer_fingerprint
   if resumed:
@@ -230,6 +250,7 @@ class Checkpointer:
     self._saving: int | None = None  # the step being saved, until `wait` sees it end
     self._latest: int | None = None  # the step this run restored or last saved
     self._resumed: list[dict] = []  # resume_history, saved with every step
+    self.run_id: str | None = None  # the restored step's "run" (else `new_run_id`)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -252,6 +273,8 @@ class Checkpointer:
     """
     self.wait()  # the previous save is complete (Orbax would wait here too)
     self._check_latest()
+    if self.run_id is None:  # a new run (or one restored from a step without an id)
+      self.run_id = new_run_id(self.directory, config)
     self._saving = step
     try:
       saved = self.manager.save(step, force=True, args=ocp.args.Composite(
@@ -259,7 +282,8 @@ class Checkpointer:
           data=DataSave(data_iterator),
           config=ocp.args.JsonSave(config.to_dict()),
           progress=ocp.args.JsonSave(_progress(step, config, tokens_seen,
-                                               tokenizer_fingerprint, self._resumed))))
+                                               tokenizer_fingerprint, self._resumed,
+                                               self.run_id))))
     except Exception as e:  # Orbax / tensorstore / OSError: any type
       self._saving = None
       self._write_failed(step, e)
@@ -458,9 +482,12 @@ class Checkpointer:
     changed = [d for d in config_differences(saved, config, result_fields(config),
                                              stored_only=True) if d not in data_diffs]
     try:  # a damaged progress item is named by tokens_seen, which the trainer reads next
-      self._resumed = resume_history(self._progress_item(step) or {})
+      progress = self._progress_item(step) or {}
     except CheckpointMismatchError:
-      self._resumed = []
+      progress = {}
+    self._resumed = resume_history(progress)
+    run_id = progress.get("run")
+    self.run_id = run_id if isinstance(run_id, str) else None
     if changed:  # legitimate (a new learning rate, more steps), but the user should see it
       recorded = [d for d in changed if not d.startswith("train.steps:")]  # an extension
       logging.warning("%s: resuming with settings that differ from the checkpoint's: %s%s",

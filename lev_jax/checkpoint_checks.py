@@ -156,7 +156,7 @@ def misnamed_step(directory) -> str | None:
     except (OSError, ValueError, AttributeError):
       recorded = None
     if isinstance(recorded, int) and (directory / str(recorded)).exists():
-      name = f"a copy of step {recorded}, which is there too: move the copy"
+      name = f"{_beside(p, directory / str(recorded), recorded)}: move it"
     else:
       name = (f"name it {recorded} again, or move it" if isinstance(recorded, int)
               else "give it its step's number, or move it")
@@ -173,10 +173,28 @@ def _renamed_line(step_dir: epath.Path, recorded) -> str | None:
   if not isinstance(recorded, int) or named is None or recorded == named:
     return None
   if (step_dir.parent / str(recorded)).is_dir():
-    return (f"checkpoint {step_dir}: its manifest records step {recorded}: a copy of step "
-            f"{recorded}, which is there too; move the copy out of {step_dir.parent}")
+    return (f"checkpoint {step_dir}: its manifest records step {recorded}: "
+            f"{_beside(step_dir, step_dir.parent / str(recorded), recorded)}; move it out "
+            f"of {step_dir.parent}")
   return (f"checkpoint {step_dir}: its manifest records step {recorded}: the folder was "
           f"renamed; name it {recorded} again (or move it aside)")
+
+
+def _beside(copy_dir: epath.Path, step_dir: epath.Path, step: int) -> str:
+  """What a step folder `copy_dir` whose manifest records `step` is, beside that step's
+  own folder `step_dir`: "a copy of step 6, which is there too" when both manifests list
+  the same files and checksums, else another step 6 (another run's: newcomer pass 14's
+  M20 was called a copy)."""
+  def digests(folder):
+    try:
+      return json.loads((folder / MANIFEST).read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+      return None
+  ours = digests(step_dir)
+  if ours is not None and ours == digests(copy_dir):
+    return f"a copy of step {step}, which is there too"
+  return (f"a step {step} other than the run's own step {step} (their files differ: "
+          "another run's step?)")
 
 
 def renamed_step(step_dir) -> str | None:
@@ -392,34 +410,66 @@ def shape_record_differences(record: dict, saved: dict) -> list[str]:
   return out
 
 
-def run_shape_problem(folder, saved: dict, where: str) -> str | None:
-  """The line when a step's stored config `saved` (`where`: "checkpoint DIR/STEP") holds
-  another model than the one lev-train recorded for the run in `folder`
-  (DATA_REPORT's "model_shape", `shape_record`), or when that record is damaged; None
-  when they agree, or the run has no record (runs from before it: not checked).
+def run_shape_problem(folder, saved: dict, where: str,
+                      progress: dict | None = None) -> str | None:
+  """The line when a step does not belong to the run in `folder` as lev-train recorded
+  it in DATA_REPORT, or when that record is damaged; None when they agree, or the run
+  has no record (runs from before it: not checked; `run_record_missing` warns).
 
-  Which of the two changed cannot be told: a step copied in from another run, or
-  data_report.json replaced or edited (newcomer pass 14)."""
+  The step's stored config `saved` (`where`: "checkpoint DIR/STEP") must hold the
+  recorded model ("model_shape", `shape_record`); its progress item `progress`, when
+  it holds a run id, the recorded "run" (checkpoint.new_run_id: a step of another run
+  of the same shape, e.g. another seed, newcomer pass 14). Which of the two changed
+  cannot be told: a step copied in from another run, or data_report.json replaced or
+  edited."""
   path = epath.Path(folder) / DATA_REPORT
   try:
-    record = json.loads(path.read_text()).get("model_shape")
+    report = json.loads(path.read_text())
+    record, run_id = report.get("model_shape"), report.get("run")
   except (OSError, ValueError, AttributeError):
     return None  # the loaders' tokenizer check names an unreadable data_report.json
-  if record is None or record == {}:
+  if record is not None and record != {}:
+    unknown = (sorted(set(record) - SHAPE_FIELD_NAMES) if isinstance(record, dict)
+               else None)
+    if unknown is None or unknown:
+      what = f"unknown field {unknown[0]!r}" if unknown else f"{type(record).__name__}"
+      return (f"{path}: its model_shape holds {what}; expected lev-train's record of the "
+              "model's shape fields (edited? restore the file, or delete that field to "
+              "skip the check)")
+    diffs = shape_record_differences(record, saved)
+    if diffs:
+      return (f"{where} holds another model than the one recorded for the run in {folder} "
+              f"({'; '.join(diffs)}; the record: {path}): a step copied in from another "
+              "run, or data_report.json replaced or edited? Put back the one that changed")
+  step_run = (progress or {}).get("run")
+  if run_id is not None and not isinstance(run_id, str):
+    return (f"{path}: its run holds {type(run_id).__name__}; expected lev-train's id of "
+            "the run (edited? restore the file, or delete that field to skip the check)")
+  if isinstance(run_id, str) and isinstance(step_run, str) and step_run != run_id:
+    return (f"{where} belongs to another run than the one in {folder} (its progress item "
+            f"records run {step_run}, {path} run {run_id}): a step copied in from another "
+            "run of the same model (another seed or data?), or data_report.json replaced? "
+            "Put back the one that changed")
+  return None
+
+
+def run_record_missing(folder) -> str | None:
+  """The warning when the run in `folder` has no record of its model to check a step
+  against (`run_shape_problem`): data_report.json missing, or without "model_shape"
+  (written by lev_jax before the record existed); None when the record is there or
+  data_report.json cannot be read (the tokenizer check names that)."""
+  path = epath.Path(folder) / DATA_REPORT
+  if not path.exists():
+    return (f"{path} is missing: the step's model cannot be checked against the run's "
+            "record (a step copied in from another run would go unnoticed)")
+  try:
+    report = json.loads(path.read_text())
+  except (OSError, ValueError):
     return None
-  unknown = (sorted(set(record) - SHAPE_FIELD_NAMES) if isinstance(record, dict)
-             else None)
-  if unknown is None or unknown:
-    what = f"unknown field {unknown[0]!r}" if unknown else f"{type(record).__name__}"
-    return (f"{path}: its model_shape holds {what}; expected lev-train's record of the "
-            "model's shape fields (edited? restore the file, or delete that field to "
-            "skip the check)")
-  diffs = shape_record_differences(record, saved)
-  if not diffs:
-    return None
-  return (f"{where} holds another model than the one recorded for the run in {folder} "
-          f"({'; '.join(diffs)}; the record: {path}): a step copied in from another run, "
-          "or data_report.json replaced or edited? Put back the one that changed")
+  if isinstance(report, dict) and report.get("model_shape") in (None, {}):
+    return (f"{path} records no model_shape (written by an older lev_jax, or edited): "
+            "the step's model cannot be checked against the run's record")
+  return None
 
 
 def config_differences(saved: dict, config: ml_collections.ConfigDict,

@@ -57,8 +57,8 @@ from lev_jax import checkpoint
 from lev_jax.checkpoint import error_line
 from lev_jax.checkpoint_checks import (MANIFEST, SHAPE_FIELDS, CheckpointCorruptError,
                                        config_differences, file_digests, misnamed_step,
-                                       not_a_step, run_shape_problem, step_files,
-                                       verify_manifest)
+                                       not_a_step, run_record_missing, run_shape_problem,
+                                       step_files, verify_manifest)
 from lev_jax.config import DTYPES, ConfigError, from_dict
 from lev_jax.data.files import read_npy, npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import load_tokenizer, save_tokenizer
@@ -270,9 +270,16 @@ def _load_workdir(root: epath.Path, step: int | None, dtype, expect) -> Inferenc
       raise InferenceError(f"{where}: its config cannot be read ({error_line(e)}){hint}"
                            ) from e
     _check_expected(saved, expect, where)
-    problem = run_shape_problem(root, saved, where)  # newcomer pass 13: a foreign step
+    try:  # its run id; a damaged progress item is named below, with the parameters
+      progress = reader.saved_progress(step)
+    except Exception:  # pylint: disable=broad-except  # any Orbax error type
+      progress = None
+    problem = run_shape_problem(root, saved, where, progress)  # passes 13, 14: a foreign step
     if problem:
       raise InferenceError(problem)
+    missing = run_record_missing(root)
+    if missing:
+      logging.warning("%s", missing)
     config = _config_from_json(saved, where)
     graphdef, abstract = _abstract(config)
     try:  # parameters only: the optimizer state is never read

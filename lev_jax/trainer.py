@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from lev_jax import data as data_lib
 from lev_jax.checkpoint import (Checkpointer, CheckpointMismatchError, CheckpointReader,
-                                resume_history)
+                                new_run_id, resume_history)
 from lev_jax.checkpoint_checks import (CheckpointCorruptError, CheckpointRenamedError,
                                        config_differences, misnamed_step, not_a_step,
                                        result_fields, run_shape_problem, shape_record,
@@ -214,17 +214,19 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
 
 
 def _write_data_report(workdir: epath.Path, bundle, step: int,
-                       config: ml_collections.ConfigDict) -> None:
+                       config: ml_collections.ConfigDict, run_id: str) -> None:
   """WORKDIR/data_report.json (process 0, atomic): `DataBundle.current_report`; for
   jsonl_stream with ``counted_at_step``, as its counts grow while the stream is read;
-  and the model's shape (checkpoint_checks.shape_record, "model_shape"), by which the
-  loaders tell a step of another run copied into checkpoints/."""
+  the model's shape (checkpoint_checks.shape_record, "model_shape") and the run's id
+  ("run", as every checkpoint's progress item holds it: checkpoint.new_run_id), by which
+  the loaders tell a step of another run copied into checkpoints/."""
   if jax.process_index() != 0:
     return
   report = bundle.current_report()
   if "counted" in report:
     report["counted_at_step"] = step
   report["model_shape"] = shape_record(config)
+  report["run"] = run_id
   with _writing(workdir / DATA_REPORT):
     write_json_atomic(workdir / DATA_REPORT, report, default=str)
 
@@ -516,9 +518,13 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
       saved = reader.saved_config(step)
     except Exception:  # pylint: disable=broad-except  # deleted or damaged: the restore
       saved = None  # names it (any Orbax error type)
+    try:
+      progress = reader.saved_progress(step)
+    except Exception:  # pylint: disable=broad-except  # the restore names a damaged item
+      progress = None
     if saved is not None:  # newcomer pass 14: lev-eval refused such a folder, lev-train
       problem = run_shape_problem(workdir, saved,  # advised "the run's own config"
-                                  f"checkpoint {checkpoints / str(step)}")
+                                  f"checkpoint {checkpoints / str(step)}", progress)
       if problem:
         raise CheckpointMismatchError(f"{problem}. Nothing was changed")
     if step < config.train.steps:
@@ -527,10 +533,7 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
       return None
     if saved is None:
       return None
-    try:
-      history = resume_history(reader.saved_progress(step))
-    except Exception:  # pylint: disable=broad-except  # the restore names a damaged item
-      history = []
+    history = resume_history(progress or {})
   try:  # newcomer pass 11: a renamed, foreign or edited step was blamed on the settings
     _check_finished_step(checkpoints / str(step), step, checksums=False)
   except CheckpointCorruptError:
@@ -914,9 +917,11 @@ class _Outputs:
     """Every check passed: the workdir is written from here on (once)."""
     if self.started:
       return
-    self.checkpointer()
+    ckpt = self.checkpointer()
+    if ckpt.run_id is None:  # a new run: its id from here on (a resume keeps its own)
+      ckpt.run_id = new_run_id(ckpt.directory, self.config)
     _write_data_report(self.workdir, self.bundle, step,  # documents, tokens, skipped lines
-                       self.config)
+                       self.config, ckpt.run_id)
     if jax.process_index() == 0:  # the tokenizer, the token counts
       with _writing(self.workdir / TOKENIZER):
         save_tokenizer(self.bundle.tokenizer, self.workdir / TOKENIZER,
@@ -1101,7 +1106,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
           outputs.checkpointer().save(step, state, train_iter, config, tokens_seen(step),
                                       bundle.tokenizer.fingerprint)
         if bundle.report.get("source") == "jsonl_stream":  # counts grow as it is read
-          _write_data_report(workdir, bundle, step, config)
+          _write_data_report(workdir, bundle, step, config, outputs.checkpointer().run_id)
       if stopping:
         stopped = Stopped(step, signalled or "stop_at_step")
         logging.warning("stopping at step %d (%s) after saving a checkpoint", step,

@@ -375,7 +375,7 @@ def test_tokens_seen_is_a_running_count_across_a_resume_with_another_batch(run):
   from lev_jax.data.tokenizer_files import load_tokenizer
   with checkpoint.CheckpointReader(workdir / "checkpoints") as reader:
     assert reader.saved_progress(5) == {
-        "tokens_seen": 1152,
+        "tokens_seen": 1152, "run": json.loads((workdir / "data_report.json").read_text())["run"],
         "tokenizer_fingerprint": load_tokenizer(workdir / "tokenizer").fingerprint}
   shutil.rmtree(workdir / "checkpoints" / "5" / "progress")  # as an older lev_jax saved
   assert ckpt.tokens_seen(5) == 5 * 4 * 32  # its own config's count: all it knows
@@ -427,14 +427,14 @@ def test_a_step_folder_under_another_name_is_named_by_every_reader(finished_tied
   with pytest.raises(ConfigError, match=re.escape(
       f"{workdir / 'checkpoints' / '04'}: a checkpoint step (checksums.json records step 4) "
       "under a name that is not its step's, which no restore sees: a copy of step 4, which "
-      f"is there too: move the copy out of {workdir / 'checkpoints'}")):
+      f"is there too: move it out of {workdir / 'checkpoints'}")):
     trainer.finished_run(c, workdir)
   # newcomer pass 13: a copy under another step's number beside its step
   shutil.rmtree(workdir / "checkpoints" / "04")
   (workdir / "checkpoints" / "two").rename(workdir / "checkpoints" / "2")
   shutil.copytree(workdir / "checkpoints" / "4", workdir / "checkpoints" / "12")
   copy = (f"checkpoint {workdir / 'checkpoints' / '12'}: its manifest records step 4: a "
-          f"copy of step 4, which is there too; move the copy out of "
+          f"copy of step 4, which is there too; move it out of "
           f"{workdir / 'checkpoints'}")
   with pytest.raises(inference.InferenceError, match="^" + re.escape(copy)):
     inference.load(workdir)
@@ -478,6 +478,79 @@ def test_a_step_of_another_run_s_model_is_refused_by_the_loaders(finished_tied_r
     with pytest.raises(inference.InferenceError, match="^" + re.escape(
         f"{workdir / 'data_report.json'}: its model_shape holds {what}; expected ")):
       inference.load(workdir)
+
+
+def test_a_step_of_another_run_of_the_same_model_is_refused_and_a_resume_keeps_the_id(
+    finished_tied_run, tmp_path):
+  """Newcomer pass 14: a step of another run of the same shape (M14: another seed; M07:
+  other data) copied over a run's step was evaluated as that run without a word, and a
+  copy under another step's number was called "a copy" of the run's own step (M20).
+  lev-train records the run's id in data_report.json and every step's progress item."""
+  from lev_jax import inference
+  from lev_jax.trainer import finished_run
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  report = json.loads((workdir / "data_report.json").read_text())
+  with checkpoint.CheckpointReader(workdir / "checkpoints") as reader:
+    ids = {reader.saved_progress(s)["run"] for s in (2, 4)}
+  # the copy keeps the id the run was trained under (not its own folder's)
+  assert ids == {report["run"]} == {checkpoint.new_run_id(
+      finished_tied_run[1] / "checkpoints", finished_tied_run[0])}
+  other = c.copy_and_resolve_references()
+  other.seed, other.train.steps = 1, 2
+  train_and_evaluate(other, tmp_path / "seed1")
+  shutil.rmtree(workdir / "checkpoints" / "4")  # the latest is now step 2: replace it
+  shutil.rmtree(workdir / "checkpoints" / "2")
+  shutil.copytree(tmp_path / "seed1" / "checkpoints" / "2", workdir / "checkpoints" / "2")
+  with checkpoint.CheckpointReader(tmp_path / "seed1" / "checkpoints") as reader:
+    foreign = reader.saved_progress(2)["run"]
+  assert foreign != report["run"]
+  line = (f"checkpoint {workdir / 'checkpoints' / '2'} belongs to another run than the one "
+          f"in {workdir} (its progress item records run {foreign}, "
+          f"{workdir / 'data_report.json'} run {report['run']}): a step copied in from "
+          "another run of the same model (another seed or data?), or data_report.json "
+          "replaced? Put back the one that changed")
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(line) + "$"):
+    inference.load(workdir)
+  c.train.steps = 2
+  with pytest.raises(CheckpointMismatchError, match="^" + re.escape(line)):
+    finished_run(c, workdir)
+  # M20: the foreign step beside the run's own step 2 (under 12) is not "a copy" of it
+  shutil.rmtree(workdir / "checkpoints" / "2")
+  shutil.copytree(finished_tied_run[1] / "checkpoints" / "2", workdir / "checkpoints" / "2")
+  shutil.copytree(tmp_path / "seed1" / "checkpoints" / "2", workdir / "checkpoints" / "12")
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(
+      f"checkpoint {workdir / 'checkpoints' / '12'}: its manifest records step 2: a step 2 "
+      "other than the run's own step 2 (their files differ: another run's step?); move it "
+      f"out of {workdir / 'checkpoints'}")):
+    inference.load(workdir)
+  shutil.rmtree(workdir / "checkpoints" / "12")
+  # a resume (here an extension of the copied run) keeps the run's id in its new steps
+  c.train.steps = 6
+  train_and_evaluate(c, workdir)
+  with checkpoint.CheckpointReader(workdir / "checkpoints") as reader:
+    assert reader.saved_progress(6)["run"] == report["run"]
+  assert json.loads((workdir / "data_report.json").read_text())["run"] == report["run"]
+
+
+def test_a_run_without_its_model_record_is_loaded_with_a_warning(finished_tied_run,
+                                                                 tmp_path, caplog):
+  """Newcomer pass 14 (M05, M16): a run whose data_report.json has no model_shape (an
+  older lev_jax) or is missing was evaluated without a word that its step cannot be
+  checked against the run."""
+  from lev_jax import inference
+  _, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  report = json.loads((workdir / "data_report.json").read_text())
+  del report["model_shape"], report["run"]
+  (workdir / "data_report.json").write_text(json.dumps(report))
+  with caplog.at_level("WARNING"):
+    inference.load(workdir)
+  assert (f"{workdir / 'data_report.json'} records no model_shape (written by an older "
+          "lev_jax, or edited): the step's model cannot be checked") in caplog.text
+  caplog.clear()
+  (workdir / "data_report.json").unlink()
+  with caplog.at_level("WARNING"):
+    inference.load(workdir)
+  assert f"{workdir / 'data_report.json'} is missing: the step's model cannot be" in caplog.text
 
 
 @pytest.mark.parametrize("entry", ["empty folder", "file"])

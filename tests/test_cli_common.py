@@ -812,3 +812,55 @@ def test_a_dangling_symbolic_link_as_a_folder_is_named(tmp_path):
   with pytest.raises(lock.WorkdirLockError, match=f"^{dl}: {re.escape(line)}$"):
     with lock.hold(dl, prog="lev-train"):
       pass
+
+
+def test_a_flag_given_twice_with_other_values_is_named():
+  """Newcomer pass 14 (P01-P03): absl keeps the last of a repeated flag without a word
+  (an edited command line, or a wrapper adding one); one warning names both values.
+  A list flag (absl's multi flags) and the same value twice say nothing."""
+  from absl import flags, logging
+  from lev_jax.cli import common
+  fv = flags.FlagValues()
+  flags.DEFINE_string("checkpoint", None, "a run", flag_values=fv)
+  flags.DEFINE_bool("run", False, "train", flag_values=fv)
+  flags.DEFINE_multi_string("tasks", [], "tasks", flag_values=fv)
+  seen = []
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(logging, "warning", lambda fmt, *a: seen.append(fmt % a))
+    common.flags_parser("lev-x", None, fv)(
+        ["lev-x", "--checkpoint=/a", "--checkpoint", "/b", "--run", "--norun",
+         "--tasks=x", "--tasks=y", "--", "--checkpoint=/c"])
+  assert fv.checkpoint == "/b" and seen == [
+      "--checkpoint given twice (/a, /b); using the last, /b",
+      "--run given twice (true, false); using the last, false"]
+  assert common.flags_given_twice(["lev-x", "--checkpoint=/a", "--checkpoint=/a"], fv) == []
+
+
+def test_another_tools_name_for_a_flag_of_this_command_is_pointed_at_it(capsys):
+  """Newcomer pass 14 (H06): lev-sample --max_tokens=4 (OpenAI / vLLM) was absl's bare
+  "Unknown command line flag"; a command without the meant flag keeps absl's line."""
+  from absl import flags
+  from lev_jax.cli import common
+  fv = flags.FlagValues()
+  flags.DEFINE_integer("max_new_tokens", 64, "Most tokens.", flag_values=fv)
+  with pytest.raises(SystemExit):
+    common.flags_parser("lev-x", None, fv)(["lev-x", "--max_tokens=4"])
+  assert capsys.readouterr().err.strip() == (
+      "lev-x: error: unknown flag --max_tokens (did you mean --max_new_tokens?)")
+  with pytest.raises(SystemExit):
+    common.flags_parser("lev-x", None, fv)(["lev-x", "--ckpt=/x"])
+  assert capsys.readouterr().err.strip() == "lev-x: error: Unknown command line flag 'ckpt'"
+
+
+def test_a_launchers_flag_given_to_lev_ladder_points_at_launcher_flags(capsys):
+  """Newcomer pass 14 (C13): lev-ladder --venv=... (launch/slurm.py's flag, which
+  lev-ladder --help shows inside --launcher_flags) was absl's bare line."""
+  from absl import flags
+  from lev_jax.cli import common
+  fv = flags.FlagValues()
+  flags.DEFINE_string("launcher_flags", "", "Launcher flags.", flag_values=fv)
+  with pytest.raises(SystemExit):
+    common.flags_parser("lev-x", None, fv)(["lev-x", "--venv=/a/b"])
+  assert capsys.readouterr().err.strip() == (
+      "lev-x: error: unknown flag --venv: a launcher's flag; pass it in "
+      "--launcher_flags=--venv=/a/b (with --launcher=slurm, tpu or local)")

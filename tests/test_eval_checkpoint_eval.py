@@ -281,6 +281,11 @@ def test_an_existing_output_is_read_up_to_a_limit(tmp_path, monkeypatch):
      r"lev_eval.json \(run lev-eval --checkpoint=.* first\), or the folder holding it$"),
     (b'{"step": 4}', r"^--baseline=.*eval.json: it holds no validation result to compare "
      r"with \(expected a lev_eval.json written by lev-eval\)$"),
+    # newcomer pass 14 (S08): "written by an older lev-eval"
+    (b'{"step": 4, "validation": {"log": {}}, "test": {"log": {}}}', r"^--baseline=.*"
+     r"eval.json: .*eval.json is a lev-study evaluation \(study_eval.json: validation and "
+     r"test, bucketed twice\), not a lev-eval result; expected the baseline's "
+     r"lev_eval.json \(run lev-eval --checkpoint=.* first\)$"),
 ])
 def test_a_baseline_that_is_no_small_utf8_file_is_one_line(tmp_path, content, expected):
   path = "/dev/zero"

@@ -329,9 +329,22 @@ def test_a_ladder_file_without_the_py_suffix_is_one_line_naming_the_flag(tmp_pat
     ladder_cli.load_inputs(str(txt), str(tmp_path), run=False, report_dir=None)
 
 
+def test_a_rung_without_its_partner_is_refused(tmp_path):
+  """Newcomer pass 14 (R02): RUNGS = ("tied_xs", "leviathan_s") reported "2 of 2 rungs
+  finished" over a table that compares nothing."""
+  path = tmp_path / "r02.py"
+  path.write_text("RUNGS = ('tied_xs', 'leviathan_s')\ndef get_config(v):\n  return None\n")
+  with pytest.raises(LadderError, match="^" + re.escape(
+      f"--ladder={path}: RUNGS has tied_xs without leviathan_xs and leviathan_s without "
+      "tied_s: a ladder compares tied_SIZE with leviathan_SIZE at each size, so each "
+      "needs its partner") + "$"):
+    collect(path, tmp_path)
+
+
 def test_get_config_failure_names_the_variant(tmp_path):
   path = tmp_path / "bad.py"
-  path.write_text("RUNGS = ('tied_a',)\ndef get_config(v):\n  raise ValueError('nope')\n")
+  path.write_text("RUNGS = ('tied_a', 'leviathan_a')\ndef get_config(v):\n"
+                  "  raise ValueError('nope')\n")
   with pytest.raises(LadderError, match=r"get_config\('tied_a'\) failed: ValueError: nope"):
     collect(path, tmp_path)
 
@@ -381,6 +394,11 @@ def test_rung_commands_per_launcher_are_what_lev_train_and_launch_accept(tmp_pat
     ladder_cli.rung_commands("tpu", str(tmp_path / "l.py"), ["tied_m"], "gs://b")
   with pytest.raises(ValueError, match="--workdir is set by lev-ladder"):
     ladder_cli.rung_commands("local", smoke, ["tied_m"], "/r", train_flags=["--workdir=/x"])
+  # newcomer pass 14 (B18, B19): lev-study's refusal spoke of lev-ladder and rungs
+  with pytest.raises(ValueError, match=re.escape(
+      "--train_flags: --config is set by lev-study for every run (--config=STUDY:RUN)")):
+    ladder_cli.rung_commands("local", smoke, [], "/r", train_flags=["--config=x.py:a"],
+                             prog="lev-study")
 
 
 def test_launcher_flags_are_checked_once_before_any_rung_is_launched(capsys):
@@ -645,7 +663,7 @@ def test_a_rung_whose_step_folder_was_renamed_is_named_not_retrained(tmp_path):
   rung = collect(ladder, root).rung("tied_a")
   assert rung.status == "unverified" and rung.reason == (
       f"checkpoint {ckpt / str(2 * STEPS)}: its manifest records step {STEPS}: a copy of step "
-      f"{STEPS}, which is there too; move the copy out of {ckpt}; the rung is left out "
+      f"{STEPS}, which is there too; move it out of {ckpt}; the rung is left out "
       "until then")
 
 

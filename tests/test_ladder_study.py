@@ -639,7 +639,7 @@ def test_a_run_s_file_replaced_by_a_folder_makes_it_unreadable(tmp_path):
     shutil.move(tmp_path / "aside", path)
 
 
-def test_another_run_s_study_eval_json_copied_in_makes_its_run_unreadable(tmp_path):
+def test_another_run_s_study_eval_json_copied_in_makes_its_run_unreadable(tmp_path, capsys):
   """Newcomer pass 13 (N182): tied_s1's study_eval.json copied over tied_s0's was read as
   tied_s0's (two seeds became one counted twice): nothing in the file tied it to its
   run. It records its run and the sha256 of the evaluated step's checksums.json now."""
@@ -683,12 +683,21 @@ def test_another_run_s_study_eval_json_copied_in_makes_its_run_unreadable(tmp_pa
   assert missing["reason"].endswith(f"but this run's {step_dir / 'checksums.json'} is "
                                     f"absent (the run trained again, or its checkpoints "
                                     f"replaced){tail}")
-  # A file written before lev-study recorded its run is read as before (unchecked).
+  # newcomer pass 14 (S06): its run kept, its checksum deleted: not "trained again"
   ev = json.loads(own)
-  del ev["run"], ev["manifest_sha256"]
+  del ev["manifest_sha256"]
   path.write_text(json.dumps(ev))
+  (missing,) = _report_only(ladder, root, tmp_path)[0]["missing"]
+  assert missing["reason"] == (f"{path}: it records its run but no manifest_sha256 "
+                               f"(lev-study writes both: the file was edited){tail}")
+  # A file written before lev-study recorded its run is read as before (unchecked).
+  del ev["run"]
+  path.write_text(json.dumps(ev))
+  capsys.readouterr()
   analysis, _, failed = _report_only(ladder, root, tmp_path)
   assert not analysis["missing"] and not failed
+  assert (f"lev-study: leviathan_a: {path} records no run (written before lev-study "
+          "recorded which checkpoint it evaluated): read unchecked") in capsys.readouterr().out
 
 
 def test_another_eval_batches_says_which_evaluation_it_replaces(tmp_path):

@@ -616,6 +616,9 @@ def test_local_default_port_is_shared_and_free():
     (["--port=70000", "--dry-run"], "--port=70000: expected a TCP port"),
     (["--command", "--dry-run"], "--command needs the command after --"),
     (["--command", "--module=x", "--", "true"], "not allowed with argument"),
+    # newcomer pass 14 (K05): lev-train then asked for the two flags local.py sets itself
+    (["--num_processes=2", "--dry-run", "--", "--coordinator_address=1.2.3.4:5"],
+     "--coordinator_address after --: launch/local.py sets it for every process"),
 ])
 def test_local_bad_inputs(argv, needle, capsys):
   assert local.main(argv) == 2

@@ -691,6 +691,7 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
       fail(prog, _get_config_raised(e, argv) or override_value_error(argv, fv)
            or _bad_override_value(e, fv)
            or _override_without_config(e, fv) or _folder_habit(e, fv)
+           or _own_flag_habit(e, fv) or _launcher_flag(e, fv)
            or _config_field_hint(e, fv)
            or _required_flag(e, fv) or _REPEATED_FLAG.sub("", line))
     except Exception as e:  # raised by ml_collections while it loads --config=FILE
@@ -698,8 +699,46 @@ def flags_parser(prog: str, module: str | None = None, fv: flags.FlagValues = fl
     problem = override_value_error(argv, fv)  # a text field takes the next flag silently
     if problem:
       fail(prog, problem)
+    for line in flags_given_twice(argv, fv):
+      logging.warning("%s", line)
     return rest
   return parse
+
+
+def _times(n: int) -> str:
+  return "twice" if n == 2 else f"{n} times"
+
+
+def flags_given_twice(argv, fv: flags.FlagValues) -> list[str]:
+  """`--checkpoint given twice (/a, /b); using the last, /b` for each flag of `fv`
+  (config overrides included) that argv, before `--`, sets more than once to different
+  values: absl keeps the last without a word (newcomer pass 14, P01-P03: an edited
+  command line, or a wrapper adding a flag). Flags that take a list (absl's multi
+  flags) and `--config=FILE` (refused by `config_given_twice`) are left out."""
+  args = list(argv[1:])
+  args = args[:args.index("--")] if "--" in args else args
+  given: dict[str, list[str]] = {}
+  i = 0
+  while i < len(args):
+    arg, i = args[i], i + 1
+    if not arg.startswith("-") or arg in ("-", "--"):
+      continue
+    name, eq, value = arg.lstrip("-").partition("=")
+    if not eq:
+      if name in fv and isinstance(fv[name], flags.BooleanFlag):
+        value = "true"
+      elif name.startswith("no") and name[2:] in fv and isinstance(fv[name[2:]],
+                                                                   flags.BooleanFlag):
+        name, value = name[2:], "false"
+      elif name in fv and i < len(args):  # `--name value`
+        value, i = args[i], i + 1
+      else:
+        continue
+    if name not in fv or name == "config" or isinstance(fv[name], flags.MultiFlag):
+      continue
+    given.setdefault(name, []).append(value)
+  return [f"--{name} given {_times(len(values))} ({', '.join(values)}); using the last, "
+          f"{values[-1]}" for name, values in given.items() if len(set(values)) > 1]
 
 
 # absl's words for a config file whose get_config raised (ml_collections config_flags).
@@ -944,6 +983,49 @@ _FOLDER_HABITS = {
     "init_from": "lev-train resumes from --workdir's latest checkpoint by itself (a new "
                  "--workdir starts from scratch)",
 }
+
+
+# Flags of other tools (OpenAI / vLLM / Hugging Face generate, the launchers) and this
+# command's flag of that meaning (newcomer pass 14, H06: lev-sample --max_tokens=4).
+_OWN_FLAG_HABITS = {
+    "max_tokens": "max_new_tokens", "max_length": "max_new_tokens",
+    "num_tokens": "max_new_tokens", "temp": "temperature", "ckpt": "checkpoint",
+    "checkpoint_dir": "checkpoint", "model_path": "checkpoint", "prompts": "prompt",
+}
+
+
+def _own_flag_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:
+  """`unknown flag --max_tokens (did you mean --max_new_tokens?)` when another tool's
+  name for one of this command's flags (`_OWN_FLAG_HABITS`) was given; else None."""
+  if not isinstance(error, flags.UnrecognizedFlagError):
+    return None
+  ours = _OWN_FLAG_HABITS.get(error.flagname)
+  return (f"unknown flag --{error.flagname} (did you mean --{ours}?)"
+          if ours and ours in fv else None)
+
+
+# The launchers' own flags (launch/slurm.py, launch/tpu.py, launch/local.py), which
+# lev-ladder passes on in --launcher_flags (newcomer pass 14, C13: --venv= given to
+# lev-ladder was absl's bare line).
+_LAUNCHER_FLAGS = frozenset((
+    "accelerator_type", "account", "chdir", "constraint", "cpus_per_task",
+    "devices_per_process", "env", "exclusive", "gpus_per_node", "grace_s", "job_name",
+    "max_requeues", "max_restarts", "mem", "module", "network", "nodes", "num_processes",
+    "partition", "poll_s", "port", "preemptible", "project", "qos", "queued", "repo",
+    "requeue", "reserved", "runtime_version", "sbatch_line", "service_account",
+    "signal_s", "spot", "subnetwork", "time", "venv", "zone"))
+
+
+def _launcher_flag(error: flags.Error, fv: flags.FlagValues) -> str | None:
+  """`unknown flag --venv: a launcher's flag; pass it in --launcher_flags` for a command
+  that passes flags on to a launcher (lev-ladder); None otherwise."""
+  if (not isinstance(error, flags.UnrecognizedFlagError) or "launcher_flags" not in fv
+      or error.flagname not in _LAUNCHER_FLAGS):
+    return None
+  given = str(error.flagvalue or "")
+  given = given if "=" in given else f"--{error.flagname}=..."
+  return (f"unknown flag --{error.flagname}: a launcher's flag; pass it in "
+          f"--launcher_flags={shlex.quote(given)} (with --launcher=slurm, tpu or local)")
 
 
 def _folder_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:

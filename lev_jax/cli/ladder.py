@@ -93,18 +93,22 @@ def _split(flag: str, value: str) -> list[str]:
 
 
 def rung_commands(launcher: str, ladder: str, variants, root: str, *, train_flags=(),
-                  launcher_flags=(), python: str = sys.executable) -> list[tuple[str, list[str]]]:
-  """[(variant, argv)] that train each rung with `launcher` (see the module docstring).
+                  launcher_flags=(), python: str = sys.executable,
+                  prog: str = "lev-ladder") -> list[tuple[str, list[str]]]:
+  """[(variant, argv)] that train each rung with `launcher` (see the module docstring);
+  `prog` (lev-ladder, or lev-study for its runs) words the errors.
 
   Raises:
     ValueError: --workdir or --config in train_flags (lev-ladder sets them), --workdir in
       launcher_flags, or a tpu ladder file outside the checkout launch/tpu.py copies.
   """
+  unit, name, file = (("run", "RUN", "STUDY") if prog == "lev-study"
+                      else ("rung", "VARIANT", "LADDER"))
   for a in train_flags:
     for own in ("--workdir", "--config"):
       if a == own or a.startswith(own + "="):
-        raise ValueError(f"--train_flags: {own} is set by lev-ladder for every rung "
-                         f"({own}={'ROOT/VARIANT' if own == '--workdir' else 'LADDER:VARIANT'})")
+        raise ValueError(f"--train_flags: {own} is set by {prog} for every {unit} "
+                         f"({own}={f'ROOT/{name}' if own == '--workdir' else f'{file}:{name}'})")
   for a in launcher_flags:
     if a == "--workdir" or a.startswith("--workdir="):
       raise ValueError("--launcher_flags: --workdir is set by lev-ladder (ROOT/VARIANT)")

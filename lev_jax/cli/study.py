@@ -106,7 +106,7 @@ def _runner_with_cache(cache_dir: str):
 
 
 def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
-                      out=sys.stdout) -> tuple[dict, dict]:
+                      out=None) -> tuple[dict, dict]:
   """({run: study_eval.json}, {run: error}) for every finished run; a run whose file is
   current (same step and eval.batches) is read, the others are evaluated. A current
   file whose figures disagree (`study.study_eval_problem`: edited), or that records
@@ -115,6 +115,7 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
   evaluated again nor summarised."""
   from lev_jax.ladder import study as study_lib
   from lev_jax.workdir import STUDY_EVAL_JSON
+  out = out or sys.stdout  # at call time (a redirected sys.stdout included)
   on_device = evaluate is None  # in this process: jax's backends must start
   evaluate = evaluate or study_lib.evaluate_run
   evals, errors = {}, {}
@@ -144,6 +145,10 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
             f"{path}: {problem}; expected lev-study's own evaluation of this run's "
             "checkpoint (delete it and re-run lev-study to evaluate again)")
         continue
+      if found and "run" not in ev:  # newcomer pass 14 (S05): read as before, but said
+        print(f"{PROG}: {rung.variant}: {Path(rung.workdir) / STUDY_EVAL_JSON} records no "
+              "run (written before lev-study recorded which checkpoint it evaluated): read "
+              "unchecked; delete it to evaluate again", file=out, flush=True)
     if not current:
       if on_device:  # JAX_PLATFORMS naming a backend this machine lacks: one line
         common.backend_or_exit(PROG)
@@ -164,7 +169,7 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
 
 def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=None,
               report_dir=None, command=None, runner=None, evaluate=None,
-              out=sys.stdout, loaded=None) -> tuple[dict, dict, dict]:
+              out=None, loaded=None) -> tuple[dict, dict, dict]:
   """Checks, trains (with run), evaluates and reports a study.
 
   Args:
@@ -187,6 +192,7 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   """
   from lev_jax.ladder import runs, study as study_lib, study_report
   from lev_jax.cli import ladder as ladder_cli
+  out = out or sys.stdout  # at call time (a redirected sys.stdout included)
   module, configs = loaded or load_study(study)
   if eval_batches is None:
     eval_batches = getattr(module, "FINAL_EVAL_BATCHES", None)
@@ -307,7 +313,8 @@ def main(argv):
     loaded = load_study(f.study)  # the file, its piece, every run's config
     train_flags = ladder_cli._split("train_flags", f.train_flags)
     if f.run and train_flags:
-      ladder_cli.rung_commands("local", f.study, [], f.root, train_flags=train_flags)
+      ladder_cli.rung_commands("local", f.study, [], f.root, train_flags=train_flags,
+                               prog=PROG)
       problem = ladder_cli.train_flags_error(
           str(Path(split_spec(f.study)[0]).expanduser().resolve()), loaded[0].RUNGS[0],
           train_flags)

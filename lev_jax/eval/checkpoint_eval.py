@@ -197,6 +197,12 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
                         "or the folder holding it")
     raise ConfigError(f"--baseline={path}: it holds no validation result to compare with "
                       f"(expected a {LEV_EVAL_JSON} written by lev-eval)")
+  validation = base.get("validation")
+  if isinstance(validation, dict) and "log" in validation and "test" in base:
+    raise ConfigError(f"--baseline={baseline_path}: {path} is a lev-study evaluation "
+                      f"(study_eval.json: validation and test, bucketed twice), not a "
+                      f"lev-eval result; expected the baseline's {LEV_EVAL_JSON} (run "
+                      f"lev-eval --checkpoint={path.parent} first)")  # newcomer pass 14 (S08)
   recorded = base.get("checkpoint")
   if (folder is not None and isinstance(recorded, str) and "://" not in recorded
       and local and os.path.realpath(recorded) != os.path.realpath(folder)):

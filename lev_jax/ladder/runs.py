@@ -73,7 +73,8 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
       `folder_name_problem`) or `get_config`; for a ladder ("ladder"), a RUNGS name that
       is not KIND_SIZE with KIND tied or leviathan (`variant_name_problem`: e.g. a study
       file's "leviathan-lr3_s0" given to lev-ladder, whose pairs would all be n/a); a
-      path is named with its flag (`--ladder=PATH`, `--study=PATH`).
+      path is named with its flag (`--ladder=PATH`, `--study=PATH`); a ladder's rung
+      without its partner of the other kind at the same size.
   """
   if isinstance(ladder, types.ModuleType):
     module, where = ladder, f"{kind} {getattr(ladder, '__file__', ladder.__name__)}"
@@ -128,7 +129,20 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
         f"lev-study --study={study}")
   if not callable(getattr(module, "get_config", None)):
     raise LadderError(f"{where}: no get_config(variant) function")
+  if kind == "ladder":  # newcomer pass 14 (R02): "2 of 2 rungs finished", nothing paired
+    alone = [f"{r} without {partner}" for r in rungs
+             for partner in [_partner(r)] if partner not in rungs]
+    if alone:
+      raise LadderError(f"{where}: RUNGS has {' and '.join(alone)}: a ladder compares "
+                        "tied_SIZE with leviathan_SIZE at each size, so each needs its "
+                        "partner")
   return module
+
+
+def _partner(variant: str) -> str:
+  """leviathan_SIZE for tied_SIZE and the other way round (KINDS)."""
+  kind, size = split_variant(variant)
+  return f"{KINDS[1 - KINDS.index(kind)]}_{size}"
 
 
 def folder_name_problem(name: str) -> str | None:

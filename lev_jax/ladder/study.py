@@ -473,6 +473,9 @@ def study_eval_owner_problem(ev: dict, workdir) -> str | None:
             f"({e.strerror or e})")
   if ev["run"] != mine["run"]:
     return f"it belongs to another run: it records run {ev['run']!r}, not {mine['run']}"
+  if "manifest_sha256" not in ev:  # newcomer pass 14 (S06): "the run trained again"
+    return ("it records its run but no manifest_sha256 (lev-study writes both: the file "
+            "was edited)")
   recorded = ev.get("manifest_sha256")
   if recorded != mine["manifest_sha256"]:
     current = mine["manifest_sha256"]
