@@ -744,3 +744,20 @@ def test_a_run_without_its_checkpoints_says_so_and_is_not_evaluated(tmp_path):
       f"cannot be checked against the study's tied_a: left out; move {root / 'tied_a'} "
       "aside and train the run there")
   assert f"  missing tied_a: {missing['reason']}" in study_cli.summary(analysis, paths)
+
+
+def test_a_ladder_file_given_as_a_study_is_refused_naming_lev_ladder():
+  """Newcomer pass 14 (H02): experiments/smoke_ladder.py given to lev-study was taken as
+  a study of one run per cell (each rung evaluated as a study run, no intervals); a
+  study of one seed at one size is still a study."""
+  ladder = Path(__file__).resolve().parent.parent / "experiments" / "smoke_ladder.py"
+  with pytest.raises(LadderError, match="^" + re.escape(
+      f"--study={ladder}: its runs are a ladder's rungs (tied_SIZE and leviathan_SIZE at ")
+      + r"\d+ sizes, one run each: no seeds to average\); a ladder file\? use lev-ladder "
+      + re.escape(f"--ladder={ladder}") + "$"):
+    study_cli.load_study(str(ladder))
+  from lev_jax.ladder import runs
+  cells = {"tied_s0": study.Factors("tied", 8, "d8-L1", "", "", 0),
+           "leviathan_s0": study.Factors("leviathan", 8, "d8-L1", "", "", 0)}
+  study_cli._check_not_a_ladder("s.py", tuple(cells), cells)  # one size: a study
+  assert runs.partner_of("tied_s0") == "leviathan_s0"

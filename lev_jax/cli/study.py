@@ -37,6 +37,7 @@ flag or study file.
 
 from __future__ import annotations
 
+import collections
 import os
 import shlex
 import sys
@@ -94,7 +95,29 @@ def load_study(study) -> tuple[object, dict]:
       raise runs.LadderError(f"{study}: get_config({run!r}) failed: "
                                f"{type(e).__name__}: {e}") from e
   study_lib.check_factors(configs)
+  _check_not_a_ladder(study, module.RUNGS, study_lib.cells_of(configs))
   return module, configs
+
+
+def _check_not_a_ladder(study, names, cells: dict) -> None:
+  """Refuses a ladder file given as a study (newcomer pass 14, H02: each rung was
+  evaluated as a study run, every cell n = 1): every name a ladder rung's (tied_SIZE
+  with its leviathan_SIZE), at more than one size, one run per cell (no seeds).
+
+  Raises:
+    runs.LadderError: naming lev-ladder."""
+  from lev_jax.ladder import runs
+  if len(names) < 2 or any(runs.variant_name_problem(n) for n in names):
+    return
+  if any(runs.partner_of(n) not in names for n in names):
+    return
+  per_cell = collections.Counter(f.cell for f in cells.values())
+  sizes = {f.size for f in cells.values()}
+  if len(sizes) > 1 and max(per_cell.values()) == 1:
+    raise runs.LadderError(
+        f"--study={study}: its runs are a ladder's rungs (tied_SIZE and leviathan_SIZE at "
+        f"{len(sizes)} sizes, one run each: no seeds to average); a ladder file? use "
+        f"lev-ladder --ladder={study}")
 
 
 def _runner_with_cache(cache_dir: str):

@@ -131,7 +131,7 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
     raise LadderError(f"{where}: no get_config(variant) function")
   if kind == "ladder":  # newcomer pass 14 (R02): "2 of 2 rungs finished", nothing paired
     alone = [f"{r} without {partner}" for r in rungs
-             for partner in [_partner(r)] if partner not in rungs]
+             for partner in [partner_of(r)] if partner not in rungs]
     if alone:
       raise LadderError(f"{where}: RUNGS has {' and '.join(alone)}: a ladder compares "
                         "tied_SIZE with leviathan_SIZE at each size, so each needs its "
@@ -139,7 +139,7 @@ def load_ladder(ladder, kind: str = "ladder") -> types.ModuleType:
   return module
 
 
-def _partner(variant: str) -> str:
+def partner_of(variant: str) -> str:
   """leviathan_SIZE for tied_SIZE and the other way round (KINDS)."""
   kind, size = split_variant(variant)
   return f"{KINDS[1 - KINDS.index(kind)]}_{size}"
