@@ -445,6 +445,13 @@ def run_shape_problem(folder, saved: dict, where: str,
   if run_id is not None and not isinstance(run_id, str):
     return (f"{path}: its run holds {type(run_id).__name__}; expected lev-train's id of "
             "the run (edited? restore the file, or delete that field to skip the check)")
+  if isinstance(step_run, str) and not run_id:
+    # newcomer pass 15 (Q02, Q05, Q28): the step records its run, the record none: a
+    # lev_jax that records the step's id writes it in data_report.json too
+    return (f"{where} records run {step_run}, but {path} records no run (its \"run\" "
+            "deleted, or the file replaced by an older one?): the step cannot be checked "
+            "against the run. Put back the run's own data_report.json, or move the step "
+            "out if it is another run's")
   if isinstance(run_id, str) and isinstance(step_run, str) and step_run != run_id:
     return (f"{where} belongs to another run than the one in {folder} (its progress item "
             f"records run {step_run}, {path} run {run_id}): a step copied in from another "

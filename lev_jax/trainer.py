@@ -45,8 +45,8 @@ from lev_jax.checkpoint import (Checkpointer, CheckpointMismatchError, Checkpoin
                                 new_run_id, resume_history)
 from lev_jax.checkpoint_checks import (CheckpointCorruptError, CheckpointRenamedError,
                                        config_differences, misnamed_step, not_a_step,
-                                       result_fields, run_shape_problem, shape_record,
-                                       verify_manifest)
+                                       result_fields, run_record_missing, run_shape_problem,
+                                       shape_record, verify_manifest)
 from lev_jax.config import ConfigError, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import TOKENIZER_JSON, save_tokenizer
@@ -527,6 +527,9 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
                                   f"checkpoint {checkpoints / str(step)}", progress)
       if problem:
         raise CheckpointMismatchError(f"{problem}. Nothing was changed")
+      missing = run_record_missing(workdir)  # newcomer pass 15 (Q29): lev-eval warned
+      if missing and warn:
+        logging.warning("%s", missing)
     if step < config.train.steps:
       if warn and saved is not None:
         _warn_if_extending(saved, step, config, workdir)

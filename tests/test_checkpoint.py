@@ -514,6 +514,22 @@ def test_a_step_of_another_run_of_the_same_model_is_refused_and_a_resume_keeps_t
   c.train.steps = 2
   with pytest.raises(CheckpointMismatchError, match="^" + re.escape(line)):
     finished_run(c, workdir)
+  # newcomer pass 15 (Q02, Q05, Q28): the record's run deleted or null
+  for gone in ("delete", None):
+    edited = dict(report)
+    if gone == "delete":
+      del edited["run"]
+    else:
+      edited["run"] = gone
+    (workdir / "data_report.json").write_text(json.dumps(edited))
+    unchecked = (f"checkpoint {workdir / 'checkpoints' / '2'} records run {foreign}, but "
+                 f"{workdir / 'data_report.json'} records no run (its \"run\" deleted, or "
+                 "the file replaced by an older one?): the step cannot be checked")
+    with pytest.raises(inference.InferenceError, match="^" + re.escape(unchecked)):
+      inference.load(workdir)
+    with pytest.raises(CheckpointMismatchError, match="^" + re.escape(unchecked)):
+      finished_run(c, workdir)
+  (workdir / "data_report.json").write_text(json.dumps(report))
   # M20: the foreign step beside the run's own step 2 (under 12) is not "a copy" of it
   shutil.rmtree(workdir / "checkpoints" / "2")
   shutil.copytree(finished_tied_run[1] / "checkpoints" / "2", workdir / "checkpoints" / "2")
@@ -540,7 +556,7 @@ def test_a_run_without_its_model_record_is_loaded_with_a_warning(finished_tied_r
   from lev_jax import inference
   _, workdir = copy_run(finished_tied_run, tmp_path / "run")
   report = json.loads((workdir / "data_report.json").read_text())
-  del report["model_shape"], report["run"]
+  del report["model_shape"]
   (workdir / "data_report.json").write_text(json.dumps(report))
   with caplog.at_level("WARNING"):
     inference.load(workdir)
@@ -550,6 +566,13 @@ def test_a_run_without_its_model_record_is_loaded_with_a_warning(finished_tied_r
   (workdir / "data_report.json").unlink()
   with caplog.at_level("WARNING"):
     inference.load(workdir)
+  assert f"{workdir / 'data_report.json'} is missing: the step's model cannot be" in caplog.text
+  caplog.clear()  # newcomer pass 15 (Q29): lev-train extended such a run without a word
+  from lev_jax.trainer import finished_run
+  c = finished_tied_run[0].copy_and_resolve_references()
+  c.train.steps += 2
+  with caplog.at_level("WARNING"):
+    assert finished_run(c, workdir) is None  # an extension: trains on
   assert f"{workdir / 'data_report.json'} is missing: the step's model cannot be" in caplog.text
 
 

@@ -864,3 +864,16 @@ def test_a_launchers_flag_given_to_lev_ladder_points_at_launcher_flags(capsys):
   assert capsys.readouterr().err.strip() == (
       "lev-x: error: unknown flag --venv: a launcher's flag; pass it in "
       "--launcher_flags=--venv=/a/b (with --launcher=slurm, tpu or local)")
+
+
+def test_lev_sample_model_flag_points_at_checkpoint(capsys):
+  """Newcomer pass 15 (G15): lev-sample --model=DIR (Hugging Face / vLLM) was absl's
+  bare line while --model_path was pointed at --checkpoint."""
+  from absl import flags
+  from lev_jax.cli import common
+  fv = flags.FlagValues()
+  flags.DEFINE_string("checkpoint", None, "A run.", flag_values=fv)
+  with pytest.raises(SystemExit):
+    common.flags_parser("lev-x", None, fv)(["lev-x", "--model=/runs/a"])
+  assert capsys.readouterr().err.strip() == (
+      "lev-x: error: unknown flag --model (did you mean --checkpoint?)")

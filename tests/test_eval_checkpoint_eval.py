@@ -209,7 +209,7 @@ def test_a_folder_s_lev_eval_json_of_another_checkpoint_is_no_baseline(tmp_path)
       f"expected the folder's own (lev-eval --checkpoint={tmp_path / 'tied'})")):
     checkpoint_eval._read_baseline(tmp_path / "tied")
   (tmp_path / "tied" / "lev_eval.json").write_text(json.dumps(
-      {"checkpoint": str(tmp_path / "tied"), "validation": {}, "data": {}}))
+      {"checkpoint": str(tmp_path / "tied"), "validation": {"bucket_edges": []}, "data": {}}))
   assert checkpoint_eval._read_baseline(tmp_path / "tied")[1] == str(
       tmp_path / "tied" / "lev_eval.json")
   (tmp_path / "prep").mkdir()  # newcomer pass 10: "run lev-eval on the baseline first"
@@ -282,6 +282,10 @@ def test_an_existing_output_is_read_up_to_a_limit(tmp_path, monkeypatch):
     (b'{"step": 4}', r"^--baseline=.*eval.json: it holds no validation result to compare "
      r"with \(expected a lev_eval.json written by lev-eval\)$"),
     # newcomer pass 14 (S08): "written by an older lev-eval"
+    # newcomer pass 15 (V02b): with --allow_different_data, a KeyError 'bucket_edges'
+    (b'{"step": 4, "validation": {"documents": 3}}', r"^--baseline=.*eval.json: its "
+     r"validation result holds no buckets \(bucket_edges\); expected a lev_eval.json "
+     r"written by lev-eval$"),
     (b'{"step": 4, "validation": {"log": {}}, "test": {"log": {}}}', r"^--baseline=.*"
      r"eval.json: .*eval.json is a lev-study evaluation \(study_eval.json: validation and "
      r"test, bucketed twice\), not a lev-eval result; expected the baseline's "
@@ -293,7 +297,41 @@ def test_a_baseline_that_is_no_small_utf8_file_is_one_line(tmp_path, content, ex
     path = tmp_path / ("eval.json" if b"step" in content else "b.json")
     path.write_bytes(content)
   with pytest.raises(ConfigError, match=expected):
-    checkpoint_eval._read_baseline(path)
+    checkpoint_eval._read_baseline(path, allow_different_data=True)
+
+
+def test_a_run_s_data_report_json_as_baseline_is_named(tmp_path):
+  """Newcomer pass 15 (V02, V02b): "written by an older lev-eval", then a KeyError with
+  the --allow_different_data that line suggested."""
+  path = tmp_path / "run" / "data_report.json"
+  path.parent.mkdir()
+  path.write_text(json.dumps({"source": "embedded", "validation": {"documents": 3}}))
+  for allow in (False, True):
+    with pytest.raises(ConfigError, match="^" + re.escape(
+        f"--baseline={path}: is lev-train's data_report.json (the data a run read), not a "
+        f"lev-eval result; expected the baseline's lev_eval.json (run lev-eval "
+        f"--checkpoint={path.parent} first), or the folder holding it") + "$"):
+      checkpoint_eval._read_baseline(path, allow_different_data=allow)
+
+
+def test_an_output_that_is_the_baseline_file_is_refused(tmp_path, capsys):
+  """Newcomer pass 15 (V06): --baseline=F --output=F replaced the baseline's result with
+  the new one without a word; so would the default output of a run given as its own
+  baseline folder."""
+  base = tmp_path / "base.json"
+  base.write_text("{}")
+  (tmp_path / "run").mkdir()
+  for output, baseline, flag in (
+      (str(base), str(base), f"--output={base}"),
+      (None, str(tmp_path / "run"),
+       f"--output (default {tmp_path / 'run' / 'lev_eval.json'})")):
+    with pytest.raises(SystemExit):
+      eval_cli._check_output_not_baseline(output, str(tmp_path / "run"), baseline)
+    assert capsys.readouterr().err.strip() == (
+        f"lev-eval: error: {flag}: is the --baseline file; the result would replace the "
+        "baseline it is compared with: give another --output")
+  eval_cli._check_output_not_baseline(str(tmp_path / "new.json"), str(tmp_path / "run"),
+                                      str(base))  # another file: fine
 
 
 def test_a_checkpoint_that_is_a_file_is_named_as_such(tmp_path, capsys):

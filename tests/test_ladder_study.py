@@ -666,6 +666,10 @@ def test_another_run_s_study_eval_json_copied_in_makes_its_run_unreadable(tmp_pa
       "reason": f"{path}: it belongs to another run: it records run 'tied_a', not "
                 f"leviathan_a{tail}"}]
   assert analysis["comparisons"][0]["perplexity"] == {}  # nothing summarised
+  # newcomer pass 15 (E09): the same digest in upper case is the same checkpoint's
+  upper = json.loads(own)
+  upper["manifest_sha256"] = upper["manifest_sha256"].upper()
+  assert study.study_eval_owner_problem(upper, root / "leviathan_a") is None
   path.write_text(own)  # its own file, but the run trained again: another checkpoint
   step_dir = root / "leviathan_a" / "checkpoints" / str(STEPS)
   recorded = json.loads(own)["manifest_sha256"]
@@ -683,8 +687,8 @@ def test_another_run_s_study_eval_json_copied_in_makes_its_run_unreadable(tmp_pa
   assert missing["reason"].endswith(f"but this run's {step_dir / 'checksums.json'} is "
                                     f"absent (the run trained again, or its checkpoints "
                                     f"replaced){tail}")
-  # newcomer pass 14 (S06): its run kept, its checksum deleted: not "trained again"
   ev = json.loads(own)
+  # newcomer pass 14 (S06): its run kept, its checksum deleted: not "trained again"
   del ev["manifest_sha256"]
   path.write_text(json.dumps(ev))
   (missing,) = _report_only(ladder, root, tmp_path)[0]["missing"]

@@ -101,27 +101,35 @@ def test_tpu_single_host_allows_local_workdir_with_a_warning():
   assert status == 0 and "warning: --workdir=runs/x is on the TPU VM's disk" in out
 
 
+def _set(argv, flag):
+  """argv with `flag` (--NAME=VALUE) in place of its --NAME (the launchers refuse a flag
+  given twice), or added."""
+  name = flag.split("=", 1)[0] + "="
+  return [flag if a.startswith(name) else a for a in argv] + (
+      [] if any(a.startswith(name) for a in argv) else [flag])
+
+
 @pytest.mark.parametrize("argv,needle", [
     (V5P[1:], "--name is required"),
     (["--name=Bad_Name", *V5P[1:]], "--name=Bad_Name: expected lowercase"),
     ([*V5P[:1], *V5P[2:]], "--zone is required"),
     ([*V5P[:2], *V5P[3:]], "--accelerator_type is required"),
-    ([*V5P, "--accelerator_type=v5p-100"], "--accelerator_type=v5p-100: v5p-N counts "
+    (_set(V5P, "--accelerator_type=v5p-100"), "--accelerator_type=v5p-100: v5p-N counts "
      "TensorCores, N must be a multiple of 8"),
-    ([*V5P, "--accelerator_type=v7-8"], "--accelerator_type=v7-8: unknown TPU type; expected "
+    (_set(V5P, "--accelerator_type=v7-8"), "--accelerator_type=v7-8: unknown TPU type; expected "
      "v2-N, v3-N, v4-N or v5p-N"),
-    ([*V5P, "--accelerator_type=v6e-12"], "--accelerator_type=v6e-12: expected"),
-    ([*V5P, "--workdir=/home/me/runs"], "--workdir=/home/me/runs: v5p-128 (64 chips, 16 hosts) "
+    (_set(V5P, "--accelerator_type=v6e-12"), "--accelerator_type=v6e-12: expected"),
+    (_set(V5P, "--workdir=/home/me/runs"), "--workdir=/home/me/runs: v5p-128 (64 chips, 16 hosts) "
      "needs a gs:// workdir"),
     ([x for x in V5P if not x.startswith("--workdir")], "--workdir is required for v5p-128"),
     ([*V5P, "--preemptible"], "--spot and --preemptible: choose one"),
     ([*[x for x in V5P if x != "--spot"], "--preemptible"], "--preemptible with --queued"),
-    ([*V5P, "--repo=/nonexistent/dir"], "--repo=/nonexistent/dir: not a directory"),
+    (_set(V5P, "--repo=/nonexistent/dir"), "--repo=/nonexistent/dir: not a directory"),
     ([*V5P, "--", "--workdir=gs://b/other"], "--workdir after --"),
-    ([*V5P, "--max_restarts=-1"], "--max_restarts=-1: expected 0 or more"),
+    (_set(V5P, "--max_restarts=-1"), "--max_restarts=-1: expected 0 or more"),
     ([*V5P, "--reserved"], "--reserved with --spot or --preemptible: choose one"),
-    ([*V5P, "--network=a b"], "--network='a b': expected a name or a path"),
-    ([*V5P, "--service_account=me"], "--service_account='me': expected an e-mail address"),
+    (_set(V5P, "--network=a b"), "--network='a b': expected a name or a path"),
+    (_set(V5P, "--service_account=me"), "--service_account='me': expected an e-mail address"),
     ([*V5P, "--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_tpu_bad_inputs(argv, needle, capsys):
@@ -156,7 +164,14 @@ class FakeGcloud:
 
 
 def tpu_job(*extra):
-  return tpu.job_from_argv([*V5P, *extra])[0]
+  """V5P's job with `extra` flags (a flag of V5P given again replaces it) and args."""
+  argv = list(V5P)
+  for i, flag in enumerate(extra):
+    if flag == "--":
+      argv += extra[i:]
+      break
+    argv = _set(argv, flag) if "=" in flag else [*argv, flag]
+  return tpu.job_from_argv(argv)[0]
 
 
 def test_tpu_restarts_a_preempted_tpu_and_reruns():
@@ -340,7 +355,7 @@ def test_slurm_dry_run_4_nodes_x_8_gpus(tmp_path):
 
 def test_slurm_script_runs_lev_train_with_coordinator_and_requeues_on_143(tmp_path):
   """The generated script under bash, with fake srun / scontrol / lev-train on PATH."""
-  status, script = run(slurm.main, [*GPU, f"--workdir={tmp_path}/run", "--", "--config=c.py:x"])
+  status, script = run(slurm.main, [*_set(GPU, f"--workdir={tmp_path}/run"), "--", "--config=c.py:x"])
   assert status == 0
   bin_ = tmp_path / "bin"
   bin_.mkdir()
@@ -392,28 +407,31 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
 @pytest.mark.parametrize("argv,needle", [
     (["--nodes=0", *GPU[1:]], "--nodes=0: expected at least 1"),
     (GPU[1:], "--nodes is required"),
-    ([*GPU, "--gpus_per_node=-1"], "--gpus_per_node=-1: expected 0 (CPU nodes) or more"),
-    ([*GPU, "--cpus_per_task=0"], "--cpus_per_task=0: expected at least 1"),
-    ([*GPU, "--mem=lots"], "--mem=lots: expected a size per node such as 200G"),
-    ([*GPU, "--qos=a;b"], "--qos='a;b': expected letters"),
-    ([*GPU, "--constraint=a100 ib"], "--constraint='a100 ib': expected node features"),
-    ([*GPU, "--sbatch_line=--reservation=big"], "--sbatch_line='--reservation=big': expected "
+    (_set(GPU, "--gpus_per_node=-1"), "--gpus_per_node=-1: expected 0 (CPU nodes) or more"),
+    (_set(GPU, "--cpus_per_task=0"), "--cpus_per_task=0: expected at least 1"),
+    (_set(GPU, "--mem=lots"), "--mem=lots: expected a size per node such as 200G"),
+    (_set(GPU, "--qos=a;b"), "--qos='a;b': expected letters"),
+    (_set(GPU, "--constraint=a100 ib"), "--constraint='a100 ib': expected node features"),
+    (_set(GPU, "--sbatch_line=--reservation=big"), "--sbatch_line='--reservation=big': expected "
      "one line starting with '#SBATCH --'"),
-    ([*GPU, "--sbatch_line=#SBATCH --a\n#SBATCH --b"], "expected one line"),
-    ([*GPU, "--env=NCCL_DEBUG"], "--env='NCCL_DEBUG': expected KEY=VALUE"),
-    ([*GPU, "--env=1X=2"], "--env='1X=2': expected KEY=VALUE with KEY letters"),
-    ([*GPU, "--env=COORDINATOR=h:1"], "COORDINATOR is set by the script itself"),
-    ([*GPU, "--time=tomorrow"], "--time=tomorrow: expected minutes, MM:SS, HH:MM:SS"),
-    ([*GPU, "--time=1"], "--signal_s=120: must be shorter than --time=1 (60 s)"),
+    (_set(GPU, "--sbatch_line=#SBATCH --a\n#SBATCH --b"), "expected one line"),
+    (_set(GPU, "--env=NCCL_DEBUG"), "--env='NCCL_DEBUG': expected KEY=VALUE"),
+    (_set(GPU, "--env=1X=2"), "--env='1X=2': expected KEY=VALUE with KEY letters"),
+    (_set(GPU, "--env=COORDINATOR=h:1"), "COORDINATOR is set by the script itself"),
+    (_set(GPU, "--time=tomorrow"), "--time=tomorrow: expected minutes, MM:SS, HH:MM:SS"),
+    (_set(GPU, "--time=1"), "--signal_s=120: must be shorter than --time=1 (60 s)"),
     ([x for x in GPU if not x.startswith("--workdir")], "--workdir is required"),
-    ([*GPU, "--workdir=gs://b/r"], "expected a shared filesystem path"),
+    (_set(GPU, "--workdir=gs://b/r"), "expected a shared filesystem path"),
     ([*GPU, "--", "--process_id=3"], "--process_id after --: launch/slurm.py sets it"),
-    ([*GPU, "--partition=a b"], "--partition='a b': expected letters"),
+    (_set(GPU, "--partition=a b"), "--partition='a b': expected letters"),
     # newcomer pass 13: an unset $VENV meant no virtualenv; lev-train's flags before --
-    ([*GPU, "--venv="], "--venv is empty (an unset shell variable?)"),
-    ([*GPU, "--chdir="], "--chdir is empty (an unset shell variable?)"),
+    (_set(GPU, "--venv="), "--venv is empty (an unset shell variable?)"),
+    (_set(GPU, "--chdir="), "--chdir is empty (an unset shell variable?)"),
     ([*GPU, "--env=A=1", "--env=A=2"], "--env='A=2': A is given twice (A=1 too); give it once"),
-    ([*GPU, "--config=c.py:x"], "unrecognized arguments: "
+    # newcomer pass 15 (K09, K10, K14): its own flags after -- or given twice
+    ([*GPU, "--", "--venv=/v"], "--venv after --: a launch/slurm.py flag; put it before --"),
+    ([*GPU, "--nodes=3"], "--nodes given twice (--nodes=4, --nodes=3); give it once"),
+    (_set(GPU, "--config=c.py:x"), "unrecognized arguments: "
      "--config=c.py:x: the arguments for the program go after --, e.g. launch/slurm.py "
      "[flags] -- --config=c.py:x"),
 ])
@@ -423,7 +441,7 @@ def test_slurm_bad_inputs(argv, needle, capsys):
 
 
 def test_slurm_cpu_nodes_use_all_cpus_and_jax_on_cpu(tmp_path):
-  status, script = run(slurm.main, [*GPU, "--gpus_per_node=0", "--", *TRAIN])
+  status, script = run(slurm.main, [*_set(GPU, "--gpus_per_node=0"), "--", *TRAIN])
   assert status == 0
   lines = script.splitlines()
   assert "gpu" not in script.replace("--partition=gpu", "")  # no GPU request anywhere
@@ -432,7 +450,7 @@ def test_slurm_cpu_nodes_use_all_cpus_and_jax_on_cpu(tmp_path):
     assert line in lines, line
   srun = next(l for l in lines if l.startswith("srun "))
   assert srun.startswith('srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" bash')
-  status, script = run(slurm.main, [*GPU, "--gpus_per_node=0", "--cpus_per_task=16"])
+  status, script = run(slurm.main, [*_set(GPU, "--gpus_per_node=0"), "--cpus_per_task=16"])
   lines = script.splitlines()
   assert "#SBATCH --cpus-per-task=16" in lines and "#SBATCH --exclusive" not in lines
   assert any(l.startswith("srun --ntasks-per-node=1 --cpus-per-task=16 bash") for l in lines)
@@ -619,6 +637,12 @@ def test_local_default_port_is_shared_and_free():
     # newcomer pass 14 (K05): lev-train then asked for the two flags local.py sets itself
     (["--num_processes=2", "--dry-run", "--", "--coordinator_address=1.2.3.4:5"],
      "--coordinator_address after --: launch/local.py sets it for every process"),
+    # newcomer pass 15 (K03n-K07, K05n, K13): its own flags after -- or given twice
+    (["--num_processes=2", "--dry-run", "--", "--grace_s=5"], "--grace_s after --: a "
+     "launch/local.py flag; put it before -- (the arguments after -- go to the program"),
+    (["--num_processes=2", "--", "--dry-run"], "--dry-run after --: a launch/local.py flag"),
+    (["--num_processes=2", "--num_processes", "3", "--dry-run"], "--num_processes given "
+     "twice (--num_processes=2, --num_processes=3); give it once"),
 ])
 def test_local_bad_inputs(argv, needle, capsys):
   assert local.main(argv) == 2

@@ -990,7 +990,8 @@ _FOLDER_HABITS = {
 _OWN_FLAG_HABITS = {
     "max_tokens": "max_new_tokens", "max_length": "max_new_tokens",
     "num_tokens": "max_new_tokens", "temp": "temperature", "ckpt": "checkpoint",
-    "checkpoint_dir": "checkpoint", "model_path": "checkpoint", "prompts": "prompt",
+    "checkpoint_dir": "checkpoint", "model_path": "checkpoint", "model": "checkpoint",
+    "prompts": "prompt",
 }
 
 

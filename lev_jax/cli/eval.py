@@ -129,6 +129,21 @@ def _is_lev_eval_result(path) -> bool:
   return isinstance(data, dict) and all(k in data for k in RESULT_KEYS)
 
 
+def _check_output_not_baseline(output: str | None, checkpoint: str,
+                               baseline: str | None) -> None:
+  """One line when the result would be written over the --baseline it is compared with
+  (newcomer pass 15, V06: the baseline's result was replaced without a word)."""
+  if not baseline or "://" in checkpoint or "://" in baseline or "://" in (output or ""):
+    return
+  path = os.path.realpath(output or os.path.join(checkpoint, LEV_EVAL_JSON))
+  base = os.path.expanduser(baseline)
+  base = os.path.realpath(os.path.join(base, LEV_EVAL_JSON) if os.path.isdir(base) else base)
+  if path == base:
+    flag = f"--output={output}" if output else f"--output (default {path})"
+    common.fail(PROG, f"{flag}: is the --baseline file; the result would replace the "
+                "baseline it is compared with: give another --output")
+
+
 def _check_output_writable(output: str | None, checkpoint: str) -> None:
   """One line, before any evaluation, when the result file cannot be written: a folder
   given as --output, a missing --output folder (e.g. a typo), or a folder that cannot
@@ -185,6 +200,7 @@ def main(argv):
   if not fl.checkpoint:
     common.fail(PROG, "--checkpoint is required (a lev-train workdir or a lev-export folder)")
   _check_output_writable(fl.output, fl.checkpoint)  # before minutes of evaluation
+  _check_output_not_baseline(fl.output, fl.checkpoint, fl.baseline)
   common.backend_or_exit(PROG)  # JAX_PLATFORMS naming a backend this machine lacks
   try:
     out = evaluate_checkpoint(fl.checkpoint, step=fl.step, dtype=fl.dtype, split=fl.split,

@@ -321,7 +321,8 @@ def check_runnable(result, command: str = "lev-ladder", flag: str = "--run") -> 
   if other:
     more = f" (and {len(other) - 1} more)" if len(other) > 1 else ""
     tail = (f"without --run, {command} only reports" if flag == "--run" else
-            f"without --train_flags, {command} reports the rungs as they were trained")
+            f"without --train_flags, {command} reports the "
+            f"{'runs' if command == 'lev-study' else 'rungs'} as they were trained")
     raise ValueError(f"{flag}: {other[0].reason}{more}. Nothing was run or written "
                      f"({tail})")
 

@@ -20,8 +20,8 @@ from etils import epath
 
 from lev_jax.checkpoint_checks import SHAPE_FIELD_NAMES
 from lev_jax.config import ConfigError, validate
-from lev_jax.workdir import (EVAL_JSON, LEV_EVAL_JSON, TOKEN_COUNTS, TOKENIZER, is_prepared_data,
-                             loads_json, read_small_text)
+from lev_jax.workdir import (DATA_REPORT, EVAL_JSON, LEV_EVAL_JSON, TOKEN_COUNTS, TOKENIZER,
+                             is_prepared_data, loads_json, read_small_text)
 
 
 def apply_overrides(config, overrides: dict):
@@ -198,6 +198,11 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
     raise ConfigError(f"--baseline={path}: it holds no validation result to compare with "
                       f"(expected a {LEV_EVAL_JSON} written by lev-eval)")
   validation = base.get("validation")
+  if path.name == DATA_REPORT:  # newcomer pass 15 (V02, V02b: a KeyError with
+    raise ConfigError(  # --allow_different_data)
+        f"--baseline={baseline_path}: is lev-train's {DATA_REPORT} (the data a run read), "
+        f"not a lev-eval result; expected the baseline's {LEV_EVAL_JSON} (run lev-eval "
+        f"--checkpoint={path.parent} first), or the folder holding it")
   if isinstance(validation, dict) and "log" in validation and "test" in base:
     raise ConfigError(f"--baseline={baseline_path}: {path} is a lev-study evaluation "
                       f"(study_eval.json: validation and test, bucketed twice), not a "
@@ -209,6 +214,10 @@ def _read_baseline(baseline_path, allow_different_data: bool = False) -> tuple[d
     raise ConfigError(f"--baseline={baseline_path}: {path} is the result of {recorded}, "
                       f"not of this folder (lev-eval --output put it there); expected the "
                       f"folder's own (lev-eval --checkpoint={folder})")
+  if not all(isinstance(base.get(key), dict) and "bucket_edges" in base[key]
+             for key in ("validation", "validation_equal_mass") if key in base):
+    raise ConfigError(f"--baseline={path}: its validation result holds no buckets "
+                      f"(bucket_edges); expected a {LEV_EVAL_JSON} written by lev-eval")
   if not isinstance(base.get("data"), dict) and not allow_different_data:
     raise ConfigError(f"--baseline={path}: it does not record the data it was evaluated "
                       "on (written by an older lev-eval); re-run lev-eval on the baseline, "

@@ -477,6 +477,8 @@ def study_eval_owner_problem(ev: dict, workdir) -> str | None:
     return ("it records its run but no manifest_sha256 (lev-study writes both: the file "
             "was edited)")
   recorded = ev.get("manifest_sha256")
+  if isinstance(recorded, str) and recorded.lower() == mine["manifest_sha256"]:
+    return None  # the same digest in upper case (newcomer pass 15, E09)
   if recorded != mine["manifest_sha256"]:
     current = mine["manifest_sha256"]
     return (f"it belongs to another checkpoint: it records {MANIFEST} "
