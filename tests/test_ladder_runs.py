@@ -588,6 +588,26 @@ def test_a_get_config_returning_no_full_config_is_one_line_before_anything_is_cr
     study_cli.load_study(str(ladder))
 
 
+def test_a_rung_whose_step_is_another_runs_is_left_out(tmp_path):
+  """Newcomer pass 15 (L10): a rung's step replaced by the same rung trained in another
+  folder (another run id) was reported without a word; lev-eval and lev-study refuse it.
+  lev-ladder reads the step's progress item and data_report.json as plain JSON."""
+  ladder, root, _ = build_ladder(tmp_path, sizes={"a": 16}, downstream=False)
+  step_dir = root / "tied_a" / "checkpoints" / str(STEPS)
+  (step_dir / "progress").mkdir()
+  (step_dir / "progress" / "metadata").write_text(json.dumps({"run": "0123456789abcdef"}))
+  (root / "tied_a" / "data_report.json").write_text(json.dumps({"run": "0123456789abcdef"}))
+  assert collect(ladder, root).rung("tied_a").finished  # the run's own step
+  (root / "tied_a" / "data_report.json").write_text(json.dumps({"run": "fedcba9876543210"}))
+  rung = collect(ladder, root).rung("tied_a")
+  assert rung.status == "unverified" and rung.reason == (
+      f"checkpoint {step_dir} belongs to another run than the one in {root / 'tied_a'} (its "
+      f"progress item records run 0123456789abcdef, {root / 'tied_a' / 'data_report.json'} "
+      "run fedcba9876543210): a step copied in from another run of the same model (another "
+      "seed or data?), or data_report.json replaced? Put back the one that changed; the "
+      "rung is left out until then")
+
+
 def test_a_finished_rung_without_its_checkpoints_is_unverified_and_left_out(tmp_path):
   """Newcomer pass 9: with checkpoints/ deleted, a run of another shape copied in was
   "finished" from metrics.jsonl and eval.json alone (the shape check needs the stored

@@ -44,7 +44,8 @@ import ml_collections
 from etils import epath
 
 from lev_jax.checkpoint_checks import (SHAPE_FIELD_NAMES, config_differences, misnamed_step,
-                                       not_a_step, renamed_step, result_fields)
+                                       not_a_step, renamed_step, result_fields,
+                                       run_shape_problem)
 from lev_jax.experiments import ExperimentImportError, NotAnExperimentFile, load_experiment
 from lev_jax.workdir import (CHECKPOINTS, EVAL_JSON, JAX_CACHE, LEV_EVAL_JSON, METRICS,
                              REPORT, eval_record_problem, loads_json)
@@ -320,6 +321,26 @@ def _renamed_latest(folder: epath.Path) -> str | None:
     return odd
   latest = latest_config_file(folder)
   return misnamed_step(folder) if latest is None else renamed_step(latest.parent.parent)
+
+
+def _foreign_step(workdir: epath.Path, step: int | None) -> str | None:
+  """checkpoint_checks.run_shape_problem of the rung's latest step (its stored config and
+  progress item read as plain JSON: <step>/config/metadata, <step>/progress/metadata),
+  or None: a step of another run (another model, or another run of the same model) in
+  the rung's checkpoints/, which lev-eval and lev-train refuse."""
+  if step is None:
+    return None
+  step_dir = workdir / CHECKPOINTS / str(step)
+  def read(item):
+    try:
+      value = json.loads((step_dir / item / "metadata").read_text())
+    except (OSError, ValueError):
+      return None
+    return value if isinstance(value, dict) else None
+  saved = read("config")
+  if saved is None:
+    return None
+  return run_shape_problem(workdir, saved, f"checkpoint {step_dir}", read("progress"))
 
 
 def _as_number(value) -> float:
@@ -609,6 +630,11 @@ def collect_rung(module, variant: str, root: epath.Path,
     rung.reason = (f"{unchecked}, so the config it was trained with cannot be checked "
                    f"against the {owner}'s {variant}: left out; move {workdir} aside and "
                    f"train the {member} there")
+    return rung
+  foreign = _foreign_step(workdir, stored_step)
+  if foreign:  # newcomer pass 15: another run's step of the same shape, summarised
+    rung.status = "unverified"
+    rung.reason = f"{foreign}; the {member} is left out until then"
     return rung
   if other or settings:  # newcomer passes 6 and 7: another run summarised as the rung
     diffs = other or settings
