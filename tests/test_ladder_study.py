@@ -765,3 +765,15 @@ def test_a_ladder_file_given_as_a_study_is_refused_naming_lev_ladder():
            "leviathan_s0": study.Factors("leviathan", 8, "d8-L1", "", "", 0)}
   study_cli._check_not_a_ladder("s.py", tuple(cells), cells)  # one size: a study
   assert runs.partner_of("tied_s0") == "leviathan_s0"
+
+
+def test_train_flags_that_make_two_seeds_one_run_are_refused(tmp_path):
+  """Newcomer pass 15 (S20): --train_flags="--config.seed=0" trained every seed of a
+  cell as the same run, reported as n = 2 with an interval; the same collision written
+  in the study file is refused (check_factors), and now under --train_flags too."""
+  smoke = Path(__file__).resolve().parent.parent / "experiments" / "smoke_study.py"
+  with pytest.raises(StudyError, match="^" + re.escape(
+      "--train_flags=--config.seed=0: runs tied_s0 and tied_s1 are the same cell and seed")):
+    study_cli.run_study(str(smoke), str(tmp_path / "root"), train_flags=["--config.seed=0"],
+                        evaluate=lambda *a, **k: pytest.fail("evaluated"))
+  assert not (tmp_path / "root").exists()

@@ -222,6 +222,11 @@ def run_study(study, root, *, run: bool = False, train_flags=(), eval_batches=No
   expected = ladder_cli.expected_configs(
       str(Path(study_lib.split_spec(study)[0]).expanduser().resolve()), module.RUNGS,
       train_flags)
+  if expected:  # newcomer pass 15 (S20): --train_flags="--config.seed=0" made every
+    try:        # seed of a cell the same run, reported as n = 2 with an interval
+      study_lib.check_factors(expected)
+    except study_lib.StudyError as e:
+      raise study_lib.StudyError(f"--train_flags={shlex.join(train_flags)}: {e}") from None
   result = runs.collect(module, root, expected, owner="study")
   failed = {}
   if run or train_flags:
