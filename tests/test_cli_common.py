@@ -814,7 +814,7 @@ def test_a_dangling_symbolic_link_as_a_folder_is_named(tmp_path):
       pass
 
 
-def test_a_flag_given_twice_with_other_values_is_named():
+def test_a_flag_given_twice_with_other_values_is_named(tmp_path):
   """Newcomer pass 14 (P01-P03): absl keeps the last of a repeated flag without a word
   (an edited command line, or a wrapper adding one); one warning names both values.
   A list flag (absl's multi flags) and the same value twice say nothing."""
@@ -834,6 +834,12 @@ def test_a_flag_given_twice_with_other_values_is_named():
       "--checkpoint given twice (/a, /b); using the last, /b",
       "--run given twice (true, false); using the last, false"]
   assert common.flags_given_twice(["lev-x", "--checkpoint=/a", "--checkpoint=/a"], fv) == []
+  # newcomer pass 15 (F11): a flag in --flagfile and again on the command line
+  flagfile = tmp_path / "f.flags"
+  flagfile.write_text("--checkpoint=/f\n")
+  assert common.flags_given_twice(
+      ["lev-x", f"--flagfile={flagfile}", "--checkpoint=/b"], fv) == [
+          "--checkpoint given twice (/f, /b); using the last, /b"]
 
 
 def test_another_tools_name_for_a_flag_of_this_command_is_pointed_at_it(capsys):

@@ -717,6 +717,11 @@ def flags_given_twice(argv, fv: flags.FlagValues) -> list[str]:
   flags) and `--config=FILE` (refused by `config_given_twice`) are left out."""
   args = list(argv[1:])
   args = args[:args.index("--")] if "--" in args else args
+  if any(a.lstrip("-").startswith("flagfile") for a in args):  # its flags in place
+    try:  # (newcomer pass 15, F11: a flag in --flagfile and again on the command line)
+      args = fv.read_flags_from_files(args, force_gnu=False)
+    except (flags.Error, OSError):  # absl names an unreadable flag file itself
+      pass
   given: dict[str, list[str]] = {}
   i = 0
   while i < len(args):
