@@ -57,6 +57,9 @@ def _serve():
       _point(fd, start[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     # pylint: disable=import-outside-toplevel,unused-import
     import jax
+    import jax.experimental.pallas.tpu
+    import jax.experimental.topologies
+    from jax.experimental.pallas.ops.tpu import splash_attention
     from lev_jax import aot, gpu_targets, sharding, topology, train
     from lev_jax.cli import compile as compile_cli
     from lev_jax.config import validate
@@ -210,11 +213,15 @@ def test_a_gpu_target_without_the_cuda_plugin_names_the_install(lev_compile):
 def test_a_fitting_config_prints_the_table_and_writes_the_json(tmp_path, lev_compile):
   out, hlo = tmp_path / "compile.json", tmp_path / "hlo"
   proc = lev_compile("--config=experiments/smoke.py:tied", "--topology=v5p:2x2x1",
-                  f"--json={out}", f"--dump_hlo={hlo}", "--min_free=0.5",  # leaves > half
-                  "--config.model.n_layers=1")  # the smoke shape, one layer: 35 % less CPU
+                     f"--json={out}", f"--dump_hlo={hlo}", "--min_free=0.5",  # leaves > half
+                     "--config.model.n_layers=1",  # the smoke shape, one layer: 35 % less CPU
+                     # splash with segment ids and grouped-query heads (2 a key head),
+                     # split over tensor = 2 in its shard_map (the test_attention case)
+                     "--config.data.segment_masking=True", "--config.model.n_kv_heads=2",
+                     "--config.mesh.tensor=2")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "lev-compile: smoke_tied on v5p:2x2x1 (4 x TPU v5" in proc.stdout
-  assert "mesh data 1 x fsdp 4 x tensor 1" in proc.stdout
+  assert "mesh data 1 x fsdp 2 x tensor 2" in proc.stdout
   program = ("loss dense, logits float32, attention splash (auto), model.remat none, "
              "float32 compute")  # the smoke config: auto -> splash on a TPU
   assert f"lev-compile: {program}\n" in proc.stdout
@@ -234,8 +241,9 @@ def test_a_fitting_config_prints_the_table_and_writes_the_json(tmp_path, lev_com
   # forward + backward (3x the forward) of the same 16 sequences as the eval batch
   assert train["splash_s"] == pytest.approx(3 * evaluate["splash_s"], rel=1e-6)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["compile.json", "hlo"]
-  for step in ("train", "eval"):  # XLA's dumps of each step, kept
-    assert list((hlo / step).glob(f"*jit_{step}_step*after_optimizations.txt")), step
+  for step in ("train", "eval"):  # XLA's dumps of each step, kept: Mosaic kernels in both
+    (dump,) = (hlo / step).glob(f"*jit_{step}_step*after_optimizations.txt")
+    assert "tpu_custom_call" in dump.read_text(), step
 
 
 @needs_libtpu
@@ -243,9 +251,9 @@ def test_a_config_that_cannot_fit_exits_2_naming_shortfall_buffers_and_levers(
     tmp_path, lev_compile):
   out = tmp_path / "oom.json"
   proc = lev_compile("--config=experiments/smoke.py:tied", "--topology=v5e:2x2",
-                  "--steps=train", "--config.model.vocab_size=65536", "--config.model.n_layers=1",
-                  "--config.train.seq_len=512", "--config.train.global_batch_size=1024",
-                  f"--json={out}")
+                     "--steps=train", "--config.model.vocab_size=65536",
+                     "--config.model.n_layers=1", "--config.train.seq_len=512",
+                     "--config.train.global_batch_size=1024", f"--json={out}")
   line = _one_error_line(proc)
   assert "the train step of smoke_tied does not fit v5e:2x2: needs " in line
   assert "GiB available (short by " in line and "largest buffers: " in line
@@ -275,7 +283,7 @@ def test_min_free_refuses_a_step_that_leaves_too_little_hbm():
 @needs_libtpu
 def test_a_mesh_that_does_not_divide_the_slice_is_one_line(lev_compile):
   proc = lev_compile("--config=experiments/smoke.py:tied", "--topology=v5p:2x2x1",
-                  "--config.mesh.tensor=3")
+                     "--config.mesh.tensor=3")
   assert "(1, -1, 3) does not divide 4 devices" in _one_error_line(proc)
 
 
