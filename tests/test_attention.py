@@ -4,11 +4,12 @@ Splash runs in the Pallas interpreter on CPU (model.attention_interpret / interp
 and must equal xla in values and gradients (float32, 1e-5 of the largest entry; in
 bfloat16 as close to the float32 result as xla is): with
 and without segment ids, with grouped-query heads, and once in a shard_map on 8
-simulated devices. A tiny train step with splash compiles for a v5p slice (libtpu), and
-cudnn lowers for "cuda" from this CPU host (see `test_cudnn_lowers_for_cuda`).
+simulated devices. cudnn lowers for "cuda" from this CPU host (see
+`test_cudnn_lowers_for_cuda`). A train step with splash (auto, traced for a TPU) with
+segment ids and grouped-query heads over tensor = 2 compiles for a v5p slice (libtpu)
+in lev-compile's test, tests/test_cli_compile.py (its Mosaic kernels in the dump).
 """
 
-import importlib.util
 import json
 
 import jax
@@ -18,14 +19,9 @@ import pytest
 from flax import nnx
 
 from conftest import run_on_8_devices
-from lev_jax import aot, attention, sharding, target
+from lev_jax import attention, sharding, target
 from lev_jax.config import ConfigError, validate
 from lev_jax.model import Decoder
-from lev_jax.topology import parse_topology
-
-needs_libtpu = pytest.mark.skipif(
-    importlib.util.find_spec("libtpu") is None,
-    reason="libtpu is not installed (pip install -e '.[tpu-aot]'; .ci/run installs it)")
 
 L, BLOCK = 256, 128  # two query and two key blocks: one causal block skipped per row
 
@@ -241,23 +237,6 @@ def test_splash_in_a_shard_map_over_batch_and_heads_on_8_devices_equals_xla():
 
 
 # --- compiled or lowered for the accelerators -------------------------------------------
-
-@needs_libtpu
-def test_auto_compiles_a_splash_train_step_for_a_v5p_slice(make_config, tmp_path):
-  """auto traced for a TPU (lev-compile's target, though this host is a CPU) picks
-  splash: the compiled step holds Mosaic kernels, with segment ids and GQA heads split
-  over tensor = 2 in the shard_map."""
-  c = _config(make_config, splash_block_q=BLOCK, splash_block_kv=BLOCK)
-  c.train.seq_len = c.model.max_seq_len = BLOCK
-  c.train.global_batch_size = c.eval.batch_size = 8
-  c.data.segment_masking = True
-  c.mesh.tensor = 2
-  (report,) = aot.compile_steps(validate(c), parse_topology("v5p:2x2x1"), ("train",),
-                                dump_hlo=str(tmp_path), estimate_time=False)
-  assert report.fits, report.error
-  (hlo,) = (tmp_path / "train").glob("*jit_train_step*after_optimizations.txt")
-  assert "tpu_custom_call" in hlo.read_text()
-
 
 def test_cudnn_lowers_for_cuda(monkeypatch):
   """auto, chosen in a trace for a GPU (target.compiling_for), is cudnn for bfloat16;

@@ -566,10 +566,13 @@ def test_tpu_compile_preflight_stops_a_job_that_does_not_fit(tmp_path, monkeypat
   base = ["--name=one", "--zone=us-east5-a", "--accelerator_type=v5litepod-4",
           "--no-preflight", "--compile", "--dry-run", "--", "--config=experiments/smoke.py:tied"]
   # (A config that fits prints lev-compile's summary and goes on: tests/test_cli_compile.py
-  # covers the compile itself; here, the launcher's refusal.)
+  # covers the compile itself; here, the launcher's refusal. The eval batch is as large
+  # as the train batch: XLA:TPU gives up on both steps early, where an eval step that
+  # fits would be compiled to the end, 9 of the test's 16 CPU-s.)
   status, _ = run(tpu.main, [*base, "--config.model.vocab_size=65536",
                              "--config.model.n_layers=1", "--config.train.seq_len=512",
-                             "--config.train.global_batch_size=1024"])
+                             "--config.train.global_batch_size=1024",
+                             "--config.eval.batch_size=1024"])
   err = capsys.readouterr().err
   assert status == 2 and err.startswith("launch/tpu.py: error: compile pre-flight: the train "
                                         "step of smoke_tied does not fit v5litepod-4"), err
