@@ -125,14 +125,15 @@ def test_the_spline_source_keeps_no_window_for_the_backward_pass():
   n, h, s, j, r = 64, 2, 8, 6, 4
   t = jax.random.uniform(jax.random.key(0), (n, h, s))
   delta = 0.1 * jax.random.normal(jax.random.key(1), (h, s, j, r))
-  _, vjp = jax.vjp(lambda t, d: lev_modes_from_spline(t, None, d, "normalized", 1e-6, 4),
-                   t, delta)
-  shapes = {tuple(x.shape) for x in jax.tree.leaves(vjp)}
+  spline = lambda t, d: lev_modes_from_spline(t, None, d, "normalized", 1e-6, 4)
+  residuals = jax.eval_shape(lambda t, d: jax.vjp(spline, t, d)[1], t, delta)  # abstract
+  shapes = {tuple(x.shape) for x in jax.tree.leaves(residuals)}
   assert (n, h, s, 3) not in shapes and (s, n, h, 3) not in shapes, shapes
-  w, k = bspline_window(t, j, float(j - 1), True)
-  np.testing.assert_allclose(
-      lev_modes_from_spline(t, None, delta, "normalized", 1e-6, 4),
-      lev_modes_fused(w, k, delta, 1e-6, 4), rtol=1e-6)
+  windowed = lambda t, d: lev_modes_fused(*bspline_window(t, j, float(j - 1), True), d,
+                                          1e-6, 4)
+  # One program (op by op, each core dispatched seconds of small ops).
+  np.testing.assert_allclose(*jax.jit(lambda t, d: (spline(t, d), windowed(t, d)))(t, delta),
+                             rtol=1e-6)
 
 
 def test_the_vectorized_core_keeps_only_t_and_the_modes_for_the_backward_pass():
@@ -142,12 +143,14 @@ def test_the_vectorized_core_keeps_only_t_and_the_modes_for_the_backward_pass():
   n, h, s, j, r = 64, 2, 8, 6, 4
   t = jax.random.uniform(jax.random.key(0), (n, h, s))
   delta = 0.1 * jax.random.normal(jax.random.key(1), (h, s, j, r))
-  modes, vjp = jax.vjp(lambda t, d: lev_modes_vectorized(t, None, d, "normalized", 1e-6),
-                       t, delta)
-  shapes = sorted({tuple(x.shape) for x in jax.tree.leaves(vjp)})
+  vectorized = lambda t, d: lev_modes_vectorized(t, None, d, "normalized", 1e-6)
+  residuals = jax.eval_shape(lambda t, d: jax.vjp(vectorized, t, d)[1], t, delta)
+  shapes = sorted({tuple(x.shape) for x in jax.tree.leaves(residuals)})
   assert shapes == sorted({(n, h, s), (h, s, j, r), (n, h, r)}), shapes
-  w, k = bspline_window(t, j, float(j - 1), True)
-  np.testing.assert_allclose(modes, lev_modes_fused(w, k, delta, 1e-6, 4), rtol=1e-5)
+  windowed = lambda t, d: lev_modes_fused(*bspline_window(t, j, float(j - 1), True), d,
+                                          1e-6, 4)
+  np.testing.assert_allclose(
+      *jax.jit(lambda t, d: (vectorized(t, d), windowed(t, d)))(t, delta), rtol=1e-5)
 
 
 VECTORIZED_DIMS = 48, 2, 8, 16, 4  # n, h, s, j, r
@@ -221,8 +224,10 @@ def test_window_is_the_basis_restricted_to_its_three_knots():
   t = jax.random.uniform(jax.random.key(0), (64, 5))
   t = t.at[0].set(jnp.array([0.0, 1.0, 0.5, 1e-7, 1 - 1e-7]))
   t = t.at[1].set(jnp.array([1 / 30, 1 / 10, 0.3, 2 / 30, 29 / 30]))  # half-way points
-  dense = np.asarray(bspline_basis(t, 16, 15.0, True))
-  weights, knots = bspline_window(t, 16, 15.0, True)
+  # One program (op by op, each B-spline dispatched a second of small ops).
+  dense, (weights, knots) = jax.jit(lambda t: (bspline_basis(t, 16, 15.0, True),
+                                               bspline_window(t, 16, 15.0, True)))(t)
+  dense = np.asarray(dense)
   scattered = np.zeros_like(dense)
   np.add.at(scattered, (*np.indices(knots.shape[:-1])[:, ..., None], np.asarray(knots)),
             np.asarray(weights))
@@ -249,15 +254,17 @@ def test_group_products_never_overflow_and_the_sign_parity_is_exact(log_group):
                                                     np.arange(s)[None, None, :, None],
                                                     np.asarray(k)])
   exact = np.prod(np.where(phi < 0, phi - eps, phi + eps), axis=2)
-  modes = np.asarray(lev_modes_fused(w, k, delta, eps, log_group))
+  dense_phi = jnp.asarray(phi, jnp.float32)
+  # One program (op by op, the core dispatched seconds of small ops).
+  modes, reference = map(np.asarray, jax.jit(lambda w, k, d, phi: (
+      lev_modes_fused(w, k, d, eps, log_group), signed_log_product(phi, 2, eps)))(
+          w, k, delta, dense_phi))
   assert np.isfinite(modes).all()
   np.testing.assert_array_equal(np.sign(modes), np.sign(exact))
   np.testing.assert_allclose(modes, exact, rtol=2e-5)
   # The reference's float32 log-space product agrees to its own rounding (one log per
   # factor sums more rounding error than one per group).
-  dense_phi = jnp.asarray(phi, jnp.float32)
-  np.testing.assert_allclose(modes, np.asarray(signed_log_product(dense_phi, 2, eps)),
-                             rtol=1e-4)
+  np.testing.assert_allclose(modes, reference, rtol=1e-4)
 
 
 def test_bad_log_group_and_eps_are_errors():
