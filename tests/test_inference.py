@@ -85,7 +85,7 @@ def test_materialised_lev_table_equals_lev_at_every_id_and_gives_the_same_logits
   mat = inference.load(tmp_path / "x")
   assert mat.config.model.embedding == "untied"
   assert json.loads((tmp_path / "x" / "export.json").read_text())["embedding"] == "lev"
-  # One program (op by op, LEV's forward pass dispatched seconds of small programs).
+  # One program: op by op, LEV's forward pass compiled ~3 s of small programs.
   lev_rows = nnx.jit(lambda m: m.embedding.lev(jnp.arange(384)))(im.model)
   np.testing.assert_allclose(mat.model.embedding.table[...], lev_rows, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(logits(mat.model), logits(im.model), rtol=1e-5, atol=1e-5)

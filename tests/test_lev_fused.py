@@ -131,7 +131,7 @@ def test_the_spline_source_keeps_no_window_for_the_backward_pass():
   assert (n, h, s, 3) not in shapes and (s, n, h, 3) not in shapes, shapes
   windowed = lambda t, d: lev_modes_fused(*bspline_window(t, j, float(j - 1), True), d,
                                           1e-6, 4)
-  # One program (op by op, each core dispatched seconds of small ops).
+  # One program, not op by op (each op its own small compile).
   np.testing.assert_allclose(*jax.jit(lambda t, d: (spline(t, d), windowed(t, d)))(t, delta),
                              rtol=1e-6)
 
@@ -224,7 +224,7 @@ def test_window_is_the_basis_restricted_to_its_three_knots():
   t = jax.random.uniform(jax.random.key(0), (64, 5))
   t = t.at[0].set(jnp.array([0.0, 1.0, 0.5, 1e-7, 1 - 1e-7]))
   t = t.at[1].set(jnp.array([1 / 30, 1 / 10, 0.3, 2 / 30, 29 / 30]))  # half-way points
-  # One program (op by op, each B-spline dispatched a second of small ops).
+  # One program, not op by op (each op its own small compile).
   dense, (weights, knots) = jax.jit(lambda t: (bspline_basis(t, 16, 15.0, True),
                                                bspline_window(t, 16, 15.0, True)))(t)
   dense = np.asarray(dense)
@@ -255,7 +255,7 @@ def test_group_products_never_overflow_and_the_sign_parity_is_exact(log_group):
                                                     np.asarray(k)])
   exact = np.prod(np.where(phi < 0, phi - eps, phi + eps), axis=2)
   dense_phi = jnp.asarray(phi, jnp.float32)
-  # One program (op by op, the core dispatched seconds of small ops).
+  # One program, not op by op (each op its own small compile).
   modes, reference = map(np.asarray, jax.jit(lambda w, k, d, phi: (
       lev_modes_fused(w, k, d, eps, log_group), signed_log_product(phi, 2, eps)))(
           w, k, delta, dense_phi))
