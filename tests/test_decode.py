@@ -17,6 +17,9 @@ from lev_jax.model import Decoder
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16]]  # two lengths, left-padded
 N = 6
+# One pytest-xdist worker runs this file (--dist loadgroup): the models and greedy
+# continuations cached below (each compiles its programs) are shared by its tests.
+pytestmark = pytest.mark.xdist_group("decode")
 
 
 def _abstract(embedding, scan):

@@ -1,10 +1,6 @@
 """lev_jax.dense: the weight matmul, its CPU gradient and the dots XLA:CPU runs."""
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -12,8 +8,6 @@ import numpy as np
 import pytest
 
 from lev_jax.dense import dense
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("x_shape,w_shape,n_in", [((3, 5, 8), (8, 6), 1),
@@ -50,44 +44,42 @@ def test_mismatched_dims_name_both_shapes():
     dense(jnp.ones((2, 4)), jnp.ones((3, 5)))
 
 
-_HLO_PROGRAM = """
-import re, sys, numpy as np, jax
-from lev_jax import train
-from lev_jax.experiments import experiments_dir, load_experiment
-
-for variant in sys.argv[1:]:
-  config = load_experiment(experiments_dir() / "smoke.py").get_config(variant)
-  part = train.partition(config)
-  params = train.abstract_state(part, config)["params"]  # shapes only: nothing to run
-  b, l = config.train.global_batch_size, config.train.seq_len
-  ids = np.zeros((b, l + 1), np.int32)
-  batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": np.ones((b, l), np.float32)}
-  grad = jax.jit(jax.grad(lambda p: train._sum_loss(p, part.graphdef, batch)[0]))
-  print(f"=== {variant}")
-  print(grad.lower(params).compile().as_text())
-"""
 # One pytest-xdist worker runs this file (--dist loadgroup): its module fixture (the
 # default-flags HLO of both smoke gradients) is built once, not once per worker.
 pytestmark = pytest.mark.xdist_group("ynnpack")
 VARIANTS = ("tied", "leviathan")  # leviathan has untied's head
+# Of the tests' XLA flags (conftest), only --xla_cpu_use_fusion_emitters=false changes the
+# optimized HLO; set back to XLA's default for these compiles, the HLO is the text of a
+# process with XLA's default flags (the others act on LLVM's code generation, after the
+# HLO passes: the same text for both variants with jax 0.10.2, source lines aside), with
+# no second python process to start.
+DEFAULT_HLO_PASSES = {"xla_cpu_use_fusion_emitters": True}
 
 
 @pytest.fixture(scope="module")
 def default_flags_hlo():
-  """{variant: the optimized HLO of its smoke gradient}, XLA's default flags (as
-  lev-train runs), both from one subprocess."""
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "NPROC")}
-  env["PYTHONPATH"] = str(REPO)
-  out = subprocess.run([sys.executable, "-c", _HLO_PROGRAM, *VARIANTS], env=env,
-                       capture_output=True, text=True, check=True, cwd=REPO).stdout
-  parts = re.split(r"^=== (\w+)\n", out, flags=re.M)[1:]
-  return dict(zip(parts[::2], parts[1::2]))
+  """{variant: the optimized HLO of its smoke gradient}, XLA's default HLO passes (as
+  lev-train runs)."""
+  from lev_jax import train  # noqa: PLC0415
+  from lev_jax.experiments import experiments_dir, load_experiment  # noqa: PLC0415
+  hlo = {}
+  for variant in VARIANTS:
+    config = load_experiment(experiments_dir() / "smoke.py").get_config(variant)
+    part = train.partition(config)
+    params = train.abstract_state(part, config)["params"]  # shapes only: nothing to run
+    b, l = config.train.global_batch_size, config.train.seq_len
+    ids = np.zeros((b, l + 1), np.int32)
+    batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:],
+             "weights": np.ones((b, l), np.float32)}
+    grad = jax.jit(jax.grad(lambda p: train._sum_loss(p, part.graphdef, batch)[0]))  # noqa: SLF001
+    hlo[variant] = grad.lower(params).compile(compiler_options=DEFAULT_HLO_PASSES).as_text()
+  return hlo
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_train_step_dot_runs_in_ynnpack(variant, default_flags_hlo):
   """XLA:CPU runs a dot outside a YNNPACK fusion in Eigen, whose sums follow the CPU's
-  caches and threads (lev_jax/portable.py). Compiled with XLA's default flags, as
+  caches and threads (lev_jax/portable.py). Compiled with XLA's default HLO passes, as
   lev-train runs: no computation but a fused one may hold a dot. (Before lev_jax.dense,
   8 weight-gradient dots of the Leviathan step were outside.)"""
   hlo = default_flags_hlo[variant]

@@ -3,6 +3,7 @@
 import json
 import logging
 import re
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,9 @@ from lev_jax import inference
 from lev_jax.data.tokenizer import ByteTokenizer
 
 IDS = jnp.asarray(np.random.default_rng(0).integers(0, 259, (2, 7)), jnp.int32)
+# One pytest-xdist worker runs this file (--dist loadgroup): its module fixtures (a
+# workdir, an export, workdir templates) are built once.
+pytestmark = pytest.mark.xdist_group("inference")
 
 
 @nnx.jit
@@ -27,6 +31,22 @@ def lev_workdir(tmp_path_factory):
   path = tmp_path_factory.mktemp("workdir")
   state = write_workdir(path, byte_config("lev"))
   return path, state
+
+
+@pytest.fixture(scope="module")
+def tied_workdir(tmp_path_factory):
+  """copy(dst, steps=(1,)) -> dst: a copy of a tied `write_workdir` (no tokenizer
+  fingerprint recorded), written once per `steps`; tests damage their copies."""
+  written = {}
+
+  def copy(dst, steps=(1,)):
+    if steps not in written:
+      written[steps] = tmp_path_factory.mktemp("tied_workdir")
+      write_workdir(written[steps], byte_config("tied"), steps=steps)
+    shutil.copytree(written[steps], dst, dirs_exist_ok=True)
+    return dst
+
+  return copy
 
 
 def test_workdir_loads_the_latest_or_a_chosen_step(lev_workdir):
@@ -58,15 +78,15 @@ def test_export_reload_gives_identical_logits_and_never_touches_the_source(lev_w
   assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no temporary left behind
 
 
-def test_materialised_lev_table_equals_lev_at_every_id_and_gives_the_same_logits(tmp_path):
-  from lev_jax.train import create_model
-  c = byte_config("lev")
-  im = inference.InferenceModel(create_model(c), c, ByteTokenizer(), step=0)
+def test_materialised_lev_table_equals_lev_at_every_id_and_gives_the_same_logits(
+    lev_workdir, tmp_path):
+  im = inference.load(lev_workdir[0])
   inference.save(im, tmp_path / "x", materialize_lev=True)
   mat = inference.load(tmp_path / "x")
   assert mat.config.model.embedding == "untied"
   assert json.loads((tmp_path / "x" / "export.json").read_text())["embedding"] == "lev"
-  lev_rows = im.model.embedding.lev(jnp.arange(384))
+  # One program: op by op, LEV's forward pass compiled ~3 s of small programs.
+  lev_rows = nnx.jit(lambda m: m.embedding.lev(jnp.arange(384)))(im.model)
   np.testing.assert_allclose(mat.model.embedding.table[...], lev_rows, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(logits(mat.model), logits(im.model), rtol=1e-5, atol=1e-5)
   assert not any("lev" in "/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(mat.model)))
@@ -86,11 +106,11 @@ def test_export_dtype_is_applied_and_recorded(tmp_path):
   np.testing.assert_allclose(logits(half.model), logits(im.model), atol=0.1)
 
 
-def test_a_run_s_replaced_tokenizer_is_named(tmp_path):
+def test_a_run_s_replaced_tokenizer_is_named(tied_workdir, tmp_path):
   """Newcomer pass 8: another dataset's tokenizer/ copied into a run was blamed on its
   intact token_counts.npy (with the advice to delete it); the run's data_report.json
   records the fingerprint it trained with."""
-  write_workdir(tmp_path, byte_config("tied"), steps=(1,))
+  tied_workdir(tmp_path)
   fingerprint = ByteTokenizer().fingerprint
   report = tmp_path / "data_report.json"
   report.write_text(json.dumps({"source": "embedded", "tokenizer_fingerprint": fingerprint}))
@@ -195,9 +215,10 @@ _ORBAX_CLOSED_LOOP = pytest.mark.filterwarnings(
                  r"checkpoints/2 cannot be read: it is incomplete or corrupt .*",
                  marks=_ORBAX_CLOSED_LOOP),
 ])
-def test_a_damaged_step_is_named_with_the_steps_that_remain(tmp_path, damage, match, caplog):
+def test_a_damaged_step_is_named_with_the_steps_that_remain(tied_workdir, tmp_path, damage,
+                                                           match, caplog):
   from lev_jax.checkpoint_checks import MANIFEST
-  write_workdir(tmp_path, byte_config("tied"), steps=(1, 2))
+  tied_workdir(tmp_path, steps=(1, 2))
   target = tmp_path / "checkpoints" / "2" / "state" / "manifest.ocdbt"
   if damage == "flip":
     data = bytearray(target.read_bytes())
@@ -237,7 +258,6 @@ def tied_export(tmp_path_factory):
 
 
 def _copy(export, dst):
-  import shutil
   shutil.copytree(export, dst)
   return dst
 
@@ -377,9 +397,9 @@ def test_an_export_s_replaced_tokenizer_is_named(tied_export, tmp_path):
 
 
 def test_a_run_s_unreadable_data_report_is_a_warning_that_the_tokenizer_is_unchecked(
-    tmp_path, caplog):
+    tied_workdir, tmp_path, caplog):
   """Newcomer pass 9: a garbage data_report.json turned the tokenizer check off silently."""
-  write_workdir(tmp_path, byte_config("tied"), steps=(1,))
+  tied_workdir(tmp_path)
   report = tmp_path / "data_report.json"
   for garbage in ("{not json", "[1, 2]"):
     caplog.clear()
@@ -394,10 +414,10 @@ def test_a_run_s_unreadable_data_report_is_a_warning_that_the_tokenizer_is_unche
   assert "cannot be read" not in caplog.text
 
 
-def test_a_manifest_replaced_by_a_folder_is_named_as_the_manifest(tmp_path):
+def test_a_manifest_replaced_by_a_folder_is_named_as_the_manifest(tied_workdir, tmp_path):
   """Newcomer pass 11: checksums.json a folder was reported as the step's config being
   unreadable."""
-  write_workdir(tmp_path, byte_config("tied"), steps=(1,))
+  tied_workdir(tmp_path)
   manifest = tmp_path / "checkpoints" / "1" / "checksums.json"
   manifest.unlink()
   manifest.mkdir()

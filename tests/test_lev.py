@@ -30,7 +30,7 @@ def test_digits_round_trip_every_id(vocab, k):
 def test_bspline_basis_nonnegative_and_partition_of_unity(normalize):
   t = jax.random.uniform(jax.random.key(0), (64, 5))
   t = t.at[0, :].set(jnp.array([0.0, 1.0, 0.5, 1e-7, 1 - 1e-7]))
-  basis = bspline_basis(t, 16, 15.0, normalize)
+  basis = jax.jit(bspline_basis, static_argnums=(1, 2, 3))(t, 16, 15.0, normalize)
   assert basis.shape == (64, 5, 16)
   assert float(basis.min()) >= 0.0
   # At most 3 knots are active for a quadratic B-spline.
@@ -45,12 +45,14 @@ def test_bspline_basis_nonnegative_and_partition_of_unity(normalize):
 def test_log_space_product_equals_direct_product_with_negative_factors():
   x = jax.random.normal(jax.random.key(1), (32, 16, 7)) * 0.5 + 0.3
   assert bool((x < 0).any()) and bool((x > 0).any())
-  direct = jnp.prod(x, axis=1)
-  logspace = signed_log_product(x, axis=1, eps=0.0)
+  y = jnp.array([[-2.0, 3.0, 0.5], [-1.0, -1.0, 4.0]])
+  # One program, not op by op (each op its own small compile).
+  direct, logspace, y_product = jax.jit(lambda x, y: (
+      jnp.prod(x, axis=1), signed_log_product(x, axis=1, eps=0.0),
+      signed_log_product(y, 1, 0.0)))(x, y)
   np.testing.assert_allclose(np.asarray(logspace), np.asarray(direct), rtol=2e-5, atol=1e-30)
   # An odd number of negatives gives a negative product.
-  y = jnp.array([[-2.0, 3.0, 0.5], [-1.0, -1.0, 4.0]])
-  np.testing.assert_allclose(np.asarray(signed_log_product(y, 1, 0.0)), [-3.0, 4.0], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(y_product), [-3.0, 4.0], rtol=1e-6)
 
 
 @pytest.mark.parametrize("basis,sigmoid", [("normalized", "half"), ("khronos", "full")])

@@ -1,6 +1,8 @@
 """LEV's fused and vectorized cores (lev.impl = "fused" | "vectorized") against the
 reference path, and unique-id mode."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,10 @@ from flax import nnx
 from conftest import tiny_config
 from lev_jax.lev import (LEV, bspline_basis, bspline_window, evaluation_plan, lev_embed,
                          lev_modes_fused, signed_log_product)
+
+# One pytest-xdist worker runs this file (--dist loadgroup): the values several tests
+# compare with (cached below, each a compiled program) are then computed once.
+pytestmark = pytest.mark.xdist_group("lev_fused")
 
 
 def _lev_with_params(cfg, seed=0, delta_std=None, scale=None):
@@ -47,6 +53,26 @@ def _assert_close_tree(a, b, rtol):
     assert err <= rtol, f"{jax.tree_util.keystr(path)}: max |diff| / max |ref| = {err:.2e}"
 
 
+@functools.lru_cache(maxsize=None)
+def _case(basis, sigmoid, chunk, delta_std, scale):
+  """(LEV, its perturbed parameters, ids [3, 40]) of a core test's case; the parameters
+  do not depend on lev.impl or lev.log_group."""
+  cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk).lev
+  lev, params = _lev_with_params(cfg, delta_std=delta_std, scale=scale)
+  return lev, params, jax.random.randint(jax.random.key(2), (3, 40), 0, 384)
+
+
+@functools.lru_cache(maxsize=None)
+def _case_values(case, **lev_settings):
+  """(embeddings, gradients) of `_case(*case)` on the CPU with the config's lev settings
+  `lev_settings`: the reference's are shared by both cores' tests, the fused core's by
+  the off-the-CPU test."""
+  basis, sigmoid, chunk = case[:3]
+  lev, params, ids = _case(*case)
+  cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk, **lev_settings).lev
+  return _value_and_grads(params, ids, cfg, lev.base)
+
+
 @pytest.mark.parametrize("basis,sigmoid,chunk,delta_std,scale", [
     ("normalized", "half", 4096, None, None),
     ("normalized", "full", 16, 3.0, None),      # large delta: negative and tiny factors
@@ -56,14 +82,9 @@ def _assert_close_tree(a, b, rtol):
 @pytest.mark.parametrize("impl", ["fused", "vectorized"])
 def test_core_equals_reference_in_values_and_gradients(impl, basis, sigmoid, chunk,
                                                        delta_std, scale):
-  cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk, log_group=4,
-                    impl=impl).lev
-  lev, params = _lev_with_params(cfg, delta_std=delta_std, scale=scale)
-  ids = jax.random.randint(jax.random.key(2), (3, 40), 0, 384)
-  ref_cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk,
-                        impl="reference").lev
-  ref_out, ref_grads = _value_and_grads(params, ids, ref_cfg, lev.base)
-  out, grads = _value_and_grads(params, ids, cfg, lev.base)
+  case = (basis, sigmoid, chunk, delta_std, scale)
+  ref_out, ref_grads = _case_values(case, impl="reference")
+  out, grads = _case_values(case, impl=impl, log_group=4)
   _assert_close_tree(out, ref_out, 1e-5)
   _assert_close_tree(grads, ref_grads, 1e-5)
 
@@ -80,10 +101,11 @@ def test_off_the_cpu_windows_recomputed_from_t_equal_the_cpu_path(basis, sigmoid
   (lev_modes_from_spline); on the CPU it gets materialised windows. Same values and
   gradients, to float32 rounding."""
   from lev_jax import target  # noqa: PLC0415
-  cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk, log_group=4).lev
-  lev, params = _lev_with_params(cfg, delta_std=delta_std, scale=scale)
-  ids = jax.random.randint(jax.random.key(1), (3, 37), 0, 384)
-  out, grads = _value_and_grads(params, ids, cfg, lev.base)
+  case = (basis, sigmoid, chunk, delta_std, scale)
+  cfg = tiny_config(basis=basis, sigmoid=sigmoid, chunk_size=chunk, log_group=4,
+                    impl="fused").lev
+  lev, params, ids = _case(*case)
+  out, grads = _case_values(case, impl="fused", log_group=4)
   trace = lambda: str(jax.make_jaxpr(lambda p: lev_embed(p, ids, cfg, lev.base))(params))
   cpu_jaxpr = trace()
   with target.compiling_for("gpu"):  # plain dot_general and the spline source
@@ -103,14 +125,15 @@ def test_the_spline_source_keeps_no_window_for_the_backward_pass():
   n, h, s, j, r = 64, 2, 8, 6, 4
   t = jax.random.uniform(jax.random.key(0), (n, h, s))
   delta = 0.1 * jax.random.normal(jax.random.key(1), (h, s, j, r))
-  _, vjp = jax.vjp(lambda t, d: lev_modes_from_spline(t, None, d, "normalized", 1e-6, 4),
-                   t, delta)
-  shapes = {tuple(x.shape) for x in jax.tree.leaves(vjp)}
+  spline = lambda t, d: lev_modes_from_spline(t, None, d, "normalized", 1e-6, 4)
+  residuals = jax.eval_shape(lambda t, d: jax.vjp(spline, t, d)[1], t, delta)  # abstract
+  shapes = {tuple(x.shape) for x in jax.tree.leaves(residuals)}
   assert (n, h, s, 3) not in shapes and (s, n, h, 3) not in shapes, shapes
-  w, k = bspline_window(t, j, float(j - 1), True)
-  np.testing.assert_allclose(
-      lev_modes_from_spline(t, None, delta, "normalized", 1e-6, 4),
-      lev_modes_fused(w, k, delta, 1e-6, 4), rtol=1e-6)
+  windowed = lambda t, d: lev_modes_fused(*bspline_window(t, j, float(j - 1), True), d,
+                                          1e-6, 4)
+  # One program, not op by op (each op its own small compile).
+  np.testing.assert_allclose(*jax.jit(lambda t, d: (spline(t, d), windowed(t, d)))(t, delta),
+                             rtol=1e-6)
 
 
 def test_the_vectorized_core_keeps_only_t_and_the_modes_for_the_backward_pass():
@@ -120,12 +143,44 @@ def test_the_vectorized_core_keeps_only_t_and_the_modes_for_the_backward_pass():
   n, h, s, j, r = 64, 2, 8, 6, 4
   t = jax.random.uniform(jax.random.key(0), (n, h, s))
   delta = 0.1 * jax.random.normal(jax.random.key(1), (h, s, j, r))
-  modes, vjp = jax.vjp(lambda t, d: lev_modes_vectorized(t, None, d, "normalized", 1e-6),
-                       t, delta)
-  shapes = sorted({tuple(x.shape) for x in jax.tree.leaves(vjp)})
+  vectorized = lambda t, d: lev_modes_vectorized(t, None, d, "normalized", 1e-6)
+  residuals = jax.eval_shape(lambda t, d: jax.vjp(vectorized, t, d)[1], t, delta)
+  shapes = sorted({tuple(x.shape) for x in jax.tree.leaves(residuals)})
   assert shapes == sorted({(n, h, s), (h, s, j, r), (n, h, r)}), shapes
-  w, k = bspline_window(t, j, float(j - 1), True)
-  np.testing.assert_allclose(modes, lev_modes_fused(w, k, delta, 1e-6, 4), rtol=1e-5)
+  windowed = lambda t, d: lev_modes_fused(*bspline_window(t, j, float(j - 1), True), d,
+                                          1e-6, 4)
+  np.testing.assert_allclose(
+      *jax.jit(lambda t, d: (vectorized(t, d), windowed(t, d)))(t, delta), rtol=1e-5)
+
+
+VECTORIZED_DIMS = 48, 2, 8, 16, 4  # n, h, s, j, r
+
+
+def _values_and_grads_at(core, t, sc, delta, g_modes):
+  out, vjp = jax.vjp(core, t, sc, delta)
+  return out, vjp(g_modes)
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_formula_case(basis, delta_std, scale):
+  """((t, scale, delta, g_modes), (values, gradients) of jax's autodiff of the plain
+  dense formula there): the vectorized-backward test's inputs and reference, one
+  program for both platforms' cases."""
+  n, h, s, j, r = VECTORIZED_DIMS
+  t = jax.random.uniform(jax.random.key(0), (n, h, s))
+  t = t.at[0, 0].set(jnp.asarray([0.0, 1.0, 0.5, 1e-7, 1 - 1e-7, 1 / 30, 2 / 30, 29 / 30]))
+  delta = delta_std * jax.random.normal(jax.random.key(1), (h, s, j, r))
+  g_modes = jax.random.normal(jax.random.key(2), (n, h, r))
+  sc = None if scale is None else jnp.asarray(scale)
+
+  def dense(t, sc, d):
+    knot_scale = float(j - 1) if sc is None else sc[:, None, None]
+    b = bspline_basis(t, j, knot_scale, basis == "normalized")
+    phi = jnp.einsum("nhsj,hsjr->nhsr", b, d, precision=jax.lax.Precision.HIGHEST)
+    return signed_log_product(phi + b.sum(-1)[..., None], axis=2, eps=1e-6)
+
+  inputs = (t, sc, delta, g_modes)
+  return inputs, jax.jit(lambda: _values_and_grads_at(dense, *inputs))()
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
@@ -144,29 +199,14 @@ def test_the_vectorized_backward_equals_autodiff_of_the_dense_formula(platform, 
   CPU and off it (one reduction in the product)."""
   from lev_jax import target  # noqa: PLC0415
   from lev_jax.lev import lev_modes_vectorized  # noqa: PLC0415
-  n, h, s, j, r = 48, 2, 8, 16, 4
-  t = jax.random.uniform(jax.random.key(0), (n, h, s))
-  t = t.at[0, 0].set(jnp.asarray([0.0, 1.0, 0.5, 1e-7, 1 - 1e-7, 1 / 30, 2 / 30, 29 / 30]))
-  delta = delta_std * jax.random.normal(jax.random.key(1), (h, s, j, r))
-  g_modes = jax.random.normal(jax.random.key(2), (n, h, r))
-  sc = None if scale is None else jnp.asarray(scale)
-
-  def dense(t, sc, d):
-    knot_scale = float(j - 1) if sc is None else sc[:, None, None]
-    b = bspline_basis(t, j, knot_scale, basis == "normalized")
-    phi = jnp.einsum("nhsj,hsjr->nhsr", b, d, precision=jax.lax.Precision.HIGHEST)
-    return signed_log_product(phi + b.sum(-1)[..., None], axis=2, eps=1e-6)
-
-  def value_and_grads(core):
-    out, vjp = jax.vjp(core, t, sc, delta)
-    return out, vjp(g_modes)
-
+  n, h, s, j, _ = VECTORIZED_DIMS
+  inputs, (ref_out, ref_grads) = _dense_formula_case(basis, delta_std,
+                                                     scale and tuple(scale))
   with target.compiling_for(platform):
-    out, grads = jax.jit(lambda: value_and_grads(
-        lambda t, sc, d: lev_modes_vectorized(t, sc, d, basis, 1e-6)))()
-    jaxpr = jax.make_jaxpr(lambda: value_and_grads(
-        lambda t, sc, d: lev_modes_vectorized(t, sc, d, basis, 1e-6)))()
-  ref_out, ref_grads = jax.jit(lambda: value_and_grads(dense))()
+    # One trace: its jaxpr is read below, and it is what runs.
+    traced = jax.jit(lambda: _values_and_grads_at(
+        lambda t, sc, d: lev_modes_vectorized(t, sc, d, basis, 1e-6), *inputs)).trace()
+    out, grads = traced.lower().compile()()
   # Both sides ~1e-6 from a float64 evaluation at XLA's default level; under these
   # tests' XLA flags (conftest: optimisation level 0) delta's gradient in the large-delta
   # KHRONOS case is 8.5e-6 off (the previous backward: 1.9e-6), as the tiny factors
@@ -175,7 +215,7 @@ def test_the_vectorized_backward_equals_autodiff_of_the_dense_formula(platform, 
   _assert_close_tree(grads, ref_grads, 1e-5)
   # No [N, H, S, J] array (a minor knot axis) in the forward or the backward; one dot
   # (delta's gradient) over the rows.
-  text = str(jaxpr)
+  text = str(traced.jaxpr)
   assert f"f32[{n},{h},{s},{j}]" not in text
   assert text.count("dot_general") == 1
 
@@ -184,8 +224,10 @@ def test_window_is_the_basis_restricted_to_its_three_knots():
   t = jax.random.uniform(jax.random.key(0), (64, 5))
   t = t.at[0].set(jnp.array([0.0, 1.0, 0.5, 1e-7, 1 - 1e-7]))
   t = t.at[1].set(jnp.array([1 / 30, 1 / 10, 0.3, 2 / 30, 29 / 30]))  # half-way points
-  dense = np.asarray(bspline_basis(t, 16, 15.0, True))
-  weights, knots = bspline_window(t, 16, 15.0, True)
+  # One program, not op by op (each op its own small compile).
+  dense, (weights, knots) = jax.jit(lambda t: (bspline_basis(t, 16, 15.0, True),
+                                               bspline_window(t, 16, 15.0, True)))(t)
+  dense = np.asarray(dense)
   scattered = np.zeros_like(dense)
   np.add.at(scattered, (*np.indices(knots.shape[:-1])[:, ..., None], np.asarray(knots)),
             np.asarray(weights))
@@ -212,15 +254,17 @@ def test_group_products_never_overflow_and_the_sign_parity_is_exact(log_group):
                                                     np.arange(s)[None, None, :, None],
                                                     np.asarray(k)])
   exact = np.prod(np.where(phi < 0, phi - eps, phi + eps), axis=2)
-  modes = np.asarray(lev_modes_fused(w, k, delta, eps, log_group))
+  dense_phi = jnp.asarray(phi, jnp.float32)
+  # One program, not op by op (each op its own small compile).
+  modes, reference = map(np.asarray, jax.jit(lambda w, k, d, phi: (
+      lev_modes_fused(w, k, d, eps, log_group), signed_log_product(phi, 2, eps)))(
+          w, k, delta, dense_phi))
   assert np.isfinite(modes).all()
   np.testing.assert_array_equal(np.sign(modes), np.sign(exact))
   np.testing.assert_allclose(modes, exact, rtol=2e-5)
   # The reference's float32 log-space product agrees to its own rounding (one log per
   # factor sums more rounding error than one per group).
-  dense_phi = jnp.asarray(phi, jnp.float32)
-  np.testing.assert_allclose(modes, np.asarray(signed_log_product(dense_phi, 2, eps)),
-                             rtol=1e-4)
+  np.testing.assert_allclose(modes, reference, rtol=1e-4)
 
 
 def test_bad_log_group_and_eps_are_errors():
@@ -294,14 +338,15 @@ def test_lev_remat_gives_the_same_values_and_gradients_and_saves_no_lev_residual
 
 
 def test_unique_mode_loss_is_bitwise_the_table_mode_loss():
-  from lev_jax.train import _sum_loss, create_model  # noqa: PLC0415
+  from lev_jax.train import _sum_loss, abstract_model, create_model  # noqa: PLC0415
   ids = jax.random.randint(jax.random.key(3), (4, 16), 0, 12).at[0, 0].set(299)
   batch = {"inputs": ids, "targets": jnp.roll(ids, -1, axis=1),
            "weights": jnp.ones(ids.shape, jnp.float32)}
+  # One initialisation: lev.mode does not change the parameters, only the program.
+  params = nnx.state(create_model(tiny_config(mode="table", unique_size=24)), nnx.Param)
   losses = []
   for mode in ("table", "unique"):
-    graphdef, params = nnx.split(create_model(tiny_config(mode=mode, unique_size=24)),
-                                 nnx.Param)
+    graphdef = nnx.split(abstract_model(tiny_config(mode=mode, unique_size=24)), nnx.Param)[0]
     losses.append(float(jax.jit(_sum_loss, static_argnums=1)(params, graphdef, batch)[0]))
   assert losses[0] == losses[1]
 
@@ -309,16 +354,21 @@ def test_unique_mode_loss_is_bitwise_the_table_mode_loss():
 def test_train_steps_with_the_fused_core_follow_the_reference():
   # LEV runs before the layer stack, so model.scan_layers does not change its program;
   # the scanned layout (the ladder's) is the one checked.
-  from lev_jax.train import create_train_state, make_train_step  # noqa: PLC0415
+  from lev_jax.train import create_train_state, make_train_step, partition  # noqa: PLC0415
   rng = np.random.default_rng(0)
   batch = {"inputs": rng.integers(0, 300, (4, 16)).astype(np.int32),
            "targets": rng.integers(0, 300, (4, 16)).astype(np.int32),
            "weights": np.ones((4, 16), np.float32)}
   runs = {}
+  initial = None  # one initialisation: lev.impl does not change the state
   for impl in ("reference", "fused"):
     c = tiny_config(impl=impl, mode="tokens")
     c.model.scan_layers = True
-    part, state = create_train_state(c)
+    if initial is None:
+      part, initial = create_train_state(c)
+    else:
+      part = partition(c)
+    state = jax.tree.map(jnp.copy, initial)  # each run's own: a step donates its state
     step = make_train_step(part, c)
     trace = []
     for _ in range(3):

@@ -19,6 +19,9 @@ from lev_jax.lev_pallas import lev_modes_pallas
 N, H, J, R = 20, 2, 6, 8  # N is not a multiple of the row block.
 EPS = 1e-6
 HIGHEST = jax.lax.Precision.HIGHEST
+# One pytest-xdist worker runs this file (--dist loadgroup), so the tests that share
+# `_modes_and_grads`'s compiled program (same shapes) trace and lower it once.
+pytestmark = pytest.mark.xdist_group("lev_pallas")
 
 
 def _reference(weights_NxHxSxW, knots_NxHxSxW, delta_HxSxJxR):

@@ -25,7 +25,7 @@ def test_causality_by_gradient(embedding):
   """d output[t] / d input[s] is zero for every s > t (inputs as embeddings)."""
   model = Decoder(tiny_config(embedding), rngs=nnx.Rngs(0))
   ids = jax.random.randint(jax.random.key(0), (1, 12), 0, 300)
-  x = model.embedding.embed(ids)
+  x = nnx.jit(lambda m, i: m.embedding.embed(i))(model, ids)  # LEV op by op: seconds
   pos = jnp.arange(12)[None]
 
   def outputs_L(x):
@@ -114,10 +114,13 @@ def test_lev_table_mode_equals_token_mode():
 def test_remat_on_and_off_give_the_same_loss_and_gradients():
   ids = jax.random.randint(jax.random.key(4), (2, 16), 0, 300)
 
+  # One set of parameters (model.remat does not change them), each policy's program.
+  params = nnx.state(Decoder(tiny_config("lev"), rngs=nnx.Rngs(0)), nnx.Param)
+
   def loss_and_grad(remat):
     c = tiny_config("lev")
     c.model.remat = remat
-    graphdef, params = nnx.split(Decoder(c, rngs=nnx.Rngs(0)), nnx.Param)
+    graphdef = nnx.split(nnx.eval_shape(lambda: Decoder(c, rngs=nnx.Rngs(0))), nnx.Param)[0]
     f = lambda p: nnx.merge(graphdef, p)(ids).mean()
     return jax.jit(jax.value_and_grad(f))(params)
 

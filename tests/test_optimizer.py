@@ -17,7 +17,7 @@ from lev_jax.lev import LEV
 from lev_jax.optimizer import (decay_mask, group_adamw, group_diagnostics,
                                learning_rate_schedule, make_clipping, make_optimizer,
                                param_group, schedule_count)
-from lev_jax.train import abstract_model, create_model, partition
+from lev_jax.train import abstract_model, partition
 
 
 def test_warmup_then_cosine_to_the_floor():
@@ -46,7 +46,7 @@ def test_the_first_update_trains():
 
 
 def _mask_by_name(config):
-  params = nnx.state(create_model(config), nnx.Param)
+  params = nnx.state(abstract_model(config), nnx.Param)  # the mask reads paths and shapes
   mask = decay_mask(params, config.optim)
   flat = jax.tree_util.tree_flatten_with_path(mask)[0]
   return {jax.tree_util.keystr(p, simple=True, separator="/"): m for p, m in flat}
@@ -76,10 +76,13 @@ def test_no_decay_patterns_and_modes():
 def _decay_factors(scan_layers: bool) -> dict:
   """{role path: param after five zero-gradient AdamW updates / param before (1 + after
   where it was 0)}, with the
-  stacked layer axis unrolled so both layouts name a parameter alike."""
+  stacked layer axis unrolled so both layouts name a parameter alike. With a zero
+  gradient AdamW's update is -lr * weight_decay * param where it decays: the factor does
+  not depend on the value, so every parameter starts at 1 (no init program to compile)."""
   c = tiny_config("lev")
   c.model.scan_layers, c.optim.warmup_steps, c.optim.weight_decay = scan_layers, 0, 0.1
-  params = nnx.state(create_model(c), nnx.Param)
+  params = jax.tree.map(lambda x: jnp.ones(x.shape, x.dtype),
+                        nnx.state(abstract_model(c), nnx.Param))
   tx = make_optimizer(c)
   state, new = tx.init(params), params
   update = jax.jit(tx.update)  # one compile; op by op, each update dispatched ~100 ops

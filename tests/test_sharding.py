@@ -153,8 +153,31 @@ def test_golden_sharding(variant, mesh):
 
 # --- 1 device vs 8 simulated devices (in a subprocess: the device count is fixed at import)
 
-def _run_on_8_devices(*args: str) -> tuple[dict, str]:
-  return run_on_8_devices(__file__, *args)
+# The 8-device tests share one subprocess (each python start-up with jax and lev_jax
+# imported is ~3 CPU-s): the xdist_group keeps them on one pytest-xdist worker
+# (pyproject: --dist loadgroup), which builds the module fixture once.
+EIGHT_DEVICES = pytest.mark.xdist_group("sharding_8_devices")
+# Printed to stderr before each part of the subprocess's work: a test reads the XLA log
+# lines of its own compiles.
+STDERR_PART = "=== lev_jax test part: "
+
+
+@pytest.fixture(scope="module")
+def eight_device_results() -> tuple[dict, dict]:
+  """({part: its JSON result}, {part: its stderr}) of one run of `_eight_device_worker`."""
+  results, stderr = run_on_8_devices(__file__)
+  parts = re.split("^" + re.escape(STDERR_PART) + r"(\S+)\n", stderr, flags=re.M)[1:]
+  return results, dict(zip(parts[::2], parts[1::2]))
+
+
+def _eight_device_worker():
+  """Every 8-device part in one process, one JSON line: {part: its result}."""
+  results = {}
+  for part, work in [*((f"lookup_{g}", functools.partial(_lookup_worker, g))
+                       for g in LOOKUP_CASES), ("equivalence", _equivalence_worker)]:
+    print(STDERR_PART + part, file=sys.stderr, flush=True)
+    results[part] = work()
+  print(json.dumps(results))
 
 
 def _equivalence_worker():
@@ -188,10 +211,11 @@ def _equivalence_worker():
     wq = state["params"]["blocks"][0]["attn"]["wq"][...]
     results[f"{embedding}{shape}"] = {"losses": losses, "wq_spec": str(wq.sharding.spec),
                                       "wq_devices": len(wq.sharding.device_set)}
-  print(json.dumps(results))
+  return results
 
 
-def test_one_device_and_eight_device_meshes_give_the_same_losses():
+@EIGHT_DEVICES
+def test_one_device_and_eight_device_meshes_give_the_same_losses(eight_device_results):
   """3 steps of tied and Leviathan on 8-device meshes (EQUIVALENCE_MESHES) vs 1 device;
   Leviathan's 8-device run uses the chunked loss (lev_jax/loss.py; 4 token x 3 vocab
   chunks of the split head), its 1-device run the dense loss.
@@ -199,7 +223,7 @@ def test_one_device_and_eight_device_meshes_give_the_same_losses():
   Tolerance rtol 2e-5: the same float32 math, with reductions split across devices in
   a different order.
   """
-  results, _ = _run_on_8_devices()
+  results = eight_device_results[0]["equivalence"]
   for embedding, shapes in EQUIVALENCE_MESHES.items():
     ref = results[f"{embedding}(1, 1, 1)"]["losses"]
     assert ref[-1] < ref[0]
@@ -219,12 +243,13 @@ LOOKUP_CASES = {  # embedding, config.mesh.rules, compute dtype
 
 def _lookup_worker(group: str):
   """Input lookups and their gradients on a (2, 2, 2) mesh vs one device (largest
-  difference relative to the largest magnitude); for "tables", also one tied train step."""
+  difference relative to the largest magnitude); for "tables", also one tied train step
+  compiled (for its XLA log; from the state's shapes, nothing run)."""
   import jax.numpy as jnp
   from flax import nnx
   from jax.sharding import NamedSharding
   from lev_jax.embeddings import make_embedding
-  from lev_jax.train import create_train_state, make_train_step
+  from lev_jax.train import abstract_batch, abstract_state, make_train_step, partition
   rng = np.random.default_rng(0)
   ids_BxL = rng.integers(0, 384, (8, 16)).astype(np.int32)  # padded ids included
   w_BxLxD = rng.normal(size=(8, 16, 32)).astype(np.float32)
@@ -255,12 +280,13 @@ def _lookup_worker(group: str):
     c = tiny_config("tied")
     c.model.n_heads = c.model.n_kv_heads = 8
     c.model.head_dim = 4
+    c.model.n_layers = 1  # every layer is split alike; the table's lookup is the question
     c.train.global_batch_size = c.eval.batch_size = 8
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
-    part, state = create_train_state(c, sharding.make_mesh(c.mesh))
-    batch = {"inputs": ids_BxL, "targets": ids_BxL % 300, "weights": np.ones((8, 16), np.float32)}
-    make_train_step(part, c)(state, sharding.to_global(batch, part.batch_sharding))
-  print(json.dumps(results))
+    part = partition(c, sharding.make_mesh(c.mesh))
+    make_train_step(part, c).lower(abstract_state(part, c),
+                                   abstract_batch(part, c, 8)).compile()
+  return results
 
 
 def test_rounded_lookup_gradient_is_the_float32_scatter_add_rounded_once():
@@ -296,8 +322,10 @@ def test_rounded_lookup_gradient_is_the_float32_scatter_add_rounded_once():
   assert not np.array_equal(got, summed_in_bf16)
 
 
+@EIGHT_DEVICES
 @pytest.mark.parametrize("group", list(LOOKUP_CASES))
-def test_vocab_split_lookups_equal_one_device_without_rematerialization(group):
+def test_vocab_split_lookups_equal_one_device_without_rematerialization(group,
+                                                                       eight_device_results):
   """Input lookups with a vocab-split table on a (2, 2, 2) mesh (LOOKUP_CASES: vocab over
   `tensor` and over (fsdp, tensor); LEV's computed table) equal one device's gather:
   rows exactly for the tables, gradients to 1e-6 (relative; LEV's sums over V rows run
@@ -305,7 +333,8 @@ def test_vocab_split_lookups_equal_one_device_without_rematerialization(group):
   full rematerialization" (spmd_partitioner.cc, on stderr), as jnp.take on the
   vocab-split tied table did.
   """
-  errors, stderr = _run_on_8_devices("lookup", group)
+  errors = eight_device_results[0][f"lookup_{group}"]
+  stderr = eight_device_results[1][f"lookup_{group}"]
   assert len(errors) == len(LOOKUP_CASES[group]), errors
   for case, err in errors.items():
     assert err["rows"] <= (0.0 if group == "tables" else 1e-6), f"{case}: {err}"
@@ -315,10 +344,7 @@ def test_vocab_split_lookups_equal_one_device_without_rematerialization(group):
 
 if __name__ == "__main__":
   sys.path.insert(0, str(HERE))
-  if sys.argv[1:2] == ["lookup"]:
-    _lookup_worker(sys.argv[2])
-  else:
-    _equivalence_worker()
+  _eight_device_worker()
 
 
 @pytest.mark.parametrize("job,mesh,needle", [
