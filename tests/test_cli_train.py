@@ -52,13 +52,19 @@ def test_missing_data_file_is_named(tmp_path, data_cache):
 
 
 def test_malformed_jsonl_line_strict_names_file_and_line(tmp_path, data_cache):
+  """lev-train's config trained in this process: the DataError that names the line
+  (lev-train's one line for a DataError: test_missing_data_file_is_named)."""
+  from lev_jax.data import DataError
+  from lev_jax.experiments import load_experiment
+  from lev_jax.trainer import train_and_evaluate
   shard = tmp_path / "shard.jsonl"
   good = json.dumps({"text": "some text " * 50, "meta": {"pile_set_name": "Pile-CC"}})
   shard.write_text(f"{good}\n{good}\n{{not json\n{good}\n")
-  proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path / 'run'}",
-             "--config.data.source=jsonl", f"--config.data.train_files=('{shard}',)",
-             "--config.data.strict=True", f"--config.data.cache_dir={data_cache}")
-  assert_clean_error(proc, f"{shard}:3")
+  c = load_experiment(SMOKE).get_config("tied")
+  c.data.update(source="jsonl", train_files=(str(shard),), strict=True,
+                cache_dir=str(data_cache))
+  with pytest.raises(DataError, match=re.escape(f"{shard}:3")):
+    train_and_evaluate(c, tmp_path / "run")
 
 
 def test_kill_9_mid_run_then_rerun_takes_the_lock_over_and_continues_from_last_complete_checkpoint(
