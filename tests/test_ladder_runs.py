@@ -459,7 +459,7 @@ def test_cli_print_launcher_prints_the_commands_of_unfinished_rungs_and_writes_n
     tmp_path, capsys, monkeypatch):
   """The command's flags, main and output streams, in this process (_cli_here); its
   start-up as a process, one line and exit 2 included:
-  test_a_get_config_returning_no_full_config_is_one_line_before_anything_is_created."""
+  test_a_study_file_given_to_lev_ladder_is_refused_before_anything_is_written."""
   ladder, root, _ = build_ladder(tmp_path, skip=("leviathan_d",))
   before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
   status, out, err = _cli_here(capsys, monkeypatch, f"--ladder={ladder}", f"--root={root}",
@@ -590,18 +590,21 @@ def test_train_flags_are_checked_once_as_lev_train_parses_them():
      "expected an ml_collections.ConfigDict"),
 ])
 def test_a_get_config_returning_no_full_config_is_one_line_before_anything_is_created(
-    tmp_path, returned, what):
+    tmp_path, capsys, monkeypatch, returned, what):
   """Newcomer pass 9: get_config returning 42 was AttributeError: 'int' object has no
-  attribute 'train' (lev-study said "a int")."""
+  attribute 'train' (lev-study said "a int"). The command in this process (_cli_here);
+  the same one-line exit of main as a process:
+  test_a_study_file_given_to_lev_ladder_is_refused_before_anything_is_written."""
   ladder = tmp_path / "odd_ladder.py"
   ladder.write_text(f"import ml_collections\nRUNGS = ('tied_a', 'leviathan_a')\n"
                     f"def get_config(r):\n  return {returned}\n")
   root = tmp_path / "root"
-  proc = _cli(f"--ladder={ladder}", f"--root={root}", "--run")
-  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-  assert proc.stderr.strip() == f"lev-ladder: error: {ladder}: get_config('tied_a') " \
+  status, _, err = _cli_here(capsys, monkeypatch, f"--ladder={ladder}", f"--root={root}",
+                             "--run")
+  assert status == 2, err[-3000:]
+  assert err == f"lev-ladder: error: {ladder}: get_config('tied_a') " \
       f"{what} (config.base_config() with fields changed, as experiments/smoke_ladder.py " \
-      "builds them)"
+      "builds them)\n"
   assert not root.exists()
   from lev_jax.cli import study as study_cli
   with pytest.raises(LadderError, match=rf"^{ladder}: get_config\('tied_a'\) {what} "):
