@@ -48,38 +48,60 @@ def test_missing_data_file_is_named(tmp_path, data_cache):
              "--config.data.source=jsonl", f"--config.data.train_files=('{missing}',)",
              f"--config.data.cache_dir={data_cache}")
   assert_clean_error(proc, "config.data.train_files", str(missing))
+  assert not (tmp_path / "run" / ".lock").exists()  # taken, then released on this exit
 
 
 def test_malformed_jsonl_line_strict_names_file_and_line(tmp_path, data_cache):
+  """lev-train's config trained in this process: the DataError that names the line
+  (lev-train's one line for a DataError: test_missing_data_file_is_named)."""
+  from lev_jax.data import DataError
+  from lev_jax.experiments import load_experiment
+  from lev_jax.trainer import train_and_evaluate
   shard = tmp_path / "shard.jsonl"
   good = json.dumps({"text": "some text " * 50, "meta": {"pile_set_name": "Pile-CC"}})
   shard.write_text(f"{good}\n{good}\n{{not json\n{good}\n")
-  proc = lev("train", f"--config={SMOKE}:tied", f"--workdir={tmp_path / 'run'}",
-             "--config.data.source=jsonl", f"--config.data.train_files=('{shard}',)",
-             "--config.data.strict=True", f"--config.data.cache_dir={data_cache}")
-  assert_clean_error(proc, f"{shard}:3")
+  c = load_experiment(SMOKE).get_config("tied")
+  c.data.update(source="jsonl", train_files=(str(shard),), strict=True,
+                cache_dir=str(data_cache))
+  with pytest.raises(DataError, match=re.escape(f"{shard}:3")):
+    train_and_evaluate(c, tmp_path / "run")
 
 
-def test_kill_9_mid_run_then_rerun_continues_from_last_complete_checkpoint(tmp_path, data_cache):
+def test_kill_9_mid_run_then_rerun_takes_the_lock_over_and_continues_from_last_complete_checkpoint(
+    tmp_path, data_cache):
   """On a tied model (what a kill interrupts does not depend on the embedding; the
-  Leviathan model's kills are drilled by benchmarks/drills.py)."""
+  Leviathan model's kills are drilled by benchmarks/drills.py). While the killed run
+  still ran, a second run on its workdir was refused, naming it; kill -9 leaves its lock
+  file (its flock goes), and the rerun takes that lock over and removes it at its end."""
   workdir = tmp_path / "run"
   args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY,
           "--config.train.steps=400", "--config.train.checkpoint_every=3",
           "--config.train.eval_every=1000", f"--config.data.cache_dir={data_cache}"]
   proc = subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *args], cwd=REPO,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  ckpts = workdir / "checkpoints"
-  deadline = time.time() + 180
-  unsigned = set()  # complete steps seen without their manifest (a kill now loses it)
-  while time.time() < deadline:  # wait until two checkpoints are complete
-    done = [p for p in ckpts.glob("*") if p.name.isdigit()] if ckpts.exists() else []
-    unsigned |= {p.name for p in done if not (p / MANIFEST).exists()}
-    if len(done) >= 2:
-      break
-    time.sleep(0.01)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  ckpts, lock = workdir / "checkpoints", workdir / ".lock"
+  try:
+    deadline = time.time() + 180
+    unsigned = set()  # complete steps seen without their manifest (a kill now loses it)
+    while time.time() < deadline:  # wait until two checkpoints are complete
+      done = [p for p in ckpts.glob("*") if p.name.isdigit()] if ckpts.exists() else []
+      unsigned |= {p.name for p in done if not (p / MANIFEST).exists()}
+      if len(done) >= 2:
+        break
+      assert proc.poll() is None, "the run ended early"
+      time.sleep(0.01)
+    proc.send_signal(signal.SIGSTOP)  # mid-run, holding the lock; leaves the CPUs to `second`
+    started = json.loads(lock.read_text())["started"]
+    second = lev("train", *args, timeout=120)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  assert_clean_error(second)
+  assert second.stderr.strip().splitlines()[-1:] == [  # after the INFO line naming it
+      f"lev-train: error: {workdir} is in use by lev-train (pid {proc.pid}, host "
+      f"{socket.gethostname()}, started {started}); lock file {lock}. Wait for it to "
+      "finish or stop it"]
+  assert json.loads(lock.read_text())["pid"] == proc.pid
   completed = sorted(int(p.name) for p in ckpts.glob("*") if p.name.isdigit())
   assert len(completed) >= 2, "the run never wrote two checkpoints"
   # The manifest is committed with its step, not when the next save starts.
@@ -92,6 +114,10 @@ def test_kill_9_mid_run_then_rerun_continues_from_last_complete_checkpoint(tmp_p
               "--config.train.eval_every=1000", f"--config.data.cache_dir={data_cache}")
   # train.steps changed, so the schedule differs; shapes do not, so the restore is allowed.
   assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert (f"taking over the lock left by lev-train (pid {proc.pid}, host "
+          f"{socket.gethostname()}, started {started}): it is no longer running"
+          in rerun.stderr), rerun.stderr[-3000:]
+  assert not lock.exists()
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   resumed_steps = [r["step"] for r in rows if "train/loss" in r]
   assert max(resumed_steps) == end
@@ -147,28 +173,6 @@ def test_lev_params_prints_parts_and_the_lev_difference():
   assert re.search(r"^  lev +2,252,928$", out, re.M), out
   assert "leviathan - tied = 2,252,928 (LEV closed form 2,252,928; 0.183% of tied)" in out
   assert "+2.66% of the label" in out
-
-
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_cache):
-  """Preemption notice (SIGTERM): checkpoint the current step, exit 143 (not finished),
-  also when --stop_at_step was given (a later step than the one reached)."""
-  workdir = tmp_path / "run"
-  args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY, "--stop_at_step=90000",
-          "--config.train.steps=100000", "--config.train.checkpoint_every=100000",
-          "--config.train.eval_every=100000", "--config.train.log_every=1",
-          f"--config.data.cache_dir={data_cache}"]
-  proc = subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *args], cwd=REPO,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  metrics = workdir / "metrics.jsonl"
-  deadline = time.time() + 180
-  while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-    time.sleep(0.05)
-  proc.send_signal(signal.SIGTERM)
-  _, stderr = proc.communicate(timeout=120)
-  assert proc.returncode == 143, stderr[-3000:]
-  steps = [int(p.name) for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
-  assert len(steps) == 1 and 2 <= steps[0] < 100000, steps
-  assert f"stopped at step {steps[0]} (SIGTERM)" in stderr and "re-run to resume" in stderr
 
 
 @pytest.mark.parametrize("config,needle,extra", [
@@ -325,55 +329,22 @@ def test_invalid_config_writes_nothing_not_even_the_workdir(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_second_run_on_a_workdir_is_refused_and_a_killed_runs_lock_taken_over(tmp_path,
-                                                                             data_cache):
-  workdir = tmp_path / "run"
-  args = [f"--config={SMOKE}:tied", f"--workdir={workdir}", *TINY,
-          "--config.train.steps=100000", "--config.train.checkpoint_every=100000",
-          "--config.train.eval_every=100000", "--config.train.log_every=1",
-          f"--config.data.cache_dir={data_cache}"]
-  first = subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *args], cwd=REPO,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  lock = workdir / ".lock"
-  try:
-    deadline = time.time() + 120
-    while time.time() < deadline and f'"pid": {first.pid}' not in (
-        lock.read_text() if lock.exists() else ""):
-      assert first.poll() is None, "the first run ended early"
-      time.sleep(0.05)
-    started = json.loads(lock.read_text())["started"]
-    first.send_signal(signal.SIGSTOP)  # still holding the lock; leaves the CPUs to `second`
-    second = lev("train", *args, timeout=120)
-  finally:
-    first.send_signal(signal.SIGKILL)  # kill -9: its lock file stays, its flock goes
-    first.wait()
-  assert_clean_error(second)
-  assert second.stderr.strip().splitlines()[-1:] == [  # after the INFO line naming it
-      f"lev-train: error: {workdir} is in use by lev-train (pid {first.pid}, host "
-      f"{socket.gethostname()}, started {started}); lock file {lock}. Wait for it to "
-      "finish or stop it"]
-  assert json.loads(lock.read_text())["pid"] == first.pid
-  # The third run takes the lock over, then stops on a missing data file (quicker than
-  # training) and releases the lock on that exit too.
-  missing = tmp_path / "nowhere.jsonl"
-  third = lev("train", *args, "--config.data.source=jsonl",
-              f"--config.data.train_files=('{missing}',)")
-  assert_clean_error(third, "config.data.train_files", str(missing))
-  assert (f"taking over the lock left by lev-train (pid {first.pid}, host "
-          f"{socket.gethostname()}, started {started}): it is no longer running"
-          in third.stderr), third.stderr[-3000:]
-  assert not lock.exists()
-
-
 def _checkpoint_steps(workdir):
   ckpts = workdir / "checkpoints"
   return sorted(int(p.name) for p in ckpts.glob("*") if p.name.isdigit()) if ckpts.exists() else []
 
 
-def test_ctrl_c_saves_the_current_step_and_the_rerun_matches_a_straight_run(tmp_path,
-                                                                            data_cache):
+def _rows(workdir) -> int:
+  metrics = workdir / "metrics.jsonl"
+  return metrics.read_text().count("\n") if metrics.exists() else 0
+
+
+def test_ctrl_c_then_sigterm_save_the_step_reached_and_the_resumed_run_matches_a_straight_run(
+    tmp_path, data_cache):
   """Ctrl-C (SIGINT) as SIGTERM: a checkpoint of the step reached, one line, exit 130, no
-  traceback; re-running to a later step gives the loss and params of a straight run."""
+  traceback. The re-run resumes there; SIGTERM (a preemption notice) checkpoints the
+  step it reached and exits 143 (not finished), also when --stop_at_step was given (a
+  later step than the one reached). That step's loss and params are a straight run's."""
   from conftest import metrics, saved_state
   import numpy as np
   import jax
@@ -385,9 +356,8 @@ def test_ctrl_c_saves_the_current_step_and_the_rerun_matches_a_straight_run(tmp_
     proc = subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *args,
                              f"--workdir={workdir}"], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-  rows = workdir / "metrics.jsonl"
   deadline = time.time() + 180
-  while time.time() < deadline and not (rows.exists() and rows.read_text().count("\n") >= 2):
+  while time.time() < deadline and _rows(workdir) < 2:
     time.sleep(0.05)
   os.kill(proc.pid, signal.SIGINT)
   _, stderr = proc.communicate(timeout=120)
@@ -402,21 +372,32 @@ def test_ctrl_c_saves_the_current_step_and_the_rerun_matches_a_straight_run(tmp_
   assert stderr.strip().splitlines()[-1] == (
       f"lev-train: smoke_tied stopped at step {steps[0]} (SIGINT) after a checkpoint; "
       "re-run to resume")
-  end = [f"--stop_at_step={steps[0] + 3}"]
-  rerun = lev("train", *args, f"--workdir={workdir}", *end)
-  assert rerun.returncode == 0 and f"resumed from step {steps[0]}" in rerun.stderr, (
-      rerun.stderr[-3000:])
+  interrupted = steps[0]
+  proc = subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *args,
+                           f"--workdir={workdir}", "--stop_at_step=90000"], cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 180
+  while time.time() < deadline and _rows(workdir) < interrupted + 2:  # 2 steps trained
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 143, stderr[-3000:]
+  assert f"resumed from step {interrupted}" in stderr, stderr[-3000:]
+  steps = _checkpoint_steps(workdir)
+  assert len(steps) == 2 and steps[0] == interrupted and steps[1] >= interrupted + 2, steps
+  reached = steps[1]
+  assert f"stopped at step {reached} (SIGTERM)" in stderr and "re-run to resume" in stderr
   # The straight run in this process: lev-train's config (smoke.py:tied with `args`'
-  # overrides) trained by its trainer; the command's own start-up is what the rerun above
-  # checks, and a subprocess here only repeated its imports (~5 CPU-s).
+  # overrides) trained by its trainer; the command's own start-up is what the runs above
+  # check, and a subprocess here only repeated its imports (~5 CPU-s).
   from conftest import lev_train_config
   from lev_jax.trainer import Stopped, train_and_evaluate
   stopped = train_and_evaluate(lev_train_config(args[0], args[1:]), tmp_path / "straight",
-                               stop_at_step=steps[0] + 3)
-  assert isinstance(stopped, Stopped) and stopped.step == steps[0] + 3, stopped
-  loss = lambda w: [r["train/loss"] for r in metrics(w) if r["step"] == steps[0] + 3]
-  assert loss(workdir) == loss(tmp_path / "straight")
-  a, b = (saved_state(w, steps[0] + 3)["params"] for w in (workdir, tmp_path / "straight"))
+                               stop_at_step=reached)
+  assert isinstance(stopped, Stopped) and stopped.step == reached, stopped
+  loss = lambda w: [r["train/loss"] for r in metrics(w) if r["step"] == reached]
+  assert loss(workdir) == loss(tmp_path / "straight") and len(loss(workdir)) == 1
+  a, b = (saved_state(w, reached)["params"] for w in (workdir, tmp_path / "straight"))
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 

@@ -56,20 +56,53 @@ def test_overrides_apply_to_data_and_eval_but_never_to_the_shape(workdirs):
     checkpoint_eval.apply_overrides(im.config, {"eval.batches": 0})
 
 
-def test_cli_writes_results_and_compares_with_a_baseline(workdirs, tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "-m", "lev_jax.cli.eval", "--config.eval.batches=1"]
-  base = subprocess.run(cmd + ["--checkpoint=tied"], env=env, cwd=workdirs,
-                        capture_output=True, text=True)
-  assert base.returncode == 0, base.stderr[-2000:]
-  wrote = lambda proc: [l for l in proc.stderr.splitlines() if "wrote" in l]
-  assert wrote(base) == ["lev-eval: wrote tied/lev_eval.json"]  # once, as the user gave it
-  run = subprocess.run(cmd + [f"--checkpoint={workdirs / 'lev'}",
-                              f"--baseline={workdirs / 'tied'}",
-                              f"--output={tmp_path / 'r.json'}"],
-                       env=env, capture_output=True, text=True)
+_EVAL_FLAGS = ("checkpoint", "step", "dtype", "split", "baseline", "allow_different_data",
+               "output", "perplexity", "config")
+
+
+def _eval_here(monkeypatch, capsys, *args, cwd=None):
+  """`lev-eval ARGS` in this process (no interpreter start-up: ~4 CPU-s of jax, Orbax
+  and flax imports): its flags defined on absl's FLAGS as `run` defines them (the
+  --config.* overrides read from sys.argv), parsed by the command's own parser, then
+  removed again; its main run in `cwd`. Returns (exit status, stdout, stderr)."""
+  from absl import flags
+  from lev_jax.cli import common
+  argv = ["lev-eval", *args]
+  capsys.readouterr()
+  with monkeypatch.context() as m:
+    m.setattr(sys, "argv", argv)
+    if cwd is not None:
+      m.chdir(cwd)
+    try:
+      common.define_or_exit(eval_cli.PROG, eval_cli._define_flags)
+      eval_cli.main(common.flags_parser(eval_cli.PROG)(argv))
+      status = 0
+    except SystemExit as e:
+      status = e.code
+    finally:
+      for name in list(flags.FLAGS):
+        if name in _EVAL_FLAGS or name.startswith("config."):
+          delattr(flags.FLAGS, name)
+  out, err = capsys.readouterr()
+  return status, out, err
+
+
+def test_cli_writes_results_and_compares_with_a_baseline(workdirs, tmp_path, monkeypatch,
+                                                         capsys):
+  """The baseline's evaluation in this process (_eval_here), the comparison with it as a
+  user runs it (a subprocess)."""
+  status, _, err = _eval_here(monkeypatch, capsys, "--config.eval.batches=1",
+                              "--checkpoint=tied", cwd=workdirs)
+  assert status == 0, err[-2000:]
+  wrote = lambda stderr: [l for l in stderr.splitlines() if "wrote" in l]
+  assert wrote(err) == ["lev-eval: wrote tied/lev_eval.json"]  # once, as the user gave it
+  run = subprocess.run([sys.executable, "-m", "lev_jax.cli.eval", "--config.eval.batches=1",
+                        f"--checkpoint={workdirs / 'lev'}", f"--baseline={workdirs / 'tied'}",
+                        f"--output={tmp_path / 'r.json'}"],
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                       text=True)
   assert run.returncode == 0, run.stderr[-2000:]
-  assert wrote(run) == [f"lev-eval: wrote {tmp_path / 'r.json'}"]
+  assert wrote(run.stderr) == [f"lev-eval: wrote {tmp_path / 'r.json'}"]
   out = json.loads((tmp_path / "r.json").read_text())
   tied = json.loads((workdirs / "tied" / "lev_eval.json").read_text())
   assert out["step"] == 3 and out["embedding"] == "lev"
@@ -107,12 +140,13 @@ def test_nothing_to_evaluate_is_refused(tmp_path):
     checkpoint_eval.evaluate_model(im, perplexity_too=False)
 
 
-def test_cli_error_is_one_line_and_exit_2():
-  run = subprocess.run([sys.executable, "-m", "lev_jax.cli.eval", "--checkpoint=/nonexistent"],
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
-                       text=True)
-  assert run.returncode == 2 and run.stderr.strip() == (
-      "lev-eval: error: /nonexistent: no such checkpoint folder"), run.stderr[-2000:]
+def test_cli_error_is_one_line_and_exit_2(monkeypatch, capsys):
+  """The command's flags and main in this process (_eval_here); its start-up as a
+  process ends in the same one line: test_cli_train's
+  test_unknown_config_field_is_one_line_with_the_nearest_name[eval-...]."""
+  status, _, err = _eval_here(monkeypatch, capsys, "--checkpoint=/nonexistent")
+  assert status == 2 and err.strip() == (
+      "lev-eval: error: /nonexistent: no such checkpoint folder"), err[-2000:]
 
 
 def test_an_unwritable_output_folder_is_one_line(tmp_path, monkeypatch, capsys):
@@ -459,7 +493,8 @@ def test_the_record_says_what_was_evaluated_and_the_summary_prints_it(workdirs, 
       assert f"{b['range']} {b['perplexity']:.1f} ({b['tokens']:,} tokens)" in printed
 
 
-def test_a_baseline_evaluated_on_other_data_is_refused_unless_allowed(workdirs, tmp_path):
+def test_a_baseline_evaluated_on_other_data_is_refused_unless_allowed(workdirs, tmp_path,
+                                                                   monkeypatch, capsys):
   """Issue 13.8: lev_eval.json records its data; a baseline evaluated on other data, or
   recording none, is refused before evaluating, unless --allow_different_data."""
   tied = checkpoint_eval.evaluate_checkpoint(workdirs / "tied", overrides={"eval.batches": 1})
@@ -484,14 +519,12 @@ def test_a_baseline_evaluated_on_other_data_is_refused_unless_allowed(workdirs, 
       r"--baseline=.*old.json: it does not record the data it was evaluated on .*; "
       r"re-run lev-eval on the baseline, or pass --allow_different_data")):
     checkpoint_eval.evaluate_checkpoint("/not/even/loaded", baseline=old)
-  # The command: one line, exit 2, nothing written.
-  run = subprocess.run([sys.executable, "-m", "lev_jax.cli.eval",
-                        f"--checkpoint={workdirs / 'lev'}", f"--baseline={base}",
-                        "--config.eval.batches=2", f"--output={tmp_path / 'r.json'}"],
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
-                       text=True)
-  assert run.returncode == 2, run.stderr[-2000:]
-  assert run.stderr.strip().splitlines()[-1].startswith(
+  # The command (its flags and main, in this process): one line, exit 2, nothing written.
+  status, _, err = _eval_here(monkeypatch, capsys, f"--checkpoint={workdirs / 'lev'}",
+                              f"--baseline={base}", "--config.eval.batches=2",
+                              f"--output={tmp_path / 'r.json'}")
+  assert status == 2, err[-2000:]
+  assert err.strip().splitlines()[-1].startswith(
       f"lev-eval: error: --baseline={base}: evaluated on other data than this run")
   assert not (tmp_path / "r.json").exists()
 

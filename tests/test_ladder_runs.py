@@ -438,31 +438,69 @@ def _cli(*args):
                         text=True, cwd=REPO, timeout=120, env=dict(os.environ))
 
 
+_LADDER_FLAGS = ("ladder", "root", "run", "launcher", "launcher_flags", "train_flags",
+                 "report_dir")
+
+
+def _cli_here(capsys, monkeypatch, *args):
+  """`lev-ladder ARGS` in this process: its flags defined on absl's FLAGS (as `run` does,
+  then removed again), parsed by the command's own parser, and its main run; returns
+  (exit status, stdout, stderr). No interpreter start-up: each `_cli` pays ~5 CPU-s of
+  jax, Orbax and SciPy imports. SIGTERM's handler (main's terminate_as_interrupt) is
+  restored."""
+  import signal  # pylint: disable=import-outside-toplevel
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  argv = ["lev-ladder", *args]
+  monkeypatch.setattr(sys, "argv", argv)  # main writes the command line into the report
+  # train_rungs prints to the sys.stdout its default argument was bound to at import (the
+  # process's stdout in a real run): here the one capsys reads
+  train_rungs = ladder_cli.train_rungs
+  monkeypatch.setattr(ladder_cli, "train_rungs",
+                      lambda *a, **k: train_rungs(*a, **{"out": sys.stdout, **k}))
+  sigterm = signal.getsignal(signal.SIGTERM)
+  capsys.readouterr()
+  ladder_cli._define_flags()  # pylint: disable=protected-access
+  try:
+    ladder_cli.main(common.flags_parser(ladder_cli.PROG)(argv))
+    status = 0
+  except SystemExit as e:
+    status = e.code
+  finally:
+    for name in _LADDER_FLAGS:
+      delattr(flags.FLAGS, name)
+    signal.signal(signal.SIGTERM, sigterm)
+  out, err = capsys.readouterr()
+  return status, out, err
+
+
 def test_cli_print_launcher_prints_the_commands_of_unfinished_rungs_and_writes_nothing(
-    tmp_path):
+    tmp_path, capsys, monkeypatch):
+  """The command's flags, main and output streams, in this process (_cli_here); its
+  start-up as a process, one line and exit 2 included:
+  test_a_study_file_given_to_lev_ladder_is_refused_before_anything_is_written."""
   ladder, root, _ = build_ladder(tmp_path, skip=("leviathan_d",))
   before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-  proc = _cli(f"--ladder={ladder}", f"--root={root}", "--run", "--launcher=print")
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  status, out, err = _cli_here(capsys, monkeypatch, f"--ladder={ladder}", f"--root={root}",
+                               "--run", "--launcher=print")
+  assert status == 0, err[-3000:]
   # stdout is the plan only: one lev-train command per unfinished rung, ready for a shell
-  assert proc.stdout == f"lev-train --config={ladder}:leviathan_d --workdir={root}/leviathan_d\n"
-  assert "1 of 8 rungs would be trained" in proc.stderr and "nothing written" in proc.stderr
+  assert out == f"lev-train --config={ladder}:leviathan_d --workdir={root}/leviathan_d\n"
+  assert "1 of 8 rungs would be trained" in err and "nothing written" in err
   assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no report
   # newcomer pass 13: without --run the launcher was ignored and a report written
-  proc = _cli(f"--ladder={ladder}", f"--root={root}", "--launcher=print")
-  assert proc.returncode == 2 and proc.stderr.endswith(
+  status, out, err = _cli_here(capsys, monkeypatch, f"--ladder={ladder}", f"--root={root}",
+                               "--launcher=print")
+  assert status == 2 and err == (
       "lev-ladder: error: --launcher=print acts only with --run (how the unfinished rungs "
       "are trained; --launcher=print prints their commands); without --run lev-ladder "
-      "writes the report alone\n"), proc.stderr[-3000:]
+      "writes the report alone\n"), err[-3000:]
   assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
-  proc = _cli(f"--ladder={ladder}", f"--root={root}")  # report only
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert f"7 of 8 rungs finished; report {root}/report/report.md" in proc.stdout
-  assert "2.10x" in proc.stdout and "missing leviathan_d: no workdir" in proc.stdout
+  status, out, err = _cli_here(capsys, monkeypatch, f"--ladder={ladder}", f"--root={root}")
+  assert status == 0, err[-3000:]  # report only
+  assert f"7 of 8 rungs finished; report {root}/report/report.md" in out
+  assert "2.10x" in out and "missing leviathan_d: no workdir" in out
   assert (root / "report" / "report.md").exists()
   # A missing --ladder file's line: test_a_missing_ladder_file_is_named_before_the_root
-  # (in this process); the same LadderError -> one line, exit 2 path of main, as a
-  # subprocess: test_a_get_config_returning_no_full_config_is_one_line_before_anything_is_created
 
 
 def test_a_rung_trained_to_the_end_without_its_final_evaluation_says_so(tmp_path):
@@ -570,18 +608,21 @@ def test_train_flags_are_checked_once_as_lev_train_parses_them():
      "expected an ml_collections.ConfigDict"),
 ])
 def test_a_get_config_returning_no_full_config_is_one_line_before_anything_is_created(
-    tmp_path, returned, what):
+    tmp_path, capsys, monkeypatch, returned, what):
   """Newcomer pass 9: get_config returning 42 was AttributeError: 'int' object has no
-  attribute 'train' (lev-study said "a int")."""
+  attribute 'train' (lev-study said "a int"). The command in this process (_cli_here);
+  the same one-line exit of main as a process:
+  test_a_study_file_given_to_lev_ladder_is_refused_before_anything_is_written."""
   ladder = tmp_path / "odd_ladder.py"
   ladder.write_text(f"import ml_collections\nRUNGS = ('tied_a', 'leviathan_a')\n"
                     f"def get_config(r):\n  return {returned}\n")
   root = tmp_path / "root"
-  proc = _cli(f"--ladder={ladder}", f"--root={root}", "--run")
-  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-  assert proc.stderr.strip() == f"lev-ladder: error: {ladder}: get_config('tied_a') " \
+  status, _, err = _cli_here(capsys, monkeypatch, f"--ladder={ladder}", f"--root={root}",
+                             "--run")
+  assert status == 2, err[-3000:]
+  assert err == f"lev-ladder: error: {ladder}: get_config('tied_a') " \
       f"{what} (config.base_config() with fields changed, as experiments/smoke_ladder.py " \
-      "builds them)"
+      "builds them)\n"
   assert not root.exists()
   from lev_jax.cli import study as study_cli
   with pytest.raises(LadderError, match=rf"^{ladder}: get_config\('tied_a'\) {what} "):

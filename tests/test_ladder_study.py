@@ -165,9 +165,15 @@ def test_driver_trains_evaluates_and_reports_means_and_intervals(tmp_path):
     (None, True, "--root=.*: is a file; expected a folder"),
 ])
 def test_command_refuses_a_missing_study_or_a_file_root_before_any_run(
-    tmp_path, study_arg, root_is_file, message):
-  import subprocess  # noqa: PLC0415
-  import sys  # noqa: PLC0415
+    tmp_path, monkeypatch, capsys, study_arg, root_is_file, message):
+  """The command's flag parser and main in this process (a fresh FlagValues; a
+  subprocess only repeated jax's imports): exit 2 with the line, no exception beyond
+  it, ROOT not created. Its start-up as a process: test_cli_train's
+  test_ctrl_c_in_a_command_is_one_line_and_exit_130[lev-study]."""
+  import signal  # noqa: PLC0415
+  import types  # noqa: PLC0415
+  from absl import flags  # noqa: PLC0415
+  from lev_jax.cli import common  # noqa: PLC0415
   root = tmp_path / "root"
   if root_is_file:
     root.write_text("")
@@ -175,12 +181,19 @@ def test_command_refuses_a_missing_study_or_a_file_root_before_any_run(
   if study_arg is None:
     study_file.write_text("from lev_jax.config import base_config\nRUNGS = ('a',)\n"
                           "def get_config(run):\n  return base_config()\n")
-  proc = subprocess.run(
-      [sys.executable, "-m", "lev_jax.cli.study", f"--study={study_file}", f"--root={root}",
-       "--run"], capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  assert re.search(message, proc.stderr), proc.stderr[-2000:]
-  assert "Traceback" not in proc.stderr
+  fv = flags.FlagValues()
+  study_cli._define_flags(fv)
+  monkeypatch.setattr(study_cli, "flags", types.SimpleNamespace(FLAGS=fv))
+  sigterm = signal.getsignal(signal.SIGTERM)  # main's terminate_as_interrupt sets it
+  try:
+    with pytest.raises(SystemExit) as e:
+      study_cli.main(common.flags_parser("lev-study", None, fv)(
+          ["lev-study", f"--study={study_file}", f"--root={root}", "--run"]))
+  finally:
+    signal.signal(signal.SIGTERM, sigterm)
+  err = capsys.readouterr().err
+  assert e.value.code == 2, err[-2000:]
+  assert re.search(message, err) and err.startswith("lev-study: error: "), err[-2000:]
   assert root_is_file == root.exists() and (not root_is_file or root.is_file())
 
 

@@ -3,7 +3,10 @@
 The pair restores the single-process reference run's checkpoint of step 4 and runs
 steps 5-6; one process restores that and runs 7-8. Every step's loss must equal the
 uninterrupted single-process run's (rtol 1e-5: the same math, collectives across
-processes summing in another order). data.host_batches = "global" makes the data stream
+processes summing in another order). Every run has train.steps 100000 and stops by
+--stop_at_step (or a signal): the same train step (its schedule's length included) in
+all of them, so each process count compiles it once for the whole file (the persistent
+cache), and no final evaluation is compiled. data.host_batches = "global" makes the data stream
 and its saved position the same in every process, so checkpoints move freely.
 
 The model is tied: what crosses processes here (sharded and replicated arrays in
@@ -40,7 +43,7 @@ def args(workdir, cache, *extra):
           "--config.model.n_heads=4", "--config.model.n_kv_heads=4",
           "--config.model.head_dim=8", "--config.model.d_ff=64", "--config.model.n_layers=1",
           "--config.train.seq_len=16", "--config.train.global_batch_size=8",
-          "--config.train.steps=8", "--config.train.log_every=1",
+          "--config.train.steps=100000", "--config.train.log_every=1",
           "--config.train.checkpoint_every=4", "--config.train.eval_every=1000",
           "--config.eval.batches=1", "--config.eval.batch_size=8",
           "--config.optim.warmup_steps=1", "--config.mesh.fsdp=8",  # 8 in all (-1)
@@ -71,14 +74,15 @@ def losses(workdir):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-  """An uninterrupted 8-step single-process run on 8 devices, and the shared data cache."""
+  """An uninterrupted single-process run of steps 1-8 on 8 devices, and the shared data
+  cache."""
   tmp = tmp_path_factory.mktemp("multiprocess")
   cache = tmp / "cache"
   from lev_jax import data  # build the corpus and tokenizer cache once, not per process
   c = tiny_config("tied")
   c.model.vocab_size, c.data.cache_dir = 512, str(cache)
   data.load(c)
-  single(args(tmp / "single", cache))
+  single(args(tmp / "single", cache, "--stop_at_step=8"))
   return tmp, cache, losses(tmp / "single")
 
 
@@ -98,7 +102,7 @@ def test_single_then_pair_then_single(reference, tmp_path):
   assert "[p0]" in log and "[p1]" in log and "resumed from step 4" in log
   assert "unverified" not in log  # the single process's save has its manifest
   _check(losses(workdir), ref, list(range(1, 7)))  # only process 0 writes: one row a step
-  stderr = single(args(workdir, cache))
+  stderr = single(args(workdir, cache, "--stop_at_step=8"))
   assert "resumed from step 6" in stderr
   assert "unverified" not in stderr  # the pair's save has its manifest (process 0 wrote it)
   _check(losses(workdir), ref, list(range(1, 9)))
@@ -120,8 +124,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(reference, tmp_path)
                LEV_JAX_NUM_PROCESSES="2", LEV_JAX_PROCESS_ID=str(pid),
                XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
                " --xla_force_host_platform_device_count=4")
-    argv = args(workdir, cache, "--config.train.steps=100000",
-                "--config.train.checkpoint_every=100000")
+    argv = args(workdir, cache, "--config.train.checkpoint_every=100000")
     procs.append(subprocess.Popen([sys.executable, "-m", "lev_jax.cli.train", *argv], cwd=REPO,
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True))

@@ -62,54 +62,66 @@ def test_importing_lev_jax_sets_it_before_any_backend():
   assert set(out.split()) == expected
 
 
-# The loss and every gradient as bytes, hashed (both programs end with it).
-_DIGEST = """
-digest = hashlib.sha256()
-for leaf in grads:
-  digest.update(np.asarray(leaf).tobytes())
-print(digest.hexdigest(), float(loss).hex())
-"""
+def _digest(loss, grads) -> list[str]:
+  """The loss and every gradient as bytes, hashed (_RUN_PROGRAM ends with the same)."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  digest = hashlib.sha256()
+  for leaf in grads:
+    digest.update(np.asarray(leaf).tobytes())
+  return [digest.hexdigest(), float(loss).hex()]
 
-# Here: the gradient of one batch, exported (jax.export: the traced StableHLO, which XLA
-# compiles for the CPU that runs it) with the parameters, then run.
-_EXPORT_PROGRAM = """
-import hashlib, sys, numpy as np, jax
-sys.path.insert(0, sys.argv[1])
-from flax import nnx
-from conftest import tiny_config
-from lev_jax import train
-config = tiny_config("lev")
-config.model.n_layers = 1
-config.train.seq_len, config.train.global_batch_size = 16, 2
-graphdef, params = nnx.split(train.create_model(config), nnx.Param)
-leaves, treedef = jax.tree.flatten(params)
-leaves = [np.asarray(leaf) for leaf in leaves]
-ids = np.random.default_rng(0).integers(0, 300, size=(2, 17)).astype(np.int32)
-batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": np.ones((2, 16), np.float32)}
 
-def loss_and_grads(leaves):
-  grad_fn = jax.value_and_grad(lambda p: train._sum_loss(p, graphdef, batch), has_aux=True)
-  (loss, _), grads = grad_fn(jax.tree.unflatten(treedef, leaves))
-  return loss, jax.tree.leaves(grads)
+def _export_here(folder: Path) -> list[str]:
+  """Here (in this process: its XLA flags are lev_jax's, set when conftest imported it):
+  the gradient of one batch, exported (jax.export: the traced StableHLO, which XLA
+  compiles for the CPU that runs it) with the parameters into `folder`, then run; its
+  _digest."""
+  # pylint: disable=import-outside-toplevel
+  import jax
+  import numpy as np
+  from flax import nnx
+  from conftest import tiny_config
+  from lev_jax import train
+  # pylint: enable=import-outside-toplevel
+  config = tiny_config("lev")
+  config.model.n_layers = 1
+  config.train.seq_len, config.train.global_batch_size = 16, 2
+  graphdef, params = nnx.split(train.create_model(config), nnx.Param)
+  leaves, treedef = jax.tree.flatten(params)
+  leaves = [np.asarray(leaf) for leaf in leaves]
+  ids = np.random.default_rng(0).integers(0, 300, size=(2, 17)).astype(np.int32)
+  batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:],
+           "weights": np.ones((2, 16), np.float32)}
 
-exported = jax.export.export(jax.jit(loss_and_grads))(leaves)
-with open(sys.argv[2] + "/step.bin", "wb") as f:
-  f.write(exported.serialize())
-np.savez(sys.argv[2] + "/params.npz", *leaves)
-loss, grads = exported.call(leaves)
-""" + _DIGEST
+  def loss_and_grads(leaves):
+    grad_fn = jax.value_and_grad(lambda p: train._sum_loss(p, graphdef, batch), has_aux=True)
+    (loss, _), grads = grad_fn(jax.tree.unflatten(treedef, leaves))
+    return loss, jax.tree.leaves(grads)
+
+  exported = jax.export.export(jax.jit(loss_and_grads))(leaves)
+  (folder / "step.bin").write_bytes(exported.serialize())
+  np.savez(folder / "params.npz", *leaves)
+  return _digest(*exported.call(leaves))
+
 
 # On the emulated CPU: jax alone (no flax, no model code: under the emulator every
-# import costs ~20x), lev_jax's portable XLA:CPU flags, the same program and parameters.
+# import costs ~20x), lev_jax's portable XLA:CPU flags, the same program and parameters;
+# it ends without the interpreter's finalisation (os._exit: ~1.5 CPU-s emulated).
 _RUN_PROGRAM = """
-import hashlib, sys, numpy as np
+import hashlib, os, sys, numpy as np
 import lev_jax  # portable.py's flags, before jax starts a backend
 import jax
 with open(sys.argv[1] + "/step.bin", "rb") as f:
   exported = jax.export.deserialize(bytearray(f.read()))
 saved = np.load(sys.argv[1] + "/params.npz")
 loss, grads = exported.call([saved[f"arr_{i}"] for i in range(len(saved.files))])
-""" + _DIGEST
+digest = hashlib.sha256()
+for leaf in grads:
+  digest.update(np.asarray(leaf).tobytes())
+print(digest.hexdigest(), float(loss).hex(), flush=True)
+os._exit(0)
+"""
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or not shutil.which("qemu-x86_64"),
@@ -123,17 +135,16 @@ def test_same_bits_on_an_emulated_haswell(tmp_path):
   import took ~40 s of its ~80 under the emulator. Running the step is emulated too (8 x
   64 tokens: 13 s of it): 2 x 16 tokens still differ in their bits here and there
   without portable.py's flags (LEV_JAX_PORTABLE_CPU=0: other gradient digests, checked),
-  and cut the emulated process from ~51 to ~34 CPU-s. benchmarks/cpu_portability.py compares whole train
-  steps of the smoke models, each machine tracing its own."""
+  and cut the emulated process from ~51 to ~34 CPU-s. The side here runs in this
+  process (a subprocess cost ~7 CPU-s, mostly its imports). benchmarks/cpu_portability.py
+  compares whole train steps of the smoke models, each machine tracing its own."""
+  here = _export_here(tmp_path)
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  here = subprocess.run([sys.executable, "-c", _EXPORT_PROGRAM, str(Path(__file__).parent),
-                         str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
-  assert here.returncode == 0, here.stderr[-3000:]
   emulated = subprocess.run(
       ["qemu-x86_64", "-cpu", "Haswell-v4", sys.executable, "-c", _RUN_PROGRAM, str(tmp_path)],
       env=env, capture_output=True, text=True, timeout=600)
   assert emulated.returncode == 0, emulated.stderr[-3000:]
-  assert len(here.stdout.split()) == 2 and here.stdout.split() == emulated.stdout.split()
+  assert len(here) == 2 and here == emulated.stdout.split()
 
 
 def test_importing_lev_jax_after_a_backend_started_warns():
