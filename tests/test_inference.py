@@ -113,9 +113,14 @@ def test_a_run_s_replaced_tokenizer_is_named(tied_workdir, tmp_path):
   tied_workdir(tmp_path)
   fingerprint = ByteTokenizer().fingerprint
   report = tmp_path / "data_report.json"
-  report.write_text(json.dumps({"source": "embedded", "tokenizer_fingerprint": fingerprint}))
+  from lev_jax.checkpoint import CheckpointReader
+  with CheckpointReader(tmp_path / "checkpoints") as reader:  # the step's run (checked first)
+    run = reader.saved_progress(reader.all_steps()[-1])["run"]
+  report.write_text(json.dumps({"source": "embedded", "tokenizer_fingerprint": fingerprint,
+                                "run": run}))
   assert inference.load(tmp_path).tokenizer == ByteTokenizer()
-  report.write_text(json.dumps({"source": "embedded", "tokenizer_fingerprint": "0" * 64}))
+  report.write_text(json.dumps({"source": "embedded", "tokenizer_fingerprint": "0" * 64,
+                                "run": run}))
   with pytest.raises(inference.InferenceError, match=re.escape(
       f"{tmp_path / 'tokenizer'}: tokenizer fingerprint {fingerprint[:16]} differs from "
       f"{'0' * 16}, the one this run trained with ({report}): the folder was replaced (or "
