@@ -176,7 +176,8 @@ def main() -> None:
     config = _config(args, files, prepared)
     ladder_config = ladder.get_config("leviathan_1.2b")
     flops_step = (flops.train_flops_per_step(ladder_config)["total"]
-                  + flops.remat_flops_per_step(ladder_config)["total"])
+                  # model.remat auto: none at the ladder's 4,096 tokens a chip
+                  + flops.remat_flops_per_step(ladder_config, remat="none")["total"])
     rates = {}
     for procs in [int(w) for w in args.worker_processes.split(",")]:
       for masking in (False, True):

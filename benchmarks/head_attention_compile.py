@@ -10,12 +10,16 @@ Setups (each a slice and a batch; the rung's config from experiments/ladder.py o
          step-time estimate (loop-free compiles; a few minutes a variant on 2 cores).
   small  4 v5p chips (v5p:2x2x1) at the same global batch of 512 x 512 (65,536 tokens a
          chip), memory only: what fits where memory is short.
-Variants (--variants, comma-separated; every one by default), each on top of BEFORE: the
-rung's program before issue 24 (the dense loss, float32 logits, XLA attention with float32
-scores, a float32 lookup gradient), whatever experiments/ladder.py now sets:
+Variants (--variants, comma-separated; every one by default). `ladder` is the rung as
+experiments/ladder.py sets it (every `auto` resolved for the slice: the program line of
+its JSON); the others are each on top of BEFORE: the rung's program before issue 24 (the
+dense loss, float32 logits, XLA attention with float32 scores, a float32 lookup gradient,
+no remat), whatever experiments/ladder.py now sets:
+  ladder            the ladder's own program
   dense             BEFORE itself
   dense_bf16        the dense loss with model.logits_dtype = bfloat16
   chunked           train.loss_impl = chunked (automatic token chunks, whole vocab)
+  chunked_vocab     train.loss_impl = chunked, vocab chunks of 8,336 ids
   splash            the dense loss, model.attention = splash
   chunked_splash    both
   chunked_splash_dots   both, and model.remat = dots_no_batch
@@ -48,18 +52,23 @@ SETUPS = {"pod": ("v5p-128", True),  # (topology, estimate the step time)
 # published tables (docs/results.md) are reproduced.
 BEFORE = ("--config.train.loss_impl=dense", "--config.model.logits_dtype=float32",
           "--config.model.attention=xla", "--config.model.attention_logits_dtype=float32",
-          "--config.model.embedding_grad_dtype=float32")
+          "--config.model.embedding_grad_dtype=float32", "--config.model.remat=none")
+# The chunked loss over the whole padded vocab (200,064 ids) per token chunk, as the
+# published rows were compiled (train.loss_vocab_chunk = 0 now cuts it: lev_jax/loss.py).
+WHOLE_VOCAB = ("--config.train.loss_impl=chunked", "--config.train.loss_vocab_chunk=200064")
 VARIANTS = {
+    "ladder": None,  # no BEFORE: experiments/ladder.py as it is
     "dense": (),
     "dense_bf16": ("--config.model.logits_dtype=bfloat16",),
-    "chunked": ("--config.train.loss_impl=chunked",),
+    "chunked": WHOLE_VOCAB,
+    "chunked_vocab": ("--config.train.loss_impl=chunked",
+                      "--config.train.loss_vocab_chunk=8336"),
     "splash": ("--config.model.attention=splash",),
-    "chunked_splash": ("--config.train.loss_impl=chunked", "--config.model.attention=splash"),
-    "chunked_splash_dots": ("--config.train.loss_impl=chunked",
-                            "--config.model.attention=splash",
-                            "--config.model.remat=dots_no_batch"),
-    "chunked_splash_full": ("--config.train.loss_impl=chunked",
-                            "--config.model.attention=splash", "--config.model.remat=full"),
+    "chunked_splash": WHOLE_VOCAB + ("--config.model.attention=splash",),
+    "chunked_splash_dots": WHOLE_VOCAB + ("--config.model.attention=splash",
+                                          "--config.model.remat=dots_no_batch"),
+    "chunked_splash_full": WHOLE_VOCAB + ("--config.model.attention=splash",
+                                          "--config.model.remat=full"),
 }
 
 
@@ -109,8 +118,9 @@ def main(argv=None) -> int:
     topology, estimate = SETUPS[setup]
     for rung in rungs:
       for variant in variants:
+        flags = VARIANTS[variant]
         rec = compile_cell(rung, topology, out / setup, estimate,
-                           overrides=BEFORE + VARIANTS[variant], name=variant)
+                           overrides=() if flags is None else BEFORE + flags, name=variant)
         rows.append(row(f"{setup} ({topology})", rung, variant, rec))
   table = "\n".join(rows)
   print(table)

@@ -115,6 +115,12 @@ def get_config(variant: str = "leviathan_1.2b"):
   c.train.loss_impl = "auto"
   c.model.logits_dtype = "bfloat16"
   c.model.attention = "auto"
+  # Layer remat by the activations' share of a chip (lev_jax/remat.py: the least
+  # recompute whose kept activations fit in a fifth of its memory; estimates): none on
+  # the rungs' v5p-128 slices (4,096 tokens a chip), dots_no_batch where a chip holds
+  # more tokens (tied_200m on 4 v5p chips: 14.65 GiB of temporaries instead of 25.03,
+  # compiler figures, docs/results.md), full where even that would not fit.
+  c.model.remat = "auto"
   c.model.attention_logits_dtype = "bfloat16"
   # The input table's lookup gradient rounded once to bfloat16, its rows gathered from
   # the bfloat16 cast (tied; Leviathan has no table): XLA:TPU then no longer transposes

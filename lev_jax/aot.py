@@ -49,6 +49,7 @@ import ml_collections
 from lev_jax import flops as flops_lib
 from lev_jax import attention as attention_lib
 from lev_jax import gpu_targets, loss as loss_lib, sharding, target, train
+from lev_jax import remat as remat_lib
 from lev_jax.topology import AotError, Chip, GiB, Topology, first_line, topology_devices
 
 
@@ -309,7 +310,8 @@ def _price_splash(config, topology: Topology, reports) -> None:
   if not peak:
     return
   attention = flops_lib.train_flops_per_step(config)["attention"]
-  train_attention = attention + flops_lib.remat_flops_per_step(config)["attention"]
+  remat, _ = remat_lib.resolve(config, topology.chips, topology.chip.hbm_bytes, "splash")
+  train_attention = attention + flops_lib.remat_flops_per_step(config, remat)["attention"]
   eval_attention = (attention // 3 * config.eval.batch_size
                     // config.train.global_batch_size)
   for r in reports:
@@ -417,8 +419,12 @@ def shortfall_line(report: StepReport, topology: Topology, config,
   mesh = f"data {ici[0]}, fsdp {ici[1]}, tensor {ici[2]}"
   if math.prod(dcn) > 1:
     mesh += f"; DCN {' x '.join(map(str, dcn))}"
+  remat = config.model.remat
+  if remat == "auto":
+    kernel, _ = attention_lib.resolve(config, topology.platform)
+    remat += ": " + remat_lib.resolve(config, topology.chips, topology.chip.hbm_bytes,
+                                      kernel)[0]
   levers = (f"levers: train.grad_accum_steps (now {config.train.grad_accum_steps}), "
-            f"model.remat (now {config.model.remat}), the mesh (now {mesh}) or a larger "
-            "slice")
+            f"model.remat (now {remat}), the mesh (now {mesh}) or a larger slice")
   return (f"the {r.step} step of {config.name} {verb} {topology.name}: {what}"
           + (f"; largest buffers: {biggest}" if biggest else "") + f"; {levers}")

@@ -39,6 +39,9 @@ REMAT_POLICIES = {
     "dots": "dots_saveable",
     "dots_no_batch": "dots_with_no_batch_dims_saveable",
 }
+# config.model.remat's values: a policy, or "auto" (lev_jax/remat.py: chosen from an
+# estimate of the activations kept, for the devices' memory).
+REMAT_CHOICES = ("auto", *REMAT_POLICIES)
 DATA_SOURCES = ("embedded", "jsonl", "jsonl_stream", "prepared")
 # data.corpus with data.source = "embedded": the frozen corpora of lev_jax.data.embedded
 # (CORPORA): CPython's docs (the default), four Debian manuals, FOLDOC's entries.
@@ -91,7 +94,10 @@ def base_config() -> ml_collections.ConfigDict:
   # bfloat16). On a TPU this spares transposing copies of the float32 table and its Adam
   # moments each step (lev_jax.sharding.gather_rounding_grad; MaxText's lookup).
   m.embedding_grad_dtype = "float32"
-  m.remat = "none"             # a key of REMAT_POLICIES: none, full, dots, dots_no_batch
+  # Layer rematerialisation: a key of REMAT_POLICIES (none, full, dots, dots_no_batch) or
+  # "auto" (lev_jax/remat.py: the least recompute whose kept activations fit in a fifth
+  # of a device's memory; none on a CPU; experiments/ladder.py uses it).
+  m.remat = "none"
   m.scan_layers = False        # lax.scan over stacked layers (compile time flat in depth)
   # Attention kernel, one of ATTENTION_IMPLS (lev_jax/attention.py): auto, xla (any
   # platform), splash (TPU: Pallas splash attention, causal blocks skipped), cudnn (NVIDIA
@@ -245,9 +251,10 @@ def base_config() -> ml_collections.ConfigDict:
   # The cross-entropy (lev_jax/loss.py): "dense" builds the float32 logits [tokens,
   # padded V] and applies optax's softmax cross-entropy (every CPU figure of
   # docs/results.md); "chunked" holds float32 logits of loss_token_chunk tokens (0:
-  # automatic, at most 256 MiB per device) x loss_vocab_chunk ids (0: the whole vocab,
-  # the gradient made in the forward pass; a divisor of the padded vocab: recomputed in
-  # the backward pass). "auto" (lev_jax/loss.py `resolve`): chunked where the dense
+  # automatic, at most 256 MiB per device) x loss_vocab_chunk ids (the padded vocab
+  # itself: the whole vocab, the gradient made in the forward pass; a smaller divisor:
+  # recomputed in the backward pass; 0, automatic: the whole vocab up to 65,536 padded
+  # ids, above it the divisor nearest 8,192, lev_jax/loss.py `vocab_chunk_size`). "auto" (lev_jax/loss.py `resolve`): chunked where the dense
   # logits and their gradient would take more than a quarter of a device's memory (a
   # TPU or GPU whose memory is known), else dense; on a CPU always dense
   # (experiments/ladder.py uses it).
@@ -654,7 +661,7 @@ def validate(c: ml_collections.ConfigDict, *,
     _fail("model.embedding_grad_dtype", m.embedding_grad_dtype,
           "'float32' unless model.dtype = 'bfloat16' (the gradient is rounded to the "
           "compute dtype)")
-  _one_of(c, "model", "remat", REMAT_POLICIES)
+  _one_of(c, "model", "remat", REMAT_CHOICES)
   _positive(c, "model", ["vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
                          "n_kv_heads", "head_dim", "d_ff", "max_seq_len", "rope_theta"])
   _dimensions(c, "model", ["vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads",
@@ -686,7 +693,8 @@ def validate(c: ml_collections.ConfigDict, *,
   for field, zero, size, what in (
       ("loss_token_chunk", "automatic", micro_tokens, "tokens per micro-batch "
        "(train.global_batch_size / train.grad_accum_steps x train.seq_len)"),
-      ("loss_vocab_chunk", "the whole vocab", padded_vocab, "ids of the padded vocab")):
+      ("loss_vocab_chunk", "automatic", padded_vocab,
+       "ids of the padded vocab (itself: the whole vocab)")):
     v = t[field]
     if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v and size % v):
       _fail(f"train.{field}", v, f"0 ({zero}) or a divisor of the {size:,} {what}")

@@ -236,7 +236,8 @@ _REMAT_RECOMPUTES = {
 }
 
 
-def remat_flops_per_step(config: ml_collections.ConfigDict) -> dict:
+def remat_flops_per_step(config: ml_collections.ConfigDict, remat: str | None = None
+                         ) -> dict:
   """Matmul FLOPs recomputed by rematerialisation in one step (hardware, not model).
 
   Only forward matmuls whose outputs the backward pass needs are recomputed; XLA drops
@@ -248,14 +249,18 @@ def remat_flops_per_step(config: ml_collections.ConfigDict) -> dict:
   recomputed, its output projection (the checkpoint's output) is not:
   lev = n_micro * rows * (2*Hl*S*S + 2*Hl*S*J*R). A bool model.remat reads as
   "full" / "none". Same conventions as `train_flops_per_step` (causal half, no chunk
-  padding).
+  padding). `remat`: the policy to count instead of config.model.remat, which must be
+  given when that is "auto" (resolved for the devices: lev_jax.remat.resolve).
 
   Returns:
     {"backbone", "attention", "head", "lev", "total"}: ints, FLOPs (head is always 0).
   Raises:
-    ConfigError: unknown model.remat.
+    ConfigError: unknown model.remat, or "auto" without `remat`.
   """
-  remat = config.model.get("remat", "none")
+  remat = config.model.get("remat", "none") if remat is None else remat
+  if remat == "auto":
+    raise ConfigError("config.model.remat = 'auto': resolve it for the devices first "
+                      "(lev_jax.remat.resolve) and pass the policy as remat=")
   if isinstance(remat, bool):
     remat = "full" if remat else "none"
   if remat not in _REMAT_RECOMPUTES:

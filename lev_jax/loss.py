@@ -13,8 +13,9 @@
            at once the chunk's gradient to the hidden states and the head, since every
            token's weight and z-loss are known there (`chunked_loss_sums`; the Liger
            kernel's fused linear cross-entropy): the dense loss's three matmuls, no
-           recompute. With `train.loss_vocab_chunk` set, the vocabulary is cut too and
-           each [token chunk, vocab chunk] of logits is folded into a running max / sum
+           recompute. With vocab chunks (`train.loss_vocab_chunk`; 0, automatic,
+           cuts a vocab of over 65,536 padded ids into chunks of ~8,192) the vocab is
+           cut too and each [token chunk, vocab chunk] of logits is folded into a running max / sum
            of exponentials, with a custom VJP that recomputes them in the backward pass
            (`chunked_log_z_and_target`: four matmuls; MaxText's vocabulary tiling,
            Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models").
@@ -51,6 +52,14 @@ from lev_jax.embeddings import PAD_LOGIT
 DENSE = ml_collections.FrozenConfigDict(
     {"loss_impl": "dense", "loss_token_chunk": 0, "loss_vocab_chunk": 0})
 LOGITS_CHUNK_BYTES = 256 * 2**20  # float32 logits per device per chunk, automatic sizes
+# train.loss_vocab_chunk = 0 (automatic): the whole vocab per token chunk up to
+# AUTO_WHOLE_VOCAB padded ids, above it vocab chunks of the divisor nearest
+# AUTO_VOCAB_CHUNK. Measured on the CPU (benchmarks/head_loss.py, docs/results.md): at
+# V = 32,768 chunks of 8,192 ids were 1.21x the dense loss's time, the whole vocab
+# 0.82-1.01x; at V = 200,064 chunks of 8,336 ids were 0.78x (d 512) and 0.94x (d 2,048)
+# with 0.04x its temporaries, the whole vocab 0.66x and 1.09x with 0.16x and 0.54x.
+AUTO_WHOLE_VOCAB = 65_536
+AUTO_VOCAB_CHUNK = 8_192
 AUTO_MEMORY_SHARE = 4  # auto: chunked once the dense logits need > 1/4 of a device's memory
 
 
@@ -104,22 +113,26 @@ def _divisors(n: int) -> list[int]:
 
 
 def vocab_chunk_size(padded_vocab: int, requested: int) -> int:
-  """Ids per vocab chunk: `requested` (a divisor of the padded vocab), or the whole
-  padded vocab for 0.
+  """Ids per vocab chunk for train.loss_vocab_chunk = `requested`: a divisor of the
+  padded vocab as given (the padded vocab itself: the whole vocab per token chunk), or
+  for 0 (automatic) the whole padded vocab up to AUTO_WHOLE_VOCAB ids, above it the
+  divisor nearest AUTO_VOCAB_CHUNK.
 
   Raises:
     ConfigError: `requested` not an integer >= 0 or not a divisor of padded_vocab (the
       nearest divisors are named).
   """
   if requested == 0:
-    return padded_vocab
+    if padded_vocab <= AUTO_WHOLE_VOCAB:
+      return padded_vocab
+    return min(_divisors(padded_vocab), key=lambda d: (abs(d - AUTO_VOCAB_CHUNK), -d))
   if (isinstance(requested, bool) or not isinstance(requested, int) or requested < 0
       or padded_vocab % requested):
     size = requested if isinstance(requested, int) else padded_vocab
     near = sorted(sorted(_divisors(padded_vocab), key=lambda d: abs(d - size))[:4])
     raise ConfigError(
-        f"config.train.loss_vocab_chunk = {requested!r}: expected 0 (the whole vocab) or "
-        f"a divisor of the padded vocab {padded_vocab:,}, e.g. "
+        f"config.train.loss_vocab_chunk = {requested!r}: expected 0 (automatic) or "
+        f"a divisor of the padded vocab {padded_vocab:,} (itself: the whole vocab), e.g. "
         + ", ".join(f"{d:,}" for d in near))
   return requested
 
@@ -385,7 +398,8 @@ def chunked_log_z_and_target(x_NxD: jax.Array, w_DxV: jax.Array, targets_N: jax.
     targets_N: int target ids in [0, vocab_size).
     vocab_size: the real vocab; ids at or above it are padding.
     token_chunk: tokens per chunk, a divisor of N (0: `token_chunk_size`'s choice).
-    vocab_chunk: ids per chunk, a divisor of V (0: all of V).
+    vocab_chunk: ids per chunk, a divisor of V (0: all of V; train.loss_vocab_chunk's
+      automatic size is `vocab_chunk_size`'s).
   Returns:
     (log_z_N, target_N), float32.
   Raises:
@@ -395,7 +409,7 @@ def chunked_log_z_and_target(x_NxD: jax.Array, w_DxV: jax.Array, targets_N: jax.
   if w_DxV.shape[0] != x_NxD.shape[1]:
     raise ValueError(f"chunked_log_z_and_target: x [N, D] = {x_NxD.shape} and w [D, V] "
                      f"= {w_DxV.shape} disagree on D")
-  vc = vocab_chunk_size(w_DxV.shape[1], vocab_chunk)
+  vc = w_DxV.shape[1] if vocab_chunk == 0 else vocab_chunk_size(w_DxV.shape[1], vocab_chunk)
   tc = token_chunk_size(x_NxD.shape[0], token_chunk, vc, sharding.split_count("batch"))
   return _lse_and_target(x_NxD, w_DxV, targets_N.astype(jnp.int32), vocab_size, tc, vc)
 
@@ -511,10 +525,14 @@ def token_losses(model, batch: dict, cfg: ml_collections.ConfigDict, z_loss: flo
     log_z = jax.nn.logsumexp(logits_BxLxV, axis=-1) if z_loss > 0 else None
     return nll, log_z
   x_NxD, w_DxV = _head_inputs(model, batch)
-  log_z, tgt = chunked_log_z_and_target(x_NxD, w_DxV, targets.reshape(-1),
-                                        model.vocab_size, cfg.loss_token_chunk,
-                                        cfg.loss_vocab_chunk)
-  return (log_z - tgt).reshape(targets.shape), log_z.reshape(targets.shape)
+  return _chunked_token_losses(x_NxD, w_DxV, targets, model.vocab_size, cfg)
+
+
+def _chunked_token_losses(x_NxD, w_DxV, targets_BxL, vocab_size, cfg):
+  vocab_chunk = vocab_chunk_size(w_DxV.shape[1], cfg.loss_vocab_chunk)
+  log_z, tgt = chunked_log_z_and_target(x_NxD, w_DxV, targets_BxL.reshape(-1), vocab_size,
+                                        cfg.loss_token_chunk, vocab_chunk)
+  return (log_z - tgt).reshape(targets_BxL.shape), log_z.reshape(targets_BxL.shape)
 
 
 def loss_sums(model, batch: dict, cfg: ml_collections.ConfigDict, z_loss: float = 0.0
@@ -526,21 +544,26 @@ def loss_sums(model, batch: dict, cfg: ml_collections.ConfigDict, z_loss: float 
     over the batch weighted by batch["weights"]; objective = cross-entropy sum + z-loss
     sum (PaLM Sec. 5). `dense` builds them from `token_losses` (with z_loss = 0 the
     objective is the cross-entropy itself, the program every CPU figure was made with);
-    `chunked` with the whole vocab per chunk (loss_vocab_chunk 0) runs
-    `chunked_loss_sums`, with vocab chunks `chunked_log_z_and_target`.
+    `chunked` with the whole vocab per token chunk (`vocab_chunk_size` of
+    loss_vocab_chunk: the padded vocab) runs `chunked_loss_sums`, with vocab chunks
+    `chunked_log_z_and_target`.
   Raises:
     ConfigError: as `token_losses`.
   """
   _check_impl(cfg)
   w_BxL = batch["weights"]
   n_targets = jnp.sum(w_BxL)
-  if cfg.loss_impl == "chunked" and cfg.loss_vocab_chunk == 0:
+  if cfg.loss_impl == "chunked":
     x_NxD, w_DxV = _head_inputs(model, batch)
-    objective, ce_sum, z_sum = chunked_loss_sums(
-        x_NxD, w_DxV, batch["targets"].reshape(-1), w_BxL.reshape(-1), model.vocab_size,
-        z_loss, cfg.loss_token_chunk)
-    return objective, (ce_sum, n_targets, z_sum)
-  nll_BxL, log_z_BxL = token_losses(model, batch, cfg, z_loss)
+    if vocab_chunk_size(w_DxV.shape[1], cfg.loss_vocab_chunk) == w_DxV.shape[1]:
+      objective, ce_sum, z_sum = chunked_loss_sums(
+          x_NxD, w_DxV, batch["targets"].reshape(-1), w_BxL.reshape(-1),
+          model.vocab_size, z_loss, cfg.loss_token_chunk)
+      return objective, (ce_sum, n_targets, z_sum)
+    nll_BxL, log_z_BxL = _chunked_token_losses(x_NxD, w_DxV, batch["targets"],
+                                               model.vocab_size, cfg)
+  else:
+    nll_BxL, log_z_BxL = token_losses(model, batch, cfg, z_loss)
   ce_sum = jnp.sum(nll_BxL * w_BxL)
   if z_loss <= 0:
     return ce_sum, (ce_sum, n_targets, jnp.zeros(()))

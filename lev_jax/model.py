@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from lev_jax import attention, target
+from lev_jax import attention, sharding, target, topology
+from lev_jax import remat as remat_lib
 from lev_jax.config import REMAT_POLICIES
 from lev_jax.dense import dense
 from lev_jax.embeddings import make_embedding
@@ -212,7 +213,13 @@ class Decoder(nnx.Module):
   def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     cfg = ml_collections.FrozenConfigDict(config.model)
     dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-    self.remat, self.scan_layers = cfg.remat, cfg.scan_layers
+    self.scan_layers = cfg.scan_layers
+    # model.remat = "auto" is chosen when traced (`_remat_for`), from the micro-batch's
+    # tokens and the mesh's devices: these fields (static, not parameters) decide it.
+    self.remat_fields = ml_collections.FrozenConfigDict(
+        {k: cfg[k] for k in ("remat", "d_model", "d_ff", "n_heads", "n_layers", "head_dim",
+                             "attention", "attention_interpret", "splash_block_q",
+                             "splash_block_kv", "dtype")})
     # Read by init_cache and lev_jax.decode (static: not parameters).
     self.vocab_size, self.max_seq_len, self.dtype = cfg.vocab_size, cfg.max_seq_len, dtype
     self.cache_shape = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
@@ -259,7 +266,7 @@ class Decoder(nnx.Module):
       positions_BxL = jnp.broadcast_to(jnp.arange(ids_BxL.shape[1]), ids_BxL.shape)
     x_BxLxD = constrain(self.embedding.embed(ids_BxL), ("batch", "length", "act_embed"))
     apply = lambda b, x, p, s: b(x, p, s)
-    policy = remat_policy(self.remat)
+    policy = remat_policy(self._remat_for(ids_BxL.shape, segment_ids_BxL is not None))
     if policy is not None:
       apply = nnx.remat(apply, policy=policy)
     if self.scan_layers:
@@ -269,6 +276,24 @@ class Decoder(nnx.Module):
       for block in self.blocks:
         x_BxLxD = apply(block, x_BxLxD, positions_BxL, segment_ids_BxL)
     return self.final_norm(x_BxLxD)
+
+  def _remat_for(self, shape_BxL: tuple[int, int], segments: bool) -> str:
+    """model.remat for a trace of [B, L] ids: the configured policy, or for "auto"
+    lev_jax.remat.choose over the active mesh's devices (one device outside a mesh)."""
+    m = self.remat_fields
+    if m.remat != "auto":
+      return m.remat
+    active = sharding.active()
+    devices = list(active[0].devices.flat) if active else jax.devices()[:1]
+    kernel, _ = attention.choose(m.attention, target.platform(), dtype=m.dtype,
+                                 seq_len=shape_BxL[1], head_dim=m.head_dim,
+                                 segments=segments, block_q=m.splash_block_q,
+                                 block_kv=m.splash_block_kv,
+                                 interpret=m.attention_interpret)
+    return remat_lib.choose(m, tokens=shape_BxL[0] * shape_BxL[1], seq_len=shape_BxL[1],
+                            n_devices=len(devices),
+                            memory_bytes=topology.device_memory_bytes(devices[0]),
+                            xla_attention=kernel == "xla")[0]
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
     """An empty key/value cache: {"k", "v"}, each zeros [n_layers, B, S, G, K].

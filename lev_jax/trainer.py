@@ -55,6 +55,7 @@ from lev_jax.flops import (lev_plan_line, mfu, tokens_per_s_per_device,
                            train_flops_per_step)
 from lev_jax import attention, loss as loss_lib, progress, sharding, target, topology
 from lev_jax import lock as workdir_lock
+from lev_jax import remat as remat_lib
 from lev_jax.metrics import MetricWriter, truncate_metrics
 from lev_jax.optimizer import schedule_count
 from lev_jax.train import abstract_state, init_state, make_eval_step, make_train_step, partition
@@ -870,8 +871,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   _check_state_fits(part)
   logging.info("mesh %s over %d devices in %d processes", dict(part.mesh.shape),
                jax.device_count(), jax.process_count())
-  logging.info("attention %s (%s)", *attention.resolve(config, target.platform()))
+  kernel, why = attention.resolve(config, target.platform())
+  logging.info("attention %s (%s)", kernel, why)
   logging.info("loss %s (%s)", *loss_lib.resolve(config, part.mesh))
+  if config.model.remat == "auto":
+    logging.info("model.remat %s (%s)", *remat_lib.resolve(
+        config, part.mesh.devices.size,
+        topology.device_memory_bytes(part.mesh.devices.flat[0]), kernel))
   if config.model.embedding == "lev":
     logging.info("%s", lev_plan_line(config))
   global_stream = config.data.host_batches == "global"

@@ -61,8 +61,19 @@ def test_every_variant_starts_from_the_program_before_issue_24():
   pinned = {flag.split("=")[0][len("--config."):]: flag.split("=")[1] for flag in hac.BEFORE}
   assert pinned == {"train.loss_impl": "dense", "model.logits_dtype": "float32",
                     "model.attention": "xla", "model.attention_logits_dtype": "float32",
-                    "model.embedding_grad_dtype": "float32"}
+                    "model.embedding_grad_dtype": "float32", "model.remat": "none"}
   base = base_config()
   for field in pinned:  # each differs in the ladder now, or would silently follow it
     section, name = field.split(".")
     assert ladder[section][name] != base[section][name] or field == "model.attention"
+
+
+def test_chunked_variants_keep_the_published_whole_vocab_and_ladder_is_unpinned():
+  """train.loss_vocab_chunk = 0 became automatic (vocab chunks above 65,536 ids): the
+  published chunked rows were compiled over the whole vocab, so those variants ask for
+  it; `ladder` compiles experiments/ladder.py as it is."""
+  for name, flags in hac.VARIANTS.items():
+    if flags is None:
+      assert name == "ladder"
+    elif "--config.train.loss_impl=chunked" in flags and name != "chunked_vocab":
+      assert "--config.train.loss_vocab_chunk=200064" in flags, name

@@ -307,3 +307,23 @@ def test_without_config_the_default_it_compiles_is_named_first(monkeypatch):
 
 if __name__ == "__main__":
   _serve()
+
+
+@pytest.mark.parametrize("rung,topology_name,program", [
+    # The ladder's own slice: the dense loss, no remat (4,096 tokens a chip).
+    ("tied_200m", "v5p-128", "loss dense (auto), logits bfloat16, attention splash (auto), "
+     "model.remat none (auto), bfloat16 compute"),
+    # 4 chips at the same global batch: the chunked loss in o200k's 24 vocab chunks and
+    # dots_no_batch (issue 24's <= 20 GiB target: 14.65 GiB of temporaries, compiled).
+    ("tied_200m", "v5p:2x2x1", "loss chunked (auto) in vocab chunks of 8,336 ids, logits "
+     "bfloat16, attention splash (auto), model.remat dots_no_batch (auto), bfloat16 compute"),
+])
+def test_the_program_line_names_every_auto_choice(rung, topology_name, program):
+  """program_line resolves train.loss_impl, train.loss_vocab_chunk, model.attention and
+  model.remat for the slice, without compiling anything."""
+  sys.path.insert(0, str(REPO))
+  from lev_jax.cli.compile import program_line  # pylint: disable=import-outside-toplevel
+  from lev_jax.experiments import load_experiment  # pylint: disable=import-outside-toplevel
+  from lev_jax.topology import parse_topology  # pylint: disable=import-outside-toplevel
+  config = load_experiment(REPO / "experiments" / "ladder.py").get_config(rung)
+  assert program_line(config, parse_topology(topology_name)) == program

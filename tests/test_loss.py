@@ -191,7 +191,7 @@ def test_the_bfloat16_logits_cross_entropy_is_the_float32_softmax_of_them():
     ("train.loss_impl", "blockwise", "one of 'auto', 'dense', 'chunked'"),
     ("train.loss_token_chunk", 24, "a divisor of the 64 tokens per micro-batch"),
     ("train.loss_vocab_chunk", 100, "a divisor of the 384 ids of the padded vocab"),
-    ("train.loss_vocab_chunk", -128, "0 (the whole vocab) or a divisor"),
+    ("train.loss_vocab_chunk", -128, "0 (automatic) or a divisor"),
     ("optim.z_loss", -1e-4, "a finite number >= 0"),
     ("model.logits_dtype", "float16", "one of 'float32', 'bfloat16'"),
     ("train.loss_token_chunk", 16, "0 with train.loss_impl = 'dense', which has no chunks"),
@@ -236,7 +236,12 @@ def test_tpu_memory_is_known_for_compile_only_devices():
 
 
 def test_chunk_size_defaults_and_errors():
-  assert loss.vocab_chunk_size(200_064, 0) == 200_064  # the whole vocab
+  # Automatic vocab chunks: the whole vocab up to 65,536 padded ids, above it ~8,192.
+  assert loss.vocab_chunk_size(384, 0) == 384
+  assert loss.vocab_chunk_size(65_536, 0) == 65_536
+  assert loss.vocab_chunk_size(200_064, 0) == 8_336  # o200k: 24 chunks
+  assert loss.vocab_chunk_size(65_664, 0) == 8_208  # 128 x 513 ids: 8 chunks
+  assert loss.vocab_chunk_size(200_064, 200_064) == 200_064  # the whole vocab, asked for
   assert loss.vocab_chunk_size(384, 128) == 128
   with pytest.raises(ConfigError, match=r"e\.g\. 4,168, 6,252, 8,336, 12,504"):
     loss.vocab_chunk_size(200_064, 8192)

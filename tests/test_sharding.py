@@ -191,9 +191,11 @@ def _equivalence_worker():
            for shape in ((1, 1, 1), *shapes)]
   for embedding, shape in cases:
     c = tiny_config(embedding)
-    if embedding == "lev" and shape != (1, 1, 1):  # the chunked loss: 4 x 3 chunks
+    if shape != (1, 1, 1):  # the chunked loss; Leviathan: 4 token x 3 vocab chunks
+      # (recomputing backward), tied: 4 token chunks over the whole vocab (gradient
+      # made in the forward pass)
       c.train.loss_impl, c.train.loss_token_chunk, c.train.loss_vocab_chunk = (
-          "chunked", 32, 128)
+          "chunked", 32, 128 if embedding == "lev" else 0)
     c.model.n_heads = c.model.n_kv_heads = 8
     c.model.head_dim = 4
     c.model.n_layers = 1  # every layer is split alike; one compiles faster on 8 devices
@@ -204,32 +206,46 @@ def _equivalence_worker():
     mesh = sharding.make_mesh(c.mesh, devices)
     part, state = create_train_state(c, mesh)
     step = make_train_step(part, c)
-    losses = []
+    losses, grad_norms = [], []
     for b in batches:
       state, m = step(state, sharding.to_global(b, part.batch_sharding))
       losses.append(float(m["loss"]))
+      grad_norms.append({k: float(v) for k, v in m.items() if k.startswith("grad_norm")})
     wq = state["params"]["blocks"][0]["attn"]["wq"][...]
-    results[f"{embedding}{shape}"] = {"losses": losses, "wq_spec": str(wq.sharding.spec),
-                                      "wq_devices": len(wq.sharding.device_set)}
+    results[f"{embedding}{shape}"] = {
+        "losses": losses, "grad_norms": grad_norms, "wq_spec": str(wq.sharding.spec),
+        "wq_devices": len(wq.sharding.device_set),
+        "params": [np.asarray(p, np.float64).ravel()[:64].tolist()
+                   for p in jax.tree.leaves(state["params"])]}
   return results
 
 
 @EIGHT_DEVICES
 def test_one_device_and_eight_device_meshes_give_the_same_losses(eight_device_results):
-  """3 steps of tied and Leviathan on 8-device meshes (EQUIVALENCE_MESHES) vs 1 device;
-  Leviathan's 8-device run uses the chunked loss (lev_jax/loss.py; 4 token x 3 vocab
-  chunks of the split head), its 1-device run the dense loss.
+  """3 steps of tied and Leviathan on 8-device meshes (EQUIVALENCE_MESHES) vs 1 device:
+  the 8-device runs use the chunked loss (lev_jax/loss.py; Leviathan 4 token x 3 vocab
+  chunks of the split head, tied 4 token chunks over the whole vocab), the 1-device
+  runs the dense loss. Each step's loss and gradient norms (the whole and each
+  parameter group's, before clipping), and the parameters after the 3 steps.
 
-  Tolerance rtol 2e-5: the same float32 math, with reductions split across devices in
-  a different order.
+  Tolerances: losses and gradient norms rtol 2e-5 (the same float32 math, with
+  reductions split across devices in a different order); parameters rtol 1e-4, atol
+  1e-6 (three Adam updates divide by the gradients' square roots).
   """
   results = eight_device_results[0]["equivalence"]
   for embedding, shapes in EQUIVALENCE_MESHES.items():
-    ref = results[f"{embedding}(1, 1, 1)"]["losses"]
-    assert ref[-1] < ref[0]
+    ref = results[f"{embedding}(1, 1, 1)"]
+    assert ref["losses"][-1] < ref["losses"][0]
     for shape in map(str, shapes):
-      got = results[f"{embedding}{shape}"]
-      np.testing.assert_allclose(got["losses"], ref, rtol=2e-5, err_msg=f"{embedding} {shape}")
+      got, where = results[f"{embedding}{shape}"], f"{embedding} {shape}"
+      np.testing.assert_allclose(got["losses"], ref["losses"], rtol=2e-5, err_msg=where)
+      assert [sorted(g) for g in got["grad_norms"]] == [sorted(g) for g in ref["grad_norms"]]
+      for step, (g, r) in enumerate(zip(got["grad_norms"], ref["grad_norms"])):
+        for name in r:
+          np.testing.assert_allclose(g[name], r[name], rtol=2e-5,
+                                     err_msg=f"{where} step {step + 1} {name}")
+      for p, r in zip(got["params"], ref["params"], strict=True):
+        np.testing.assert_allclose(p, r, rtol=1e-4, atol=1e-6, err_msg=where)
       assert got["wq_devices"] == 8
   assert results["tied(1, 8, 1)"]["wq_spec"] == str(jax.P("fsdp", None, None))
   assert results["lev(2, 2, 2)"]["wq_spec"] == str(jax.P("fsdp", "tensor", None))

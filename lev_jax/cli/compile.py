@@ -30,6 +30,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from lev_jax.cli import common
+from lev_jax.config import padded_vocab_size
 from lev_jax.experiments import experiments_dir
 
 PROG = "lev-compile"
@@ -105,13 +106,20 @@ def program_line(config, topology) -> str:
   loss (train.loss_impl resolved for the topology's chips and memory), the logits'
   dtype, the attention kernel (model.attention resolved for the topology's platform),
   layer remat and, for LEV, its core, rows, chunk and remat."""
-  from lev_jax import attention, loss  # pylint: disable=g-import-not-at-top
+  from lev_jax import attention, loss, remat  # pylint: disable=g-import-not-at-top
   m, lv = config.model, config.lev
   kernel, _ = attention.resolve(config, topology.platform)
   loss_impl, _ = loss.choose(config, topology.chips, topology.chip.hbm_bytes)
+  policy, _ = remat.resolve(config, topology.chips, topology.chip.hbm_bytes, kernel)
   auto = lambda requested: " (auto)" if requested == "auto" else ""
-  line = (f"loss {loss_impl}{auto(config.train.loss_impl)}, logits {m.logits_dtype}, "
-          f"attention {kernel}{auto(m.attention)}, model.remat {m.remat}, "
+  chunks = ""
+  if loss_impl == "chunked":
+    padded = padded_vocab_size(m.vocab_size, m.vocab_multiple)
+    vocab_chunk = loss.vocab_chunk_size(padded, config.train.loss_vocab_chunk)
+    chunks = (" over the whole vocab" if vocab_chunk == padded
+              else f" in vocab chunks of {vocab_chunk:,} ids")
+  line = (f"loss {loss_impl}{auto(config.train.loss_impl)}{chunks}, logits {m.logits_dtype}, "
+          f"attention {kernel}{auto(m.attention)}, model.remat {policy}{auto(m.remat)}, "
           f"{m.dtype} compute")
   if m.embedding == "lev":
     line += (f"; LEV {lv.impl} core, lev.mode {lv.mode}, chunks of {lv.chunk_size:,} ids, "
