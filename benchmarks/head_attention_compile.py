@@ -8,14 +8,21 @@ compiled for a TPU slice: per-chip memory and the estimated step time of each.
 Setups (each a slice and a batch; the rung's config from experiments/ladder.py otherwise):
   pod    the ladder's slice, v5p-128, the rung's own global batch (512 x 512), with the
          step-time estimate (loop-free compiles; a few minutes a variant on 2 cores).
+  mid    16 v5p chips (v5p-32) at the same global batch (16,384 tokens a chip), memory
+         only (1.5 to 4 minutes a cell).
   small  4 v5p chips (v5p:2x2x1) at the same global batch of 512 x 512 (65,536 tokens a
          chip), memory only: what fits where memory is short.
-Variants (--variants, comma-separated; every one by default). `ladder` is the rung as
-experiments/ladder.py sets it (every `auto` resolved for the slice: the program line of
-its JSON); the others are each on top of BEFORE: the rung's program before issue 24 (the
-dense loss, float32 logits, XLA attention with float32 scores, a float32 lookup gradient,
-no remat), whatever experiments/ladder.py now sets:
-  ladder            the ladder's own program
+Variants (--variants, comma-separated; by default every one on BEFORE). LADDER_VARIANTS
+start from the rung as experiments/ladder.py sets it (every `auto` resolved for the
+slice: the program line of its JSON):
+  ladder                  the ladder's own program
+  ladder_dense_xla        its loss and attention set to dense and xla; the same for
+  ladder_dense_splash     the other three pairs (its bfloat16 logits and scores, its
+  ladder_chunked_xla      lookup gradient, model.remat=auto and the automatic vocab
+  ladder_chunked_splash   chunks kept)
+The others are each on top of BEFORE: the rung's program before issue 24 (the dense
+loss, float32 logits, XLA attention with float32 scores, a float32 lookup gradient, no
+remat), whatever experiments/ladder.py now sets:
   dense             BEFORE itself
   dense_bf16        the dense loss with model.logits_dtype = bfloat16
   chunked           train.loss_impl = chunked (automatic token chunks, whole vocab)
@@ -46,6 +53,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from pod_compile import compile_cell  # noqa: E402  pylint: disable=wrong-import-position
 
 SETUPS = {"pod": ("v5p-128", True),  # (topology, estimate the step time)
+          "mid": ("v5p-32", False),
           "small": ("v5p:2x2x1", False)}
 # Every variant starts from the rung's program before issue 24, whatever the ladder sets
 # now (it trains with bfloat16 logits and the platform's attention kernel since), so the
@@ -56,8 +64,13 @@ BEFORE = ("--config.train.loss_impl=dense", "--config.model.logits_dtype=float32
 # The chunked loss over the whole padded vocab (200,064 ids) per token chunk, as the
 # published rows were compiled (train.loss_vocab_chunk = 0 now cuts it: lev_jax/loss.py).
 WHOLE_VOCAB = ("--config.train.loss_impl=chunked", "--config.train.loss_vocab_chunk=200064")
+LADDER_VARIANTS = {
+    "ladder": (),
+    **{f"ladder_{loss}_{kernel}": (f"--config.train.loss_impl={loss}",
+                                   f"--config.model.attention={kernel}")
+       for loss in ("dense", "chunked") for kernel in ("xla", "splash")},
+}
 VARIANTS = {
-    "ladder": None,  # no BEFORE: experiments/ladder.py as it is
     "dense": (),
     "dense_bf16": ("--config.model.logits_dtype=bfloat16",),
     "chunked": WHOLE_VOCAB,
@@ -93,7 +106,7 @@ def main(argv=None) -> int:
   p.add_argument("--rungs", default="tied_200m", help="comma-separated ladder rungs")
   p.add_argument("--setups", default="pod,small", help=f"some of {', '.join(SETUPS)}")
   p.add_argument("--variants", default=",".join(VARIANTS),
-                 help=f"some of {', '.join(VARIANTS)}")
+                 help=f"some of {', '.join([*LADDER_VARIANTS, *VARIANTS])}")
   p.add_argument("--out", default="runs/head_attention_compile",
                  help="output folder (resumable)")
   args = p.parse_args(argv)
@@ -104,7 +117,7 @@ def main(argv=None) -> int:
     return names
 
   setups = pick(args.setups, SETUPS, "--setups")
-  variants = pick(args.variants, VARIANTS, "--variants")
+  variants = pick(args.variants, [*LADDER_VARIANTS, *VARIANTS], "--variants")
   rungs = [r for r in args.rungs.split(",") if r]
   from lev_jax.experiments import load_experiment  # pylint: disable=import-outside-toplevel
   ladder = load_experiment(REPO / "experiments" / "ladder.py")
@@ -118,9 +131,9 @@ def main(argv=None) -> int:
     topology, estimate = SETUPS[setup]
     for rung in rungs:
       for variant in variants:
-        flags = VARIANTS[variant]
-        rec = compile_cell(rung, topology, out / setup, estimate,
-                           overrides=() if flags is None else BEFORE + flags, name=variant)
+        flags = LADDER_VARIANTS.get(variant, BEFORE + VARIANTS.get(variant, ()))
+        rec = compile_cell(rung, topology, out / setup, estimate, overrides=flags,
+                           name=variant)
         rows.append(row(f"{setup} ({topology})", rung, variant, rec))
   table = "\n".join(rows)
   print(table)

@@ -42,7 +42,7 @@ def test_existing_cells_are_read_not_compiled(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["--variants", "dense,flash"], "--variants=dense,flash: expected some of"),
-    (["--setups", "huge"], "--setups=huge: expected some of pod, small"),
+    (["--setups", "huge"], "--setups=huge: expected some of pod, mid, small"),
     (["--rungs", "tied_9b"], "--rungs=tied_9b: expected some of"),
 ])
 def test_bad_flags_are_one_line(argv, words, capsys):
@@ -68,12 +68,14 @@ def test_every_variant_starts_from_the_program_before_issue_24():
     assert ladder[section][name] != base[section][name] or field == "model.attention"
 
 
-def test_chunked_variants_keep_the_published_whole_vocab_and_ladder_is_unpinned():
+def test_chunked_variants_keep_the_published_whole_vocab_and_ladder_variants_are_unpinned():
   """train.loss_vocab_chunk = 0 became automatic (vocab chunks above 65,536 ids): the
   published chunked rows were compiled over the whole vocab, so those variants ask for
   it; `ladder` compiles experiments/ladder.py as it is."""
   for name, flags in hac.VARIANTS.items():
-    if flags is None:
-      assert name == "ladder"
-    elif "--config.train.loss_impl=chunked" in flags and name != "chunked_vocab":
+    if "--config.train.loss_impl=chunked" in flags and name != "chunked_vocab":
       assert "--config.train.loss_vocab_chunk=200064" in flags, name
+  assert hac.LADDER_VARIANTS["ladder"] == ()
+  assert hac.LADDER_VARIANTS["ladder_chunked_xla"] == (
+      "--config.train.loss_impl=chunked", "--config.model.attention=xla")
+  assert not set(hac.LADDER_VARIANTS) & set(hac.VARIANTS)
