@@ -17,8 +17,11 @@ Calibrated on XLA:TPU's buffer assignment (jax 0.10.2, libtpu 0.0.42.1) of tied_
 (benchmarks/head_attention_compile.py --setups small; docs/results.md): the temporaries
 were 25.03 GiB (none, splash), 14.65 (dots_no_batch), 4.40 (full) and 35.50 (none, XLA
 attention); the differences give 56.3, 28.0 and 26.3 KB per token and layer where the
-rows above give 57.3, 28.7 and 24.6. A guide for choosing, not a memory figure:
-lev-compile reports what XLA assigns.
+rows above give 57.3, 28.7 and 24.6. Checked on other shapes (v5p-32, 16,384 tokens a
+chip, the dense loss, splash): none -> dots_no_batch saved 76.7 KB per token and layer
+at 800M (d 1,536, F 4,096; 57.3 estimated) and 145.9 KB at 1.2B (d 2,048, F 5,632; 77.8
+estimated): the estimate runs low at larger shapes, so auto errs towards less remat. A
+guide for choosing, not a memory figure: lev-compile reports what XLA assigns.
 
 auto takes the first of none, dots_no_batch, full whose estimate, for the tokens of a
 micro-batch spread over the devices, is within 1/AUTO_MEMORY_SHARE of a device's memory
