@@ -18,7 +18,10 @@ Each checkpoint step holds four items:
             run was resumed with other settings than its checkpoint's (`resume_history`);
             "run": the run's id (`new_run_id`, kept by every resume; also in
             data_report.json), by which a loader tells a step copied in from another run
-            of the same model shape (newcomer pass 14)
+            of the same model shape (newcomer pass 14); "lineage": the ids of the
+            starts of lev-train that led to the step (`new_start_id`, one per start
+            that trains, also in data_report.json), by which a loader tells a step of
+            another copy of the same run, extended apart (newcomer pass 15, Q11)
 
 Orbax writes each step into a temporary directory and renames it only when every item
 is complete, so a run killed at any moment (kill -9) leaves the earlier checkpoints
@@ -183,14 +186,37 @@ def new_run_id(directory, config: ml_collections.ConfigDict) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def new_start_id(directory, run_id: str, resumed_step: int,
+                 config: ml_collections.ConfigDict) -> str:
+  """The id of one start of lev-train in `directory` (its checkpoints folder): 16 hex
+  digits of the sha256 of the folder's absolute path, the run's id, the step it resumed
+  from (0: a new run) and the config's JSON. The same in every process; the same again
+  when a start is repeated unchanged (a restart after a kill before the next save),
+  which then trains the same steps; another for a copy of the run extended in another
+  folder or under other settings."""
+  where = str(directory)
+  if "://" not in where:
+    where = os.path.abspath(where)
+  text = f"{where}\n{run_id}\n{resumed_step}\n{config.to_json(sort_keys=True)}"
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def extended_lineage(lineage: list[str], start_id: str) -> list[str]:
+  """The lineage of the steps a start trains: the restored step's `lineage` and this
+  start's id (once: a repeated start adds nothing)."""
+  return list(lineage) if lineage and lineage[-1] == start_id else [*lineage, start_id]
+
+
 def _progress(step: int, config: ml_collections.ConfigDict, tokens_seen: int | None,
               tokenizer_fingerprint: str | None, resumed: list | None = None,
-              run_id: str | None = None) -> dict:
+              run_id: str | None = None, lineage: list[str] | None = None) -> dict:
   """A step's progress item (module docstring)."""
   progress = {"tokens_seen": int(step * config.train.global_batch_size * config.train.seq_len
                                  if tokens_seen is None else tokens_seen)}
   if run_id is not None:
     progress["run"] = run_id
+  if lineage:
+    progress["lineage"] = list(lineage)
   if tokenizer_fingerprint is not None:
     progress["tokenizer_fingerprint"] = tokenizer_fingerprint
   if resumed:
@@ -251,6 +277,7 @@ class Checkpointer:
     self._latest: int | None = None  # the step this run restored or last saved
     self._resumed: list[dict] = []  # resume_history, saved with every step
     self.run_id: str | None = None  # the restored step's "run" (else `new_run_id`)
+    self.lineage: list[str] = []  # the restored step's "lineage"; lev-train extends it
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -283,7 +310,7 @@ class Checkpointer:
           config=ocp.args.JsonSave(config.to_dict()),
           progress=ocp.args.JsonSave(_progress(step, config, tokens_seen,
                                                tokenizer_fingerprint, self._resumed,
-                                               self.run_id))))
+                                               self.run_id, self.lineage))))
     except Exception as e:  # Orbax / tensorstore / OSError: any type
       self._saving = None
       self._write_failed(step, e)
@@ -488,6 +515,9 @@ class Checkpointer:
     self._resumed = resume_history(progress)
     run_id = progress.get("run")
     self.run_id = run_id if isinstance(run_id, str) else None
+    lineage = progress.get("lineage")
+    self.lineage = (list(lineage) if isinstance(lineage, list)
+                    and all(isinstance(s, str) for s in lineage) else [])
     if changed:  # legitimate (a new learning rate, more steps), but the user should see it
       recorded = [d for d in changed if not d.startswith("train.steps:")]  # an extension
       logging.warning("%s: resuming with settings that differ from the checkpoint's: %s%s",

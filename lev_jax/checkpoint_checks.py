@@ -419,7 +419,10 @@ def run_shape_problem(folder, saved: dict, where: str,
   The step's stored config `saved` (`where`: "checkpoint DIR/STEP") must hold the
   recorded model ("model_shape", `shape_record`); its progress item `progress`, when
   it holds a run id, the recorded "run" (checkpoint.new_run_id: a step of another run
-  of the same shape, e.g. another seed, newcomer pass 14). Which of the two changed
+  of the same shape, e.g. another seed, newcomer pass 14); and its "lineage" (the
+  starts of lev-train that led to it, checkpoint.new_start_id) must begin the recorded
+  one: a step of another copy of the same run, extended apart after the copy, has a
+  start this folder never made (newcomer pass 15, Q11). Which of the two changed
   cannot be told: a step copied in from another run, or data_report.json replaced or
   edited."""
   path = epath.Path(folder) / DATA_REPORT
@@ -457,6 +460,15 @@ def run_shape_problem(folder, saved: dict, where: str,
             f"records run {step_run}, {path} run {run_id}): a step copied in from another "
             "run of the same model (another seed or data?), or data_report.json replaced? "
             "Put back the one that changed")
+  step_lineage, lineage = (progress or {}).get("lineage"), report.get("lineage")
+  if (isinstance(step_lineage, list) and isinstance(lineage, list)
+      and lineage[:len(step_lineage)] != step_lineage):
+    gone = next(s for i, s in enumerate(step_lineage) if i >= len(lineage) or lineage[i] != s)
+    return (f"{where} was trained by a start of lev-train that this folder's run never "
+            f"made (start {gone} in its progress item's lineage, not in {path}'s): a step "
+            f"of another copy of this run (run {run_id}), extended apart after the copy, "
+            "or data_report.json replaced by an older one? Evaluate it in the folder it "
+            f"was trained in, or move it out of {epath.Path(folder) / 'checkpoints'}")
   return None
 
 

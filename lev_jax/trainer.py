@@ -42,7 +42,8 @@ from tqdm import tqdm
 
 from lev_jax import data as data_lib
 from lev_jax.checkpoint import (Checkpointer, CheckpointMismatchError, CheckpointReader,
-                                new_run_id, resume_history)
+                                extended_lineage, new_run_id, new_start_id,
+                                resume_history)
 from lev_jax.checkpoint_checks import (CheckpointCorruptError, CheckpointRenamedError,
                                        config_differences, misnamed_step, not_a_step,
                                        result_fields, run_record_missing, run_shape_problem,
@@ -215,19 +216,22 @@ def _eval_and_log(eval_step, params, bundle, config, step, writer, workdir) -> d
 
 
 def _write_data_report(workdir: epath.Path, bundle, step: int,
-                       config: ml_collections.ConfigDict, run_id: str) -> None:
+                       config: ml_collections.ConfigDict, ckpt: Checkpointer) -> None:
   """WORKDIR/data_report.json (process 0, atomic): `DataBundle.current_report`; for
   jsonl_stream with ``counted_at_step``, as its counts grow while the stream is read;
-  the model's shape (checkpoint_checks.shape_record, "model_shape") and the run's id
-  ("run", as every checkpoint's progress item holds it: checkpoint.new_run_id), by which
-  the loaders tell a step of another run copied into checkpoints/."""
+  the model's shape (checkpoint_checks.shape_record, "model_shape"), the run's id
+  ("run", as every checkpoint's progress item holds it: checkpoint.new_run_id) and the
+  lineage of this start ("lineage": checkpoint.new_start_id of each start), by which
+  the loaders tell a step of another run, or of another copy of this one, copied into
+  checkpoints/."""
   if jax.process_index() != 0:
     return
   report = bundle.current_report()
   if "counted" in report:
     report["counted_at_step"] = step
   report["model_shape"] = shape_record(config)
-  report["run"] = run_id
+  report["run"] = ckpt.run_id
+  report["lineage"] = list(ckpt.lineage)
   with _writing(workdir / DATA_REPORT):
     write_json_atomic(workdir / DATA_REPORT, report, default=str)
 
@@ -929,8 +933,10 @@ class _Outputs:
     ckpt = self.checkpointer()
     if ckpt.run_id is None:  # a new run: its id from here on (a resume keeps its own)
       ckpt.run_id = new_run_id(ckpt.directory, self.config)
+    ckpt.lineage = extended_lineage(ckpt.lineage, new_start_id(
+        ckpt.directory, ckpt.run_id, resumed_step, self.config))
     _write_data_report(self.workdir, self.bundle, step,  # documents, tokens, skipped lines
-                       self.config, ckpt.run_id)
+                       self.config, ckpt)
     if jax.process_index() == 0:  # the tokenizer, the token counts
       with _writing(self.workdir / TOKENIZER):
         save_tokenizer(self.bundle.tokenizer, self.workdir / TOKENIZER,
@@ -1115,7 +1121,7 @@ def _loop(config, workdir, bundle, part, train_iter, feed, stop_at_step, outputs
           outputs.checkpointer().save(step, state, train_iter, config, tokens_seen(step),
                                       bundle.tokenizer.fingerprint)
         if bundle.report.get("source") == "jsonl_stream":  # counts grow as it is read
-          _write_data_report(workdir, bundle, step, config, outputs.checkpointer().run_id)
+          _write_data_report(workdir, bundle, step, config, outputs.checkpointer())
       if stopping:
         stopped = Stopped(step, signalled or "stop_at_step")
         logging.warning("stopping at step %d (%s) after saving a checkpoint", step,

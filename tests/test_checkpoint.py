@@ -374,9 +374,11 @@ def test_tokens_seen_is_a_running_count_across_a_resume_with_another_batch(run):
   # lev-train records its tokenizer in the step too (the loaders check tokenizer/ by it)
   from lev_jax.data.tokenizer_files import load_tokenizer
   with checkpoint.CheckpointReader(workdir / "checkpoints") as reader:
+    report = json.loads((workdir / "data_report.json").read_text())
     assert reader.saved_progress(5) == {
-        "tokens_seen": 1152, "run": json.loads((workdir / "data_report.json").read_text())["run"],
+        "tokens_seen": 1152, "run": report["run"], "lineage": report["lineage"],
         "tokenizer_fingerprint": load_tokenizer(workdir / "tokenizer").fingerprint}
+    assert len(report["lineage"]) == 2  # the first start, and the resume at step 4
   shutil.rmtree(workdir / "checkpoints" / "5" / "progress")  # as an older lev_jax saved
   assert ckpt.tokens_seen(5) == 5 * 4 * 32  # its own config's count: all it knows
   ckpt.close()
@@ -651,3 +653,42 @@ def test_a_renamed_or_edited_finished_step_is_named_before_the_settings(finished
   with pytest.raises(CheckpointCorruptError, match=re.escape(
       f"checkpoint {edited / 'checkpoints' / '4'}: config/metadata is ")):
     trainer.finished_run(c, edited)
+
+
+def test_a_step_of_another_copy_of_the_run_extended_apart_is_refused(finished_tied_run,
+                                                                     tmp_path):
+  """Newcomer pass 15 (Q11): two copies of a finished run share its id (a copied or
+  moved run is the same run); one copy extended to step 6 under another learning rate
+  and its step 6 copied into the other copy was evaluated there as that copy's own.
+  Every start of lev-train that trains records its id in the steps it saves and in
+  data_report.json ("lineage"); a step whose lineage the folder's does not begin with
+  is refused. The copy's own earlier steps, and its own extension, pass."""
+  from lev_jax import inference
+  c, extended = copy_run(finished_tied_run, tmp_path / "extended")
+  _, other = copy_run(finished_tied_run, tmp_path / "other")
+  report = json.loads((other / "data_report.json").read_text())
+  with checkpoint.CheckpointReader(other / "checkpoints") as reader:
+    lineage = reader.saved_progress(4)["lineage"]
+  assert report["lineage"] == lineage and len(lineage) == 1
+  c.train.steps, c.optim.lr = 6, c.optim.lr * 3
+  train_and_evaluate(c, extended)
+  with checkpoint.CheckpointReader(extended / "checkpoints") as reader:
+    extended_lineage = reader.saved_progress(6)["lineage"]
+    assert reader.saved_progress(4)["lineage"] == lineage  # restored, not re-saved
+  assert extended_lineage[:1] == lineage and len(extended_lineage) == 2
+  assert json.loads((extended / "data_report.json").read_text())["lineage"] == extended_lineage
+  inference.load(extended)  # its own extension passes
+  shutil.copytree(extended / "checkpoints" / "6", other / "checkpoints" / "6")
+  line = (f"checkpoint {other / 'checkpoints' / '6'} was trained by a start of lev-train "
+          f"that this folder's run never made (start {extended_lineage[1]} in its progress "
+          f"item's lineage, not in {other / 'data_report.json'}'s): a step of another copy "
+          f"of this run (run {report['run']}), extended apart after the copy, or "
+          "data_report.json replaced by an older one? Evaluate it in the folder it was "
+          f"trained in, or move it out of {other / 'checkpoints'}")
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(line) + "$"):
+    inference.load(other)
+  inference.load(other, step=4)  # the copy's own steps still load
+  # a start repeated unchanged (a restart before the next save) adds nothing
+  assert checkpoint.extended_lineage(lineage, lineage[-1]) == lineage
+  assert checkpoint.new_start_id(other / "checkpoints", report["run"], 4, c) == \
+      checkpoint.new_start_id(other / "checkpoints", report["run"], 4, c)
