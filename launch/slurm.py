@@ -268,6 +268,11 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
     if not line.startswith("#SBATCH --") or "\n" in line or "\r" in line:
       raise LaunchError(f"--sbatch_line={line!r}: expected one line starting with "
                         "'#SBATCH --', e.g. --sbatch_line='#SBATCH --reservation=big'")
+    option = line[len("#SBATCH --"):].split("=")[0].split()[0] if line[10:].strip() else ""
+    if option in _OWN_SBATCH_OPTIONS:  # newcomer pass 16 (L27): sbatch takes the last
+      raise LaunchError(f"--sbatch_line={line!r}: the script sets --{option} itself "
+                        f"({_OWN_SBATCH_OPTIONS[option]}); a second one would silently "
+                        "win: give it once, by that flag")
   env = []
   for item in args.env:
     name, eq, value = item.partition("=")
@@ -316,6 +321,18 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
                   cpus_per_task=args.cpus_per_task, qos=args.qos, mem=args.mem,
                   exclusive=args.exclusive, constraint=args.constraint,
                   sbatch_lines=tuple(args.sbatch_line), env=tuple(env))
+
+
+# The #SBATCH options the script writes itself, and what sets each (an --sbatch_line
+# repeating one is refused: sbatch applies the last).
+_OWN_SBATCH_OPTIONS = {
+    "job-name": "--job_name", "nodes": "--nodes", "ntasks-per-node": "always 1",
+    "gpus-per-node": "--gpus_per_node", "cpus-per-task": "--cpus_per_task",
+    "exclusive": "--exclusive", "partition": "--partition", "account": "--account",
+    "qos": "--qos", "mem": "--mem", "constraint": "--constraint", "time": "--time",
+    "signal": "--signal_s", "chdir": "--chdir", "output": "next to --workdir",
+    "open-mode": "always append", "requeue": "--requeue / --norequeue",
+    "no-requeue": "--requeue / --norequeue"}
 
 
 def check_train_args(job: SlurmJob) -> str:

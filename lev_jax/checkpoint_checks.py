@@ -426,11 +426,20 @@ def run_shape_problem(folder, saved: dict, where: str,
   cannot be told: a step copied in from another run, or data_report.json replaced or
   edited."""
   path = epath.Path(folder) / DATA_REPORT
+  if not path.exists():
+    return None  # `run_record_missing` warns
   try:
     report = json.loads(path.read_text())
-    record, run_id = report.get("model_shape"), report.get("run")
-  except (OSError, ValueError, AttributeError):
-    return None  # the loaders' tokenizer check names an unreadable data_report.json
+  except (OSError, ValueError) as e:  # newcomer pass 16 (J09b-d, J10b, L10c): a damaged
+    report = e  # record skipped every check below, and lev-train then rewrote it
+  if not isinstance(report, dict):
+    why = (f"{report}" if isinstance(report, Exception) else
+           f"it holds {'null' if report is None else type(report).__name__}, not a JSON "
+           "object")
+    return (f"{path}: cannot be read ({why}): {where} cannot be checked against the "
+            "run's record of its model and id (the file truncated or edited?). Restore "
+            "it, or delete it to load the step unchecked (with a warning)")
+  record, run_id = report.get("model_shape"), report.get("run")
   if record is not None and record != {}:
     unknown = (sorted(set(record) - SHAPE_FIELD_NAMES) if isinstance(record, dict)
                else None)

@@ -692,3 +692,35 @@ def test_a_step_of_another_copy_of_the_run_extended_apart_is_refused(finished_ti
   assert checkpoint.extended_lineage(lineage, lineage[-1]) == lineage
   assert checkpoint.new_start_id(other / "checkpoints", report["run"], 4, c) == \
       checkpoint.new_start_id(other / "checkpoints", report["run"], 4, c)
+
+
+@pytest.mark.parametrize("damage,why", [
+    ("garbage", "Extra data: line"), ("null", "it holds null, not a JSON object"),
+    ("half", "Expecting"), ("empty", "Expecting value: line 1 column 1")])
+def test_a_damaged_run_record_refuses_the_step_instead_of_skipping_its_checks(
+    finished_tied_run, tmp_path, damage, why):
+  """Newcomer pass 16 (J09b-d, J10b, J10c, L10c): with data_report.json truncated,
+  emptied, `null` or a garbage line appended, the run and model checks were skipped:
+  another run's step was evaluated and exported as this run's, and lev-train extended
+  it and rewrote the record with the foreign id. Now one line, before anything."""
+  from lev_jax import inference
+  from lev_jax.trainer import finished_run
+  c, workdir = copy_run(finished_tied_run, tmp_path / "run")
+  path = workdir / "data_report.json"
+  text = path.read_text()
+  path.write_text({"garbage": text + "garbage\n", "null": "null\n",
+                   "half": text[:len(text) // 2], "empty": ""}[damage])
+  before = path.read_bytes()
+  start = f"{path}: cannot be read ("
+  end = (f"): checkpoint {workdir / 'checkpoints' / '4'} cannot be checked against the "
+         "run's record of its model and id (the file truncated or edited?). Restore it, "
+         "or delete it to load the step unchecked (with a warning)")
+  with pytest.raises(inference.InferenceError) as e:
+    inference.load(workdir)
+  assert str(e.value).startswith(start) and why in str(e.value)
+  assert str(e.value).endswith(end)
+  c.train.steps = 6  # an extension: refused before anything is written
+  with pytest.raises(CheckpointMismatchError) as e:
+    finished_run(c, workdir)
+  assert str(e.value).endswith(end + ". Nothing was changed")
+  assert path.read_bytes() == before

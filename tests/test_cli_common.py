@@ -474,6 +474,15 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
      "--config.train.global_batch_size=4, --config.eval.batch_size=4\n"),
     (["--max_iters=6"], "unknown flag --max_iters; to set the config field, pass "
      "--config.train.steps=6\n"),
+    # newcomer pass 16: HF's per-device batch (G31), Levanter's dotted form (G34), and
+    # --config_path (G35), which absl answered with "Did you mean: config.optim..."
+    (["--per_device_train_batch_size=8"], "unknown flag --per_device_train_batch_size; to "
+     "set the config field, pass --config.train.global_batch_size=8 (the batch of a step "
+     "over all devices: per device x devices)\n"),
+    (["--trainer.num_train_steps=10"], "unknown flag --trainer.num_train_steps; to set the "
+     "config field, pass --config.train.steps=10\n"),
+    (["--config_path=experiments/smoke.py"], "unknown flag --config_path: the config is "
+     "--config=FILE:VARIANT (e.g. --config=experiments/smoke.py:leviathan)\n"),
     # newcomer pass 14: the last --config won without a word; an empty file part
     (["--config=experiments/smoke.py:tied", "--config=experiments/smoke.py:leviathan"],
      "--config given 2 times (experiments/smoke.py:tied, experiments/smoke.py:leviathan); "
@@ -535,6 +544,11 @@ def test_a_config_file_given_to_a_command_of_overrides_is_one_line(monkeypatch, 
     common.flags_parser("lev-x", None, fv)(argv)
   assert capsys.readouterr().err == ("lev-x: error: unknown flag --batch_size; to set the "
                                      "config field, pass --config.eval.batch_size=3\n")
+  argv = ["lev-x", "--eval_steps=2"]  # newcomer pass 16 (G41): an eval habit applies
+  with pytest.raises(SystemExit) as e:
+    common.flags_parser("lev-x", None, fv)(argv)
+  assert capsys.readouterr().err == ("lev-x: error: unknown flag --eval_steps; to set the "
+                                     "config field, pass --config.eval.batches=2\n")
 
 
 @pytest.mark.parametrize("flag, said", [

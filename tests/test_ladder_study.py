@@ -732,6 +732,23 @@ def test_another_eval_batches_says_which_evaluation_it_replaces(tmp_path):
           f"study_eval.json of step {STEPS}, eval_batches {batches})") in out.getvalue()
 
 
+def test_a_study_eval_json_that_cannot_be_written_is_one_line(tmp_path):
+  """Newcomer pass 16 (O10): on a read-only study root (with --report_dir elsewhere) a
+  run was evaluated, then writing its study_eval.json ended in an OSError traceback."""
+  ladder, root = _synthetic_study(tmp_path)
+  (root / "tied_a" / "study_eval.json").unlink()
+  out = io.StringIO()
+  def evaluate(workdir, eval_batches):
+    raise OSError(30, "Read-only file system", str(root / "tied_a" / ".study_eval.json.tmp"))
+  _, _, failed = study_cli.run_study(str(ladder), str(root), evaluate=evaluate, out=out,
+                                     report_dir=str(tmp_path / "report"))
+  line = (f"{root / 'tied_a' / '.study_eval.json.tmp'}: cannot be written (Read-only file "
+          "system); lev-study stores each run's evaluation in the run's folder: copy the "
+          "study root to a writable place")
+  assert failed == {"tied_a": f"evaluation failed: {line}"}
+  assert f"lev-study: tied_a: evaluation failed: {line}" in out.getvalue()
+
+
 def _shift_equal_mass(ev):
   """Every loss of the test split's equal_mass result 0.1 higher, each perplexity its
   exp: consistent in itself, no longer the log scheme's evaluation."""

@@ -415,6 +415,11 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
     (_set(GPU, "--sbatch_line=--reservation=big"), "--sbatch_line='--reservation=big': expected "
      "one line starting with '#SBATCH --'"),
     (_set(GPU, "--sbatch_line=#SBATCH --a\n#SBATCH --b"), "expected one line"),
+    # newcomer pass 16 (L27): a second --time silently replaced the user's --time
+    (_set(GPU, "--sbatch_line=#SBATCH --time=01:00:00"), "--sbatch_line='#SBATCH "
+     "--time=01:00:00': the script sets --time itself (--time); a second one would "
+     "silently win: give it once, by that flag"),
+    (_set(GPU, "--sbatch_line=#SBATCH --no-requeue"), "sets --no-requeue itself"),
     (_set(GPU, "--env=NCCL_DEBUG"), "--env='NCCL_DEBUG': expected KEY=VALUE"),
     (_set(GPU, "--env=1X=2"), "--env='1X=2': expected KEY=VALUE with KEY letters"),
     (_set(GPU, "--env=COORDINATOR=h:1"), "COORDINATOR is set by the script itself"),

@@ -971,6 +971,9 @@ _HABITS = {
     "save_interval": "train.checkpoint_every", "checkpoint_period": "train.checkpoint_every",
     "gradient_accumulation_steps": "train.grad_accum_steps",
     "grad_clip": "optim.clip_norm", "max_grad_norm": "optim.clip_norm",
+    "per_device_train_batch_size": "train.global_batch_size",  # x devices: per step here
+    "train_batch_size": "train.global_batch_size", "eval_batch_size": "eval.batch_size",
+    "per_device_eval_batch_size": "eval.batch_size",
     "n_layer": "model.n_layers", "num_layers": "model.n_layers",
     "num_hidden_layers": "model.n_layers", "n_head": "model.n_heads",
     "num_attention_heads": "model.n_heads", "n_embd": "model.d_model",
@@ -978,15 +981,19 @@ _HABITS = {
 }
 
 
-# Flags other codebases name a run's folder or its resume with, and what they are here
-# (newcomer pass 14: --out_dir was pointed at absl's --log_dir).
+# Flags other codebases name a run's folder, its resume or its config file with, the
+# flag of ours they mean, and what to say (newcomer pass 14: --out_dir was pointed at
+# absl's --log_dir; pass 16, G35: --config_path at config.optim.warmup_steps).
 _FOLDER_HABITS = {
-    "out_dir": "the run's folder is --workdir=DIR",
-    "output_dir": "the run's folder is --workdir=DIR",
-    "resume_from_checkpoint": "lev-train resumes from --workdir's latest checkpoint by "
-                              "itself (give the run's --workdir)",
-    "init_from": "lev-train resumes from --workdir's latest checkpoint by itself (a new "
-                 "--workdir starts from scratch)",
+    "out_dir": ("workdir", "the run's folder is --workdir=DIR"),
+    "output_dir": ("workdir", "the run's folder is --workdir=DIR"),
+    "resume_from_checkpoint": ("workdir", "lev-train resumes from --workdir's latest "
+                               "checkpoint by itself (give the run's --workdir)"),
+    "init_from": ("workdir", "lev-train resumes from --workdir's latest checkpoint by "
+                  "itself (a new --workdir starts from scratch)"),
+    **{name: ("config", "the config is --config=FILE:VARIANT (e.g. "
+              "--config=experiments/smoke.py:leviathan)")
+       for name in ("config_path", "config_file", "config_name", "gin_file")},
 }
 
 
@@ -1035,12 +1042,12 @@ def _launcher_flag(error: flags.Error, fv: flags.FlagValues) -> str | None:
 
 
 def _folder_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:
-  """`unknown flag --out_dir: the run's folder is --workdir=DIR` for a command with a
-  --workdir flag; None otherwise."""
-  if not isinstance(error, flags.UnrecognizedFlagError) or "workdir" not in fv:
+  """`unknown flag --out_dir: the run's folder is --workdir=DIR` for a command with the
+  flag it means (`_FOLDER_HABITS`: --workdir, --config); None otherwise."""
+  if not isinstance(error, flags.UnrecognizedFlagError):
     return None
-  hint = _FOLDER_HABITS.get(error.flagname)
-  return f"unknown flag --{error.flagname}: {hint}" if hint else None
+  ours, hint = _FOLDER_HABITS.get(error.flagname, (None, None))
+  return f"unknown flag --{error.flagname}: {hint}" if ours and ours in fv else None
 
 
 def _habit_field(config, name: str) -> list[tuple[str, object]]:
@@ -1066,10 +1073,14 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
     return None
   name, given = error.flagname, str(error.flagvalue or "")
   value = given.split("=", 1)[1] if "=" in given else None
-  # A training's config file (lev-train, lev-compile, ...), not lev-eval's overrides.
+  # Levanter's dotted form (--trainer.num_train_steps): its last part (pass 16, G34).
+  base = name.rsplit(".", 1)[-1] if "." in name and not name.startswith("config.") else name
+  # A training's config file (lev-train, lev-compile, ...); lev-eval's overrides take
+  # the eval section's fields only (pass 16, G41: --eval_steps).
   training = isinstance(fv["config"].parser, config_flags.config_flags.ConfigFileFlagParser)
-  habit = _habit_field(config, name) if training else []
-  fields = habit + [f for f in _config_fields(config, name) if f[0] not in dict(habit)]
+  habit = (_habit_field(config, base)
+           if training or _HABITS.get(base, "").startswith("eval.") else [])
+  fields = habit + [f for f in _config_fields(config, base) if f[0] not in dict(habit)]
   if not fields and name.startswith("no") and value is None:  # --noremat
     fields = [(path, v) for path, v in _config_fields(config, name[2:]) if isinstance(v, bool)]
     value = "false"
@@ -1085,6 +1096,8 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
   own = [f"--{f.strip()}" for f in (close.group(1).split(",") if close else [])
          if not f.strip().startswith("config.")]
   head = f"unknown flag --{name}" + (f" (did you mean {' or '.join(own)}?)" if own else "")
+  if base.startswith("per_device_"):  # HF counts a batch per device, lev_jax per step
+    options[0] += " (the batch of a step over all devices: per device x devices)"
   if len(options) == 1:
     return f"{head}; to set the config field, pass {options[0]}"
   return f"{head}; to set a config field, pass one of {', '.join(options)}"

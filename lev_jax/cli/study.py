@@ -180,7 +180,19 @@ def evaluate_finished(result, *, eval_batches: int | None, evaluate=None,
       print(f"{PROG}: {rung.variant}: evaluating validation and test{replaced}", file=out,
             flush=True)  # newcomer pass 13: another --eval_batches replaced it unsaid
       try:
+        if not os.access(rung.workdir, os.W_OK):  # newcomer pass 16 (O10): read-only
+          raise OSError(f"{Path(rung.workdir)}: cannot write in it (a read-only "
+                        f"filesystem?); lev-study stores each run's evaluation there "
+                        f"({STUDY_EVAL_JSON}): copy the study root to a writable place")
         ev = evaluate(rung.workdir, eval_batches=eval_batches)
+      except OSError as e:  # the result's write failed (O10: a traceback after evaluating)
+        errors[rung.variant] = (common.first_line(e) if not e.filename else
+                                f"{e.filename}: cannot be written ({e.strerror}); lev-study "
+                                "stores each run's evaluation in the run's folder: copy "
+                                "the study root to a writable place")
+        print(f"{PROG}: {rung.variant}: evaluation failed: {errors[rung.variant]}",
+              file=out, flush=True)
+        continue
       except ValueError as e:  # InferenceError, ConfigError, DataError
         errors[rung.variant] = common.first_line(e)
         print(f"{PROG}: {rung.variant}: evaluation failed: {errors[rung.variant]}",
