@@ -176,8 +176,11 @@ def _renamed_line(step_dir: epath.Path, recorded) -> str | None:
     return (f"checkpoint {step_dir}: its manifest records step {recorded}: "
             f"{_beside(step_dir, step_dir.parent / str(recorded), recorded)}; move it out "
             f"of {step_dir.parent}")
-  return (f"checkpoint {step_dir}: its manifest records step {recorded}: the folder was "
-          f"renamed; name it {recorded} again (or move it aside)")
+  # newcomer pass 16 (J24): an edited manifest was blamed on a rename, with advice to
+  # rename an intact step; which of the two happened cannot be told from here
+  return (f"checkpoint {step_dir}: its manifest ({MANIFEST}) records step {recorded}, its "
+          f"folder's name step {named}: the folder renamed (then name it {recorded} "
+          f"again) or {MANIFEST} edited (then restore it); move it aside if unsure")
 
 
 def _beside(copy_dir: epath.Path, step_dir: epath.Path, step: int) -> str:

@@ -611,8 +611,13 @@ def _warn_if_extending(saved: dict, step: int, config, workdir: epath.Path) -> N
 def _finished_eval(path: epath.Path, step: int, warn: bool = True) -> dict | None:
   """eval.json's result when it is readable, for `step`, and the evaluation metrics.jsonl
   recorded at that step (`workdir.eval_record_problem`); else None (re-evaluate). An
-  unreadable or edited one is logged when `warn`."""
+  unreadable, edited or missing one is logged when `warn` (newcomer pass 16, J03, J12: a
+  deleted one, or one of another step, was evaluated again without a word)."""
+  again = f"evaluating step {step} again (its row is appended to {METRICS})"
   if not path.exists():
+    if warn:
+      logging.warning("%s is missing (deleted, or the run stopped before writing it); %s",
+                      path, again)
     return None
   try:
     finished = loads_json(path.read_text())
@@ -621,6 +626,11 @@ def _finished_eval(path: epath.Path, step: int, warn: bool = True) -> dict | Non
       logging.warning("%s is unreadable (%s); evaluating again", path, e)
     return None
   if not (isinstance(finished, dict) and finished.get("step") == step):
+    if warn:
+      logging.warning("%s records %s, not the run's final step %d (edited, or another "
+                      "run's?); %s", path,
+                      f"step {finished.get('step')!r}" if isinstance(finished, dict)
+                      else "no JSON object", step, again)
     return None
   problem = eval_record_problem(finished, readable_rows(path.parent))
   if problem:  # newcomer pass 8: an edited perplexity was quoted as the run's result

@@ -644,8 +644,9 @@ def test_a_renamed_or_edited_finished_step_is_named_before_the_settings(finished
   c, renamed = copy_run(finished_tied_run, tmp_path / "renamed")
   (renamed / "checkpoints" / "4").rename(renamed / "checkpoints" / "5")
   with pytest.raises(checkpoint_checks.CheckpointRenamedError, match=re.escape(
-      f"checkpoint {renamed / 'checkpoints' / '5'}: its manifest records step 4: the folder "
-      "was renamed; name it 4 again (or move it aside)")):
+      f"checkpoint {renamed / 'checkpoints' / '5'}: its manifest (checksums.json) records "
+      "step 4, its folder's name step 5: the folder renamed (then name it 4 again) or "
+      "checksums.json edited (then restore it); move it aside if unsure")):
     trainer.finished_run(c, renamed)
   c, edited = copy_run(finished_tied_run, tmp_path / "edited")
   stored = edited / "checkpoints" / "4" / "config" / "metadata"

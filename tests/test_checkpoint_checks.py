@@ -33,8 +33,9 @@ def test_a_manifest_lists_every_file_and_verifies_until_one_changes(tmp_path):
   assert verify_manifest(step) is True
   renamed = step.parent / str(manifest["step"] + 1)  # newcomer pass 10: reported as step 7
   step.rename(renamed)
-  with pytest.raises(CheckpointCorruptError, match=f"its manifest records step "
-                     f"{manifest['step']}: the folder was renamed"):
+  with pytest.raises(CheckpointCorruptError, match=re.escape(
+      f"its manifest (checksums.json) records step {manifest['step']}, its folder's name "
+      f"step {manifest['step'] + 1}: the folder renamed")):
     verify_manifest(renamed)
   renamed.rename(step)
   data = bytearray((step / "state" / "d" / "chunk").read_bytes())

@@ -182,6 +182,23 @@ def build_ladder(tmp_path: Path, sizes=None, skip=(), unfinished=(), no_metrics=
   return ladder, root, params
 
 
+def test_a_finished_rung_without_its_metrics_says_so_and_how_to_get_them_back(tmp_path):
+  """Newcomer pass 16 (J21): a finished rung whose metrics.jsonl was deleted was "never
+  started?" though it holds its checkpoints and eval.json."""
+  ladder = write_ladder(tmp_path / "l.py", {"a": 16})
+  root = tmp_path / "root"
+  write_rung(root, "tied_a", 2.0)
+  (root / "tied_a" / "metrics.jsonl").unlink()
+  rung = collect(ladder, root, {}).rung("tied_a")
+  assert rung.status != "finished" and rung.reason == (
+      f"no metrics: {root / 'tied_a' / 'metrics.jsonl'} is missing although the rung "
+      f"holds {root / 'tied_a' / 'checkpoints' / str(STEPS)} (deleted?); re-run lev-train "
+      f"on --workdir={root / 'tied_a'} with the rung's config to write its evaluation again")
+  (tmp_path / "b").mkdir()
+  ladder, root, _ = build_ladder(tmp_path / "b", no_metrics=("tied_a",))
+  assert collect(ladder, root, {}).rung("tied_a").reason.endswith("(never started?)")
+
+
 def test_stored_checkpoint_config_decides_steps_and_tokens(tmp_path):
   """A rung trained with --config.train.steps=40: the checkpoint's config says so."""
   ladder = write_ladder(tmp_path / "l.py", {"a": 16})

@@ -372,6 +372,23 @@ def test_an_edited_eval_json_is_not_taken_as_the_finished_result(tmp_path, caplo
                              "appended to metrics.jsonl)"]
 
 
+def test_a_missing_or_other_step_eval_json_says_why_it_is_evaluated_again(tmp_path, caplog):
+  """Newcomer pass 16 (J03, J12): a finished run whose eval.json was deleted, or edited
+  to another step, was evaluated again (a second row in metrics.jsonl) without a word."""
+  from lev_jax import trainer  # noqa: PLC0415
+  from etils import epath  # noqa: PLC0415
+  path = epath.Path(tmp_path / "eval.json")
+  again = "evaluating step 6 again (its row is appended to metrics.jsonl)"
+  assert trainer._finished_eval(path, 6) is None
+  path.write_text(json.dumps({"step": 5, "loss": 1.0}))
+  assert trainer._finished_eval(path, 6) is None
+  assert trainer._finished_eval(path, 6, warn=False) is None  # lev-train's second read
+  assert caplog.messages == [
+      f"{path} is missing (deleted, or the run stopped before writing it); {again}",
+      f"{path} records step 5, not the run's final step 6 (edited, or another run's?); "
+      f"{again}"]
+
+
 def test_an_unreadable_eval_json_is_warned_about_once(tmp_path, caplog, monkeypatch):
   """Newcomer pass 4: lev-train reads a run twice (before its lock, then to train): an
   unreadable eval.json was warned about twice. The second read (train_and_evaluate with

@@ -577,7 +577,14 @@ def collect_rung(module, variant: str, root: epath.Path,
     return rung
   metrics = workdir / METRICS
   if not metrics.exists():
-    rung.reason = f"no metrics: {metrics} does not exist (never started?)"
+    steps = sorted(int(p.name) for p in (workdir / CHECKPOINTS).glob("*")
+                   if p.name.isdigit()) if (workdir / CHECKPOINTS).is_dir() else []
+    rung.reason = (f"no metrics: {metrics} does not exist (never started?)" if not steps
+                   else  # newcomer pass 16 (J21): a finished rung's deleted metrics
+                   f"no metrics: {metrics} is missing although the {member} holds "
+                   f"{workdir / CHECKPOINTS / str(steps[-1])} (deleted?); re-run lev-train "
+                   f"on --workdir={workdir} with the {member}'s config to write its "
+                   "evaluation again")
     return rung
   try:
     rows = read_metrics(metrics)
