@@ -26,7 +26,7 @@ import time
 import ml_collections
 from etils import epath
 
-from lev_jax.workdir import DATA_REPORT, file_sha256, write_json_atomic
+from lev_jax.workdir import CHECKPOINTS, DATA_REPORT, file_sha256, write_json_atomic
 
 # Config sections whose values decide parameter shapes; a restore with any of them
 # changed is refused with the list of differences.
@@ -480,7 +480,7 @@ def run_shape_problem(folder, saved: dict, where: str,
             f"made (start {gone} in its progress item's lineage, not in {path}'s): a step "
             f"of another copy of this run (run {run_id}), extended apart after the copy, "
             "or data_report.json replaced by an older one? Evaluate it in the folder it "
-            f"was trained in, or move it out of {epath.Path(folder) / 'checkpoints'}")
+            f"was trained in, or move it out of {epath.Path(folder) / CHECKPOINTS}")
   return None
 
 

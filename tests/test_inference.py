@@ -138,10 +138,17 @@ def test_the_checkpoint_s_record_checks_the_tokenizer_when_data_report_is_unread
   for path, recorded in ((good, fingerprint), (swapped, "0" * 64)):
     write_workdir(path, byte_config("tied"), steps=(1,), tokenizer_fingerprint=recorded)
     (path / "data_report.json").write_text("garbage")
+  # newcomer pass 16 (J09b): the step itself is now refused (its run and model cannot be
+  # checked against an unreadable record); with the record deleted it loads with a
+  # warning, and the tokenizer is still checked against the step's own record
+  with pytest.raises(inference.InferenceError, match=(
+      re.escape(f"{good / 'data_report.json'}: cannot be read ("))):
+    inference.load(good)
+  for path in (good, swapped):
+    (path / "data_report.json").unlink()
   with caplog.at_level(logging.WARNING):
     assert inference.load(good).tokenizer == ByteTokenizer()
-  progress = good / "checkpoints" / "1" / "progress"
-  assert f"{good / 'tokenizer'} was checked against {progress} instead" in caplog.text
+  assert f"{good / 'data_report.json'} is missing" in caplog.text
   with pytest.raises(inference.InferenceError, match=re.escape(
       f"{swapped / 'tokenizer'}: tokenizer fingerprint {fingerprint[:16]} differs from "
       f"{'0' * 16}, the one this run trained with (recorded in "
@@ -401,18 +408,19 @@ def test_an_export_s_replaced_tokenizer_is_named(tied_export, tmp_path):
     inference.load(swapped)
 
 
-def test_a_run_s_unreadable_data_report_is_a_warning_that_the_tokenizer_is_unchecked(
+def test_a_run_s_unreadable_data_report_says_the_tokenizer_is_unchecked_and_is_refused(
     tied_workdir, tmp_path, caplog):
-  """Newcomer pass 9: a garbage data_report.json turned the tokenizer check off silently."""
+  """Newcomer pass 9: a garbage data_report.json turned the tokenizer check off silently;
+  pass 16 (J09b-d): and the run and model checks too, so another run's step loaded."""
   tied_workdir(tmp_path)
   report = tmp_path / "data_report.json"
-  for garbage in ("{not json", "[1, 2]"):
+  for garbage, why in (("{not json", "Expecting property name"),
+                       ("[1, 2]", "it holds list, not a JSON object")):
     caplog.clear()
     report.write_text(garbage)
-    assert inference.load(tmp_path).tokenizer == ByteTokenizer()
-    assert f"{report}: cannot be read (" in caplog.text
-    assert f"{tmp_path / 'tokenizer'} cannot be checked against the tokenizer the run " \
-        "trained with" in caplog.text
+    with pytest.raises(inference.InferenceError, match=re.escape(
+        f"{report}: cannot be read (") + ".*" + re.escape(why)):
+      inference.load(tmp_path)
   caplog.clear()
   report.unlink()  # a run from before data_report.json: nothing to say
   inference.load(tmp_path)
