@@ -268,7 +268,7 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
     if not line.startswith("#SBATCH --") or "\n" in line or "\r" in line:
       raise LaunchError(f"--sbatch_line={line!r}: expected one line starting with "
                         "'#SBATCH --', e.g. --sbatch_line='#SBATCH --reservation=big'")
-    option = line[len("#SBATCH --"):].split("=")[0].split()[0] if line[10:].strip() else ""
+    option = re.match(r"#SBATCH --([^=\s]*)", line).group(1)
     if option in _OWN_SBATCH_OPTIONS:  # newcomer pass 16 (L27): sbatch takes the last
       raise LaunchError(f"--sbatch_line={line!r}: the script sets --{option} itself "
                         f"({_OWN_SBATCH_OPTIONS[option]}); a second one would silently "
