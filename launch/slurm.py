@@ -268,11 +268,6 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
     if not line.startswith("#SBATCH --") or "\n" in line or "\r" in line:
       raise LaunchError(f"--sbatch_line={line!r}: expected one line starting with "
                         "'#SBATCH --', e.g. --sbatch_line='#SBATCH --reservation=big'")
-    option = re.match(r"#SBATCH --([^=\s]*)", line).group(1)
-    if option in _OWN_SBATCH_OPTIONS:  # newcomer pass 16 (L27): sbatch takes the last
-      raise LaunchError(f"--sbatch_line={line!r}: the script sets --{option} itself "
-                        f"({_OWN_SBATCH_OPTIONS[option]}); a second one would silently "
-                        "win: give it once, by that flag")
   env = []
   for item in args.env:
     name, eq, value = item.partition("=")
@@ -314,17 +309,44 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
   problem = folder_problem("--workdir", args.workdir, workdir)  # the script goes next to it
   if problem:
     raise LaunchError(problem)
-  return SlurmJob(args.nodes, args.gpus_per_node, args.partition, args.time, args.job_name,
+  job = SlurmJob(args.nodes, args.gpus_per_node, args.partition, args.time, args.job_name,
                   args.account, args.venv and os.path.expanduser(args.venv),  # quoted in the script
                   os.path.normpath(workdir), chdir, args.requeue,
                   args.max_requeues, args.signal_s, args.port, tuple(train_args),
                   cpus_per_task=args.cpus_per_task, qos=args.qos, mem=args.mem,
                   exclusive=args.exclusive, constraint=args.constraint,
                   sbatch_lines=tuple(args.sbatch_line), env=tuple(env))
+  _check_sbatch_lines(job)
+  return job
 
 
-# The #SBATCH options the script writes itself, and what sets each (an --sbatch_line
-# repeating one is refused: sbatch applies the last).
+def _check_sbatch_lines(job: SlurmJob) -> None:
+  """Refuses an --sbatch_line that sets an option the script already writes (newcomer
+  pass 16, L27: a second --time silently replaced --time's, sbatch applying the last),
+  under its own name, an abbreviation of it, or another option of the same setting
+  (`_SAME_SETTING`: --gres and --gpus-per-node, --mem-per-cpu and --mem, ...).
+
+  Raises:
+    LaunchError: naming the line, the option and the flag that sets it.
+  """
+  name = lambda line: re.match(r"#SBATCH --([^=\s]*)", line).group(1)
+  own = {name(line) for line in job.script().splitlines()
+         if line.startswith("#SBATCH --") and line not in job.sbatch_lines}
+  for line in job.sbatch_lines:
+    option = name(line)
+    if not option:
+      continue
+    clash = (option if option in own else
+             next((o for o in own if o.startswith(option)), None)  # an abbreviation
+             or next((o for o in _SAME_SETTING.get(option, ()) if o in own), None))
+    if clash:
+      raise LaunchError(f"--sbatch_line={line!r}: the script sets --{clash} itself "
+                        f"({_OWN_SBATCH_OPTIONS.get(clash, 'always')}); a second setting "
+                        "would silently win: give it once, by that flag")
+
+
+# The #SBATCH options the script may write itself, and what sets each (an --sbatch_line
+# repeating one it writes is refused: sbatch applies the last).
 _OWN_SBATCH_OPTIONS = {
     "job-name": "--job_name", "nodes": "--nodes", "ntasks-per-node": "always 1",
     "gpus-per-node": "--gpus_per_node", "cpus-per-task": "--cpus_per_task",
@@ -333,6 +355,14 @@ _OWN_SBATCH_OPTIONS = {
     "signal": "--signal_s", "chdir": "--chdir", "output": "next to --workdir",
     "open-mode": "always append", "requeue": "--requeue / --norequeue",
     "no-requeue": "--requeue / --norequeue"}
+# sbatch options that set what one of the script's own options sets.
+_SAME_SETTING = {
+    "requeue": ("no-requeue",), "no-requeue": ("requeue",),
+    "gres": ("gpus-per-node",), "gpus": ("gpus-per-node",),
+    "gpus-per-task": ("gpus-per-node",), "ntasks": ("ntasks-per-node",),
+    "mem-per-cpu": ("mem",), "mem-per-gpu": ("mem",), "time-min": ("time",),
+    "cpus-per-gpu": ("cpus-per-task",), "oversubscribe": ("exclusive",),
+    "job_name": ("job-name",), "output": ("output",), "open-mode": ("open-mode",)}
 
 
 def check_train_args(job: SlurmJob) -> str:

@@ -417,9 +417,12 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
     (_set(GPU, "--sbatch_line=#SBATCH --a\n#SBATCH --b"), "expected one line"),
     # newcomer pass 16 (L27): a second --time silently replaced the user's --time
     (_set(GPU, "--sbatch_line=#SBATCH --time=01:00:00"), "--sbatch_line='#SBATCH "
-     "--time=01:00:00': the script sets --time itself (--time); a second one would "
+     "--time=01:00:00': the script sets --time itself (--time); a second setting would "
      "silently win: give it once, by that flag"),
-    (_set(GPU, "--sbatch_line=#SBATCH --no-requeue"), "sets --no-requeue itself"),
+    (_set(GPU, "--sbatch_line=#SBATCH --no-requeue"), "sets --requeue itself"),
+    (_set(GPU, "--sbatch_line=#SBATCH --gres=gpu:8"), "sets --gpus-per-node itself "
+     "(--gpus_per_node)"),  # the same setting under another option
+    (_set(GPU, "--sbatch_line=#SBATCH --job=x"), "sets --job-name itself"),  # abbreviated
     (_set(GPU, "--env=NCCL_DEBUG"), "--env='NCCL_DEBUG': expected KEY=VALUE"),
     (_set(GPU, "--env=1X=2"), "--env='1X=2': expected KEY=VALUE with KEY letters"),
     (_set(GPU, "--env=COORDINATOR=h:1"), "COORDINATOR is set by the script itself"),
@@ -480,6 +483,11 @@ def test_slurm_passes_cluster_options_and_environment_through(tmp_path):
     assert f"#SBATCH {option}" in sbatch, option
   assert sbatch[-2:] == ["#SBATCH --reservation=big", "#SBATCH --mail-type=END"]
   assert "JAX_PLATFORMS" not in script  # GPU nodes: JAX picks the GPUs
+  # an option the script writes only when its flag is given passes without that flag
+  # (newcomer pass 16: only the options the script writes are refused in --sbatch_line)
+  status, script = run(slurm.main, [*[a for a in GPU if not a.startswith("--partition")],
+                                    "--sbatch_line=#SBATCH --partition=big", "--", *TRAIN])
+  assert status == 0 and script.count("#SBATCH --partition=") == 1
   exports = [l for l in lines if l.startswith("export ")]
   srun = next(i for i, l in enumerate(lines) if l.startswith("srun "))
   assert all(lines.index(e) < srun for e in exports)
