@@ -265,9 +265,11 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
     raise LaunchError(f"--constraint={args.constraint!r}: expected node features joined by "
                       "& | [ ] * ( ), e.g. 'a100&ib', without spaces")
   for line in args.sbatch_line:
-    if not line.startswith("#SBATCH --") or "\n" in line or "\r" in line:
+    if (not line.startswith("#SBATCH --") or "\n" in line or "\r" in line
+        or not re.match(r"#SBATCH --[^=\s]", line)):  # newcomer pass 17 (S32, S35)
       raise LaunchError(f"--sbatch_line={line!r}: expected one line starting with "
-                        "'#SBATCH --', e.g. --sbatch_line='#SBATCH --reservation=big'")
+                        "'#SBATCH --' and an option's name, e.g. "
+                        "--sbatch_line='#SBATCH --reservation=big'")
   env = []
   for item in args.env:
     name, eq, value = item.partition("=")
@@ -334,8 +336,6 @@ def _check_sbatch_lines(job: SlurmJob) -> None:
          if line.startswith("#SBATCH --") and line not in job.sbatch_lines}
   for line in job.sbatch_lines:
     option = name(line)
-    if not option:
-      continue
     clash = (option if option in own else
              next((o for o in own if o.startswith(option)), None)  # an abbreviation
              or next((o for o in _SAME_SETTING.get(option, ()) if o in own), None))

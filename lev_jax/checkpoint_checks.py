@@ -473,14 +473,23 @@ def run_shape_problem(folder, saved: dict, where: str,
             "run of the same model (another seed or data?), or data_report.json replaced? "
             "Put back the one that changed")
   step_lineage, lineage = (progress or {}).get("lineage"), report.get("lineage")
+  if isinstance(step_lineage, list) and step_lineage and not isinstance(lineage, list):
+    # newcomer pass 17 (A06-A10): the record's lineage deleted, null or a string skipped
+    # the check, and lev-train then rewrote the record from the foreign step
+    return (f"{where} records the lineage of lev-train starts that trained it, but {path} "
+            f"{'records none' if lineage is None else 'holds ' + type(lineage).__name__} "
+            "(its \"lineage\" deleted or edited?): the step cannot be checked against the "
+            "run. Put back the run's own data_report.json, or move the step out if it is "
+            "another copy's")
   if (isinstance(step_lineage, list) and isinstance(lineage, list)
       and lineage[:len(step_lineage)] != step_lineage):
     gone = next(s for i, s in enumerate(step_lineage) if i >= len(lineage) or lineage[i] != s)
     return (f"{where} was trained by a start of lev-train that this folder's run never "
             f"made (start {gone} in its progress item's lineage, not in {path}'s): a step "
-            f"of another copy of this run (run {run_id}), extended apart after the copy, "
-            "or data_report.json replaced by an older one? Evaluate it in the folder it "
-            f"was trained in, or move it out of {epath.Path(folder) / CHECKPOINTS}")
+            f"of another copy of this run (run {run_id}), extended apart after the copy "
+            "(evaluate it in the folder it was trained in, or move it out of "
+            f"{epath.Path(folder) / CHECKPOINTS}), or this folder's data_report.json "
+            "replaced by an older one or another copy's (put back its own)?")
   return None
 
 

@@ -683,12 +683,27 @@ def test_a_step_of_another_copy_of_the_run_extended_apart_is_refused(finished_ti
   line = (f"checkpoint {other / 'checkpoints' / '6'} was trained by a start of lev-train "
           f"that this folder's run never made (start {extended_lineage[1]} in its progress "
           f"item's lineage, not in {other / 'data_report.json'}'s): a step of another copy "
-          f"of this run (run {report['run']}), extended apart after the copy, or "
-          "data_report.json replaced by an older one? Evaluate it in the folder it was "
-          f"trained in, or move it out of {other / 'checkpoints'}")
+          f"of this run (run {report['run']}), extended apart after the copy (evaluate it "
+          f"in the folder it was trained in, or move it out of {other / 'checkpoints'}), or "
+          "this folder's data_report.json replaced by an older one or another copy's (put "
+          "back its own)?")
   with pytest.raises(inference.InferenceError, match="^" + re.escape(line) + "$"):
     inference.load(other)
   inference.load(other, step=4)  # the copy's own steps still load
+  # newcomer pass 17 (A06-A10): the record's lineage deleted, null or a string
+  for edit in ("delete", None, "abc"):
+    edited = dict(report)
+    if edit == "delete":
+      del edited["lineage"]
+    else:
+      edited["lineage"] = edit
+    (other / "data_report.json").write_text(json.dumps(edited))
+    with pytest.raises(inference.InferenceError, match="^" + re.escape(
+        f"checkpoint {other / 'checkpoints' / '6'} records the lineage of lev-train starts "
+        f"that trained it, but {other / 'data_report.json'} "
+        + ("holds str" if edit == "abc" else "records none"))):
+      inference.load(other)
+  (other / "data_report.json").write_text(json.dumps(report))
   # a start repeated unchanged (a restart before the next save) adds nothing
   assert checkpoint.extended_lineage(lineage, lineage[-1]) == lineage
   assert checkpoint.new_start_id(other / "checkpoints", report["run"], 4, c) == \

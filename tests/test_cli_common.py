@@ -455,8 +455,17 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
     (["--config.optim.lr=x"], "--config.optim.lr=x: expected a number (config.optim.lr is "),
     (["--steps=3"], "unknown flag --steps (did you mean --stop_at_step?); to set the config "
      "field, pass --config.train.steps=3"),
-    (["--noremat"], "unknown flag --noremat; to set the config field, pass "
-     "--config.lev.remat=false"),
+    # newcomer pass 17 (C11): model.remat, the layers' policy, first
+    (["--noremat"], "unknown flag --noremat; to set a config field, pass one of "
+     "--config.model.remat=none, --config.lev.remat=false\n"),
+    # newcomer pass 17 (C12, C13, G55): other codebases' remat and batch names
+    (["--remat_policy=full"], "unknown flag --remat_policy; to set the config field, pass "
+     "--config.model.remat=full\n"),
+    (["--gradient_checkpointing=True"], "unknown flag --gradient_checkpointing; to set the "
+     "config field, pass --config.model.remat=full\n"),
+    (["--per_device_batch_size=4"], "unknown flag --per_device_batch_size; to set the "
+     "config field, pass --config.train.global_batch_size=4 (the batch of a step over all "
+     "devices: per device x devices)\n"),
     (["--config.train.class=3"], "--config.train.class: not a valid field path"),
     (["--config.=3"], "--config.: not a valid field path"),
     (["--config.train..steps=3"], "--config.train..steps: not a valid field path"),
@@ -897,3 +906,8 @@ def test_lev_sample_model_flag_points_at_checkpoint(capsys):
     common.flags_parser("lev-x", None, fv)(["lev-x", "--model=/runs/a"])
   assert capsys.readouterr().err.strip() == (
       "lev-x: error: unknown flag --model (did you mean --checkpoint?)")
+  # newcomer pass 17 (G63, G68): Hugging Face's --model_name_or_path
+  with pytest.raises(SystemExit):
+    common.flags_parser("lev-x", None, fv)(["lev-x", "--model_name_or_path=/runs/a"])
+  assert capsys.readouterr().err.strip() == (
+      "lev-x: error: unknown flag --model_name_or_path (did you mean --checkpoint?)")

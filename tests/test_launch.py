@@ -423,6 +423,9 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
     (_set(GPU, "--sbatch_line=#SBATCH --gres=gpu:8"), "sets --gpus-per-node itself "
      "(--gpus_per_node)"),  # the same setting under another option
     (_set(GPU, "--sbatch_line=#SBATCH --job=x"), "sets --job-name itself"),  # abbreviated
+    (_set(GPU, "--sbatch_line=#SBATCH --=x"), "expected one line starting with '#SBATCH "
+     "--' and an option's name"),  # newcomer pass 17 (S35: an IndexError)
+    (_set(GPU, "--sbatch_line=#SBATCH --"), "and an option's name"),
     (_set(GPU, "--env=NCCL_DEBUG"), "--env='NCCL_DEBUG': expected KEY=VALUE"),
     (_set(GPU, "--env=1X=2"), "--env='1X=2': expected KEY=VALUE with KEY letters"),
     (_set(GPU, "--env=COORDINATOR=h:1"), "COORDINATOR is set by the script itself"),

@@ -972,6 +972,8 @@ _HABITS = {
     "gradient_accumulation_steps": "train.grad_accum_steps",
     "grad_clip": "optim.clip_norm", "max_grad_norm": "optim.clip_norm",
     "per_device_train_batch_size": "train.global_batch_size",  # x devices: per step here
+    "per_device_batch_size": "train.global_batch_size",
+    "remat_policy": "model.remat", "gradient_checkpointing": "model.remat",
     "train_batch_size": "train.global_batch_size", "eval_batch_size": "eval.batch_size",
     "per_device_eval_batch_size": "eval.batch_size",
     "n_layer": "model.n_layers", "num_layers": "model.n_layers",
@@ -1003,7 +1005,7 @@ _OWN_FLAG_HABITS = {
     "max_tokens": "max_new_tokens", "max_length": "max_new_tokens",
     "num_tokens": "max_new_tokens", "temp": "temperature", "ckpt": "checkpoint",
     "checkpoint_dir": "checkpoint", "model_path": "checkpoint", "model": "checkpoint",
-    "prompts": "prompt",
+    "prompts": "prompt", "model_name_or_path": "checkpoint",
 }
 
 
@@ -1081,12 +1083,23 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
   habit = (_habit_field(config, base)
            if training or _HABITS.get(base, "").startswith("eval.") else [])
   fields = habit + [f for f in _config_fields(config, base) if f[0] not in dict(habit)]
-  if not fields and name.startswith("no") and value is None:  # --noremat
-    fields = [(path, v) for path, v in _config_fields(config, name[2:]) if isinstance(v, bool)]
-    value = "false"
+  off = False
+  if not fields and base.startswith("no") and value is None:  # --noremat
+    # a switch off: false for a bool field, "none" for a policy (model.remat; pass 17,
+    # C11: --noremat was pointed at lev.remat alone)
+    fields = sorted(((path, v) for path, v in _config_fields(config, base[2:])
+                     if isinstance(v, bool) or v == "none" or path == "config.model.remat"),
+                    key=lambda f: isinstance(f[1], bool))  # a policy's "none" first
+    off = True
   if not fields:
     return None
   def example(current):
+    if off:
+      return "false" if isinstance(current, bool) else "none"
+    if value is not None and isinstance(current, str) and base == "gradient_checkpointing":
+      # a switch given for a policy (pass 17, C13): on is full remat, off none
+      return {"true": "full", "1": "full", "false": "none", "0": "none"}.get(
+          value.lower(), value)
     if value is not None:
       return value
     return "true" if isinstance(current, bool) else "VALUE"
