@@ -265,8 +265,8 @@ def build_job(args, train_args: Sequence[str], cwd: str | None = None) -> SlurmJ
     raise LaunchError(f"--constraint={args.constraint!r}: expected node features joined by "
                       "& | [ ] * ( ), e.g. 'a100&ib', without spaces")
   for line in args.sbatch_line:
-    if (not line.startswith("#SBATCH --") or "\n" in line or "\r" in line
-        or not re.match(r"#SBATCH --[^=\s]", line)):  # newcomer pass 17 (S32, S35)
+    if ("\n" in line or "\r" in line
+        or not _option_name(line)):  # an option's name: newcomer pass 17 (S32, S35)
       raise LaunchError(f"--sbatch_line={line!r}: expected one line starting with "
                         "'#SBATCH --' and an option's name, e.g. "
                         "--sbatch_line='#SBATCH --reservation=big'")
@@ -331,11 +331,10 @@ def _check_sbatch_lines(job: SlurmJob) -> None:
   Raises:
     LaunchError: naming the line, the option and the flag that sets it.
   """
-  name = lambda line: re.match(r"#SBATCH --([^=\s]*)", line).group(1)
-  own = {name(line) for line in job.script().splitlines()
+  own = {_option_name(line) for line in job.script().splitlines()
          if line.startswith("#SBATCH --") and line not in job.sbatch_lines}
   for line in job.sbatch_lines:
-    option = name(line)
+    option = _option_name(line)
     clash = (option if option in own else
              next((o for o in own if o.startswith(option)), None)  # an abbreviation
              or next((o for o in _SAME_SETTING.get(option, ()) if o in own), None))
@@ -343,6 +342,12 @@ def _check_sbatch_lines(job: SlurmJob) -> None:
       raise LaunchError(f"--sbatch_line={line!r}: the script sets --{clash} itself "
                         f"({_OWN_SBATCH_OPTIONS.get(clash, 'always')}); a second setting "
                         "would silently win: give it once, by that flag")
+
+
+def _option_name(line: str) -> str | None:
+  """"time" of "#SBATCH --time=1:00:00"; None for a line that is no such option."""
+  match = re.match(r"#SBATCH --([^=\s]+)", line)
+  return match.group(1) if match else None
 
 
 # The #SBATCH options the script may write itself, and what sets each (an --sbatch_line
@@ -362,7 +367,7 @@ _SAME_SETTING = {
     "gpus-per-task": ("gpus-per-node",), "ntasks": ("ntasks-per-node",),
     "mem-per-cpu": ("mem",), "mem-per-gpu": ("mem",), "time-min": ("time",),
     "cpus-per-gpu": ("cpus-per-task",), "oversubscribe": ("exclusive",),
-    "job_name": ("job-name",), "output": ("output",), "open-mode": ("open-mode",)}
+    "job_name": ("job-name",)}
 
 
 def check_train_args(job: SlurmJob) -> str:

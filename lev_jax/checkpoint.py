@@ -174,16 +174,21 @@ def _read_config(manager: ocp.CheckpointManager, step: int) -> dict:
   return manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
 
+def _folder_digest(directory, *parts: str) -> str:
+  """16 hex digits of the sha256 of `directory`'s absolute path (a URL as given) and
+  `parts`, one per line: `new_run_id` and `new_start_id`."""
+  where = str(directory)
+  if "://" not in where:
+    where = os.path.abspath(where)
+  return hashlib.sha256("\n".join([where, *parts]).encode()).hexdigest()[:16]
+
+
 def new_run_id(directory, config: ml_collections.ConfigDict) -> str:
   """The id of a run that starts from scratch in `directory` (its checkpoints folder)
   under `config`: 16 hex digits of the sha256 of the folder's absolute path and the
   config's JSON. The same in every process of a multi-process run (no draw, no
   exchange); a resume keeps the id its checkpoint holds (`Checkpointer.run_id`)."""
-  where = str(directory)
-  if "://" not in where:
-    where = os.path.abspath(where)
-  text = f"{where}\n{config.to_json(sort_keys=True)}"
-  return hashlib.sha256(text.encode()).hexdigest()[:16]
+  return _folder_digest(directory, config.to_json(sort_keys=True))
 
 
 def new_start_id(directory, run_id: str, resumed_step: int,
@@ -194,11 +199,7 @@ def new_start_id(directory, run_id: str, resumed_step: int,
   when a start is repeated unchanged (a restart after a kill before the next save),
   which then trains the same steps; another for a copy of the run extended in another
   folder or under other settings."""
-  where = str(directory)
-  if "://" not in where:
-    where = os.path.abspath(where)
-  text = f"{where}\n{run_id}\n{resumed_step}\n{config.to_json(sort_keys=True)}"
-  return hashlib.sha256(text.encode()).hexdigest()[:16]
+  return _folder_digest(directory, run_id, str(resumed_step), config.to_json(sort_keys=True))
 
 
 def extended_lineage(lineage: list[str], start_id: str) -> list[str]:

@@ -482,6 +482,16 @@ def test_a_step_of_another_run_s_model_is_refused_by_the_loaders(finished_tied_r
       inference.load(workdir)
 
 
+def _edited(report: dict, key: str, value) -> dict:
+  """A copy of a data_report.json's dict with `key` deleted (value "delete") or set."""
+  edited = dict(report)
+  if value == "delete":
+    del edited[key]
+  else:
+    edited[key] = value
+  return edited
+
+
 def test_a_step_of_another_run_of_the_same_model_is_refused_and_a_resume_keeps_the_id(
     finished_tied_run, tmp_path):
   """Newcomer pass 14: a step of another run of the same shape (M14: another seed; M07:
@@ -518,12 +528,7 @@ def test_a_step_of_another_run_of_the_same_model_is_refused_and_a_resume_keeps_t
     finished_run(c, workdir)
   # newcomer pass 15 (Q02, Q05, Q28): the record's run deleted or null
   for gone in ("delete", None):
-    edited = dict(report)
-    if gone == "delete":
-      del edited["run"]
-    else:
-      edited["run"] = gone
-    (workdir / "data_report.json").write_text(json.dumps(edited))
+    (workdir / "data_report.json").write_text(json.dumps(_edited(report, "run", gone)))
     unchecked = (f"checkpoint {workdir / 'checkpoints' / '2'} records run {foreign}, but "
                  f"{workdir / 'data_report.json'} records no run (its \"run\" deleted, or "
                  "the file replaced by an older one?): the step cannot be checked")
@@ -692,12 +697,7 @@ def test_a_step_of_another_copy_of_the_run_extended_apart_is_refused(finished_ti
   inference.load(other, step=4)  # the copy's own steps still load
   # newcomer pass 17 (A06-A10): the record's lineage deleted, null or a string
   for edit in ("delete", None, "abc"):
-    edited = dict(report)
-    if edit == "delete":
-      del edited["lineage"]
-    else:
-      edited["lineage"] = edit
-    (other / "data_report.json").write_text(json.dumps(edited))
+    (other / "data_report.json").write_text(json.dumps(_edited(report, "lineage", edit)))
     with pytest.raises(inference.InferenceError, match="^" + re.escape(
         f"checkpoint {other / 'checkpoints' / '6'} records the lineage of lev-train starts "
         f"that trained it, but {other / 'data_report.json'} "

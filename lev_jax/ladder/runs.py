@@ -577,12 +577,12 @@ def collect_rung(module, variant: str, root: epath.Path,
     return rung
   metrics = workdir / METRICS
   if not metrics.exists():
-    steps = sorted(int(p.name) for p in (workdir / CHECKPOINTS).glob("*")
-                   if p.name.isdigit()) if (workdir / CHECKPOINTS).is_dir() else []
-    rung.reason = (f"no metrics: {metrics} does not exist (never started?)" if not steps
+    from lev_jax.checkpoint import latest_config_file  # imports Orbax: only when reading
+    latest = latest_config_file(workdir / CHECKPOINTS)
+    rung.reason = (f"no metrics: {metrics} does not exist (never started?)" if not latest
                    else  # newcomer pass 16 (J21): a finished rung's deleted metrics
                    f"no metrics: {metrics} is missing although the {member} holds "
-                   f"{workdir / CHECKPOINTS / str(steps[-1])} (deleted?); re-run lev-train "
+                   f"{latest.parent.parent} (deleted?); re-run lev-train "
                    f"on --workdir={workdir} with the {member}'s config to write its "
                    "evaluation again")
     return rung
