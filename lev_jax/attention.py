@@ -123,6 +123,31 @@ def choose(requested: str, platform: str, *, dtype, seq_len: int, head_dim: int,
   return "xla", f"auto on {platform}; splash needs a TPU, cudnn an NVIDIA GPU"
 
 
+# The model fields `choose_for` reads (static: a module keeps them as a FrozenConfigDict).
+KERNEL_FIELDS = ("attention", "dtype", "head_dim", "splash_block_q", "splash_block_kv",
+                 "attention_interpret")
+
+
+def kernel_fields(model_cfg) -> ml_collections.FrozenConfigDict:
+  """The fields of config.model that decide the kernel (KERNEL_FIELDS), frozen."""
+  return ml_collections.FrozenConfigDict({k: model_cfg[k] for k in KERNEL_FIELDS})
+
+
+def choose_for(model_cfg, platform: str, *, seq_len: int, segments: bool
+               ) -> tuple[str, str]:
+  """`choose` with config.model's fields (KERNEL_FIELDS; a config.model section or
+  `kernel_fields` of it) for rows of seq_len tokens, with segment ids or not.
+
+  Returns and raises as `choose`. The one place that maps the config onto `choose`:
+  the trainer's log line (`resolve`), the traced layer (`model.Attention`) and
+  model.remat = "auto" (`model.Decoder`) all go through it, so they cannot disagree.
+  """
+  m = model_cfg
+  return choose(m.attention, platform, dtype=m.dtype, seq_len=seq_len,
+                head_dim=m.head_dim, segments=segments, block_q=m.splash_block_q,
+                block_kv=m.splash_block_kv, interpret=m.attention_interpret)
+
+
 def resolve(config: ml_collections.ConfigDict, platform: str) -> tuple[str, str]:
   """What config.model.attention becomes for a train step on `platform`: (impl, reason).
 
@@ -135,11 +160,8 @@ def resolve(config: ml_collections.ConfigDict, platform: str) -> tuple[str, str]
   Raises:
     ConfigError: as `choose` (e.g. splash on a CPU without model.attention_interpret).
   """
-  m = config.model
-  return choose(m.attention, platform, dtype=m.dtype, seq_len=config.train.seq_len,
-                head_dim=m.head_dim, segments=config.data.segment_masking,
-                block_q=m.splash_block_q, block_kv=m.splash_block_kv,
-                interpret=m.attention_interpret)
+  return choose_for(config.model, platform, seq_len=config.train.seq_len,
+                    segments=config.data.segment_masking)
 
 
 def attend(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array,

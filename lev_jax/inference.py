@@ -154,8 +154,8 @@ def _check_run_tokenizer(folder: epath.Path, tokenizer, checkpoint_record: tuple
   checkpoint's progress item records (`checkpoint_record`: (fingerprint, step folder),
   written by lev-train with each step since it was recorded) and the one its
   data_report.json records (written by lev-train; runs from before either was recorded,
-  and exports, have none and are not checked). An unreadable data_report.json is a
-  warning naming it, which says whether the checkpoint's record still checks the tokenizer.
+  and exports, have none and are not checked). A workdir's unreadable data_report.json
+  never gets here: `checkpoint_checks.run_shape_problem` refuses its steps first.
 
   Raises:
     InferenceError: they differ (newcomer pass 8: another dataset's tokenizer/ copied
@@ -173,13 +173,8 @@ def _check_run_tokenizer(folder: epath.Path, tokenizer, checkpoint_record: tuple
     return
   try:
     recorded = loads_json(read_small_text(report_path)).get("tokenizer_fingerprint")
-  except (OSError, ValueError, AttributeError) as e:  # garbage: say what is still checked
-    logging.warning("%s: cannot be read (%s); %s", report_path,
-                    e if not isinstance(e, AttributeError) else "not a JSON object",
-                    f"{folder / TOKENIZER} was checked against {checkpoint_record[1]} instead"
-                    if checkpoint_record else f"{folder / TOKENIZER} cannot be checked "
-                    "against the tokenizer the run trained with")
-    return
+  except (OSError, ValueError, AttributeError):  # a workdir's was refused before this
+    return  # (checkpoint_checks.run_shape_problem); an export writes none of its own
   if isinstance(recorded, str) and recorded != tokenizer.fingerprint:
     raise InferenceError(
         f"{folder / TOKENIZER}: tokenizer fingerprint {tokenizer.fingerprint[:16]} differs "

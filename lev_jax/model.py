@@ -82,7 +82,8 @@ class Attention(nnx.Module):
     d, h, kv, k = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     std = cfg.init_std
     self.theta, self.dtype = cfg.rope_theta, dtype
-    self.impl = attention.check_name(cfg.attention)  # "auto": chosen when traced
+    attention.check_name(cfg.attention)  # "auto": chosen when traced
+    self.kernel_fields = attention.kernel_fields(cfg)
     self.interpret = cfg.attention_interpret
     self.logits_dtype = cfg.get("attention_logits_dtype", "float32")
     self.splash_blocks = (cfg.splash_block_q, cfg.splash_block_kv)
@@ -115,10 +116,9 @@ class Attention(nnx.Module):
     c = lambda w: w[...].astype(self.dtype)
     q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = self._qkv(x_BxLxD, positions_BxL)
     block_q, block_kv = self.splash_blocks
-    impl, _ = attention.choose(self.impl, target.platform(), dtype=self.dtype,
-                               seq_len=x_BxLxD.shape[1], head_dim=q_BxLxHxK.shape[-1],
-                               segments=segment_ids_BxL is not None, block_q=block_q,
-                               block_kv=block_kv, interpret=self.interpret)
+    impl, _ = attention.choose_for(self.kernel_fields, target.platform(),
+                                   seq_len=x_BxLxD.shape[1],
+                                   segments=segment_ids_BxL is not None)
     out_BxLxHxK = attention.attend(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, impl,
                                    block_q=block_q, block_kv=block_kv,
                                    interpret=self.interpret,
@@ -217,9 +217,8 @@ class Decoder(nnx.Module):
     # model.remat = "auto" is chosen when traced (`_remat_for`), from the micro-batch's
     # tokens and the mesh's devices: these fields (static, not parameters) decide it.
     self.remat_fields = ml_collections.FrozenConfigDict(
-        {k: cfg[k] for k in ("remat", "d_model", "d_ff", "n_heads", "n_layers", "head_dim",
-                             "attention", "attention_interpret", "splash_block_q",
-                             "splash_block_kv", "dtype")})
+        {k: cfg[k] for k in ("remat", "d_model", "d_ff", "n_heads", "n_layers",
+                             *attention.KERNEL_FIELDS)})
     # Read by init_cache and lev_jax.decode (static: not parameters).
     self.vocab_size, self.max_seq_len, self.dtype = cfg.vocab_size, cfg.max_seq_len, dtype
     self.cache_shape = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
@@ -285,11 +284,8 @@ class Decoder(nnx.Module):
       return m.remat
     active = sharding.active()
     devices = list(active[0].devices.flat) if active else jax.devices()[:1]
-    kernel, _ = attention.choose(m.attention, target.platform(), dtype=m.dtype,
-                                 seq_len=shape_BxL[1], head_dim=m.head_dim,
-                                 segments=segments, block_q=m.splash_block_q,
-                                 block_kv=m.splash_block_kv,
-                                 interpret=m.attention_interpret)
+    kernel, _ = attention.choose_for(m, target.platform(), seq_len=shape_BxL[1],
+                                     segments=segments)
     return remat_lib.choose(m, tokens=shape_BxL[0] * shape_BxL[1], seq_len=shape_BxL[1],
                             n_devices=len(devices),
                             memory_bytes=topology.device_memory_bytes(devices[0]),
