@@ -463,6 +463,16 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
      "--config.model.remat=full\n"),
     (["--gradient_checkpointing=True"], "unknown flag --gradient_checkpointing; to set the "
      "config field, pass --config.model.remat=full\n"),
+    # newcomer pass 18 (F04-F07): HF's save / logging steps, activation checkpointing,
+    # and --remat, whose field is the layers' policy before lev.remat
+    (["--save_steps=50"], "unknown flag --save_steps; to set the config field, pass "
+     "--config.train.checkpoint_every=50\n"),
+    (["--activation_checkpointing=false"], "unknown flag --activation_checkpointing; to "
+     "set the config field, pass --config.model.remat=none\n"),
+    (["--remat=full"], "unknown flag --remat; to set the config field, pass "
+     "--config.model.remat=full\n"),
+    (["--remat=false"], "unknown flag --remat; to set a config field, pass one of "
+     "--config.model.remat=none, --config.lev.remat=false\n"),
     (["--per_device_batch_size=4"], "unknown flag --per_device_batch_size; to set the "
      "config field, pass --config.train.global_batch_size=4 (the batch of a step over all "
      "devices: per device x devices)\n"),
@@ -879,6 +889,13 @@ def test_another_tools_name_for_a_flag_of_this_command_is_pointed_at_it(capsys):
   with pytest.raises(SystemExit):
     common.flags_parser("lev-x", None, fv)(["lev-x", "--ckpt=/x"])
   assert capsys.readouterr().err.strip() == "lev-x: error: Unknown command line flag 'ckpt'"
+  # newcomer pass 18 (F10): HF generate's sampling switch
+  flags.DEFINE_float("temperature", 0.0, "Temperature.", flag_values=fv)
+  with pytest.raises(SystemExit):
+    common.flags_parser("lev-x", None, fv)(["lev-x", "--do_sample"])
+  assert capsys.readouterr().err.strip() == (
+      "lev-x: error: unknown flag --do_sample: sampling is --temperature > 0; 0, the "
+      "default, is greedy")
 
 
 def test_a_launchers_flag_given_to_lev_ladder_points_at_launcher_flags(capsys):

@@ -974,6 +974,8 @@ _HABITS = {
     "per_device_train_batch_size": "train.global_batch_size",  # x devices: per step here
     "per_device_batch_size": "train.global_batch_size",
     "remat_policy": "model.remat", "gradient_checkpointing": "model.remat",
+    "activation_checkpointing": "model.remat", "remat": "model.remat",  # nc18 F06, F07
+    "save_steps": "train.checkpoint_every", "logging_steps": "train.log_every",  # F04, F05
     "train_batch_size": "train.global_batch_size", "eval_batch_size": "eval.batch_size",
     "per_device_eval_batch_size": "eval.batch_size",
     "n_layer": "model.n_layers", "num_layers": "model.n_layers",
@@ -1006,7 +1008,10 @@ _OWN_FLAG_HABITS = {
     "num_tokens": "max_new_tokens", "temp": "temperature", "ckpt": "checkpoint",
     "checkpoint_dir": "checkpoint", "model_path": "checkpoint", "model": "checkpoint",
     "prompts": "prompt", "model_name_or_path": "checkpoint",
+    "do_sample": "temperature",
 }
+# What to add when the meant flag is not a rename (newcomer pass 18, F10).
+_OWN_FLAG_NOTES = {"do_sample": "sampling is --temperature > 0; 0, the default, is greedy"}
 
 
 def _own_flag_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:
@@ -1015,8 +1020,11 @@ def _own_flag_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:
   if not isinstance(error, flags.UnrecognizedFlagError):
     return None
   ours = _OWN_FLAG_HABITS.get(error.flagname)
-  return (f"unknown flag --{error.flagname} (did you mean --{ours}?)"
-          if ours and ours in fv else None)
+  if not ours or ours not in fv:
+    return None
+  note = _OWN_FLAG_NOTES.get(error.flagname)
+  return (f"unknown flag --{error.flagname}: {note}" if note
+          else f"unknown flag --{error.flagname} (did you mean --{ours}?)")
 
 
 # The launchers' own flags (launch/slurm.py, launch/tpu.py, launch/local.py), which
@@ -1052,6 +1060,13 @@ def _folder_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:
   return f"unknown flag --{error.flagname}: {hint}" if ours and ours in fv else None
 
 
+def _bool_misfit(current, value: str | None) -> bool:
+  """Whether `value` cannot set a bool field (newcomer pass 18, F06: --remat=full was
+  offered as --config.lev.remat=full)."""
+  return (isinstance(current, bool) and value is not None
+          and value.lower() not in ("true", "false", "1", "0", "yes", "no"))
+
+
 def _habit_field(config, name: str) -> list[tuple[str, object]]:
   """[("config.SECTION.FIELD", its value)] for a flag of another codebase (`_HABITS`)
   whose field this config has; [] otherwise."""
@@ -1082,7 +1097,8 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
   training = isinstance(fv["config"].parser, config_flags.config_flags.ConfigFileFlagParser)
   habit = (_habit_field(config, base)
            if training or _HABITS.get(base, "").startswith("eval.") else [])
-  fields = habit + [f for f in _config_fields(config, base) if f[0] not in dict(habit)]
+  fields = habit + [f for f in _config_fields(config, base) if f[0] not in dict(habit)
+                    and not _bool_misfit(f[1], value)]
   off = False
   if not fields and base.startswith("no") and value is None:  # --noremat
     # a switch off: false for a bool field, "none" for a policy (model.remat; pass 17,
@@ -1093,17 +1109,17 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
     off = True
   if not fields:
     return None
-  def example(current):
+  def example(path, current):
     if off:
       return "false" if isinstance(current, bool) else "none"
-    if value is not None and isinstance(current, str) and base == "gradient_checkpointing":
-      # a switch given for a policy (pass 17, C13): on is full remat, off none
+    if value is not None and path == "config.model.remat":
+      # a switch given for the policy (pass 17, C13; pass 18, F06): on is full, off none
       return {"true": "full", "1": "full", "false": "none", "0": "none"}.get(
           value.lower(), value)
     if value is not None:
       return value
     return "true" if isinstance(current, bool) else "VALUE"
-  options = [f"--{path}={shlex.quote(example(current))}" for path, current in fields]
+  options = [f"--{path}={shlex.quote(example(path, current))}" for path, current in fields]
   # The command's own flags that absl found close (lev-eval --steps: --step).
   close = re.search(r"Did you mean: (.*) \?$", str(error))
   own = [f"--{f.strip()}" for f in (close.group(1).split(",") if close else [])
