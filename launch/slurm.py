@@ -335,6 +335,11 @@ def _check_sbatch_lines(job: SlurmJob) -> None:
          if line.startswith("#SBATCH --") and line not in job.sbatch_lines}
   for line in job.sbatch_lines:
     option = _option_name(line)
+    harm = next((why for name, why in _NEVER_IN_SCRIPT.items()
+                 if option and len(option) >= 3 and name.startswith(option)), None)
+    if harm:
+      raise LaunchError(f"--sbatch_line={line!r}: not allowed in this launcher's "
+                        f"script: {harm}")
     clash = (option if option in own else
              next((o for o in own if o.startswith(option)), None)  # an abbreviation
              or next((o for o in _SAME_SETTING.get(option, ()) if o in own), None))
@@ -360,6 +365,11 @@ _OWN_SBATCH_OPTIONS = {
     "signal": "--signal_s", "chdir": "--chdir", "output": "next to --workdir",
     "open-mode": "always append", "requeue": "--requeue / --norequeue",
     "no-requeue": "--requeue / --norequeue"}
+# sbatch options that would undo the script (newcomer pass 18, N14: --wrap passed).
+_NEVER_IN_SCRIPT = {
+    "wrap": "sbatch would run that command instead of the script's lev-train",
+    "array": "every task of the array would train into the one --workdir at once; "
+             "launch one job per run (lev-ladder and lev-study do)"}
 # sbatch options that set what one of the script's own options sets.
 _SAME_SETTING = {
     "requeue": ("no-requeue",), "no-requeue": ("requeue",),

@@ -426,6 +426,11 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
     (_set(GPU, "--sbatch_line=#SBATCH --=x"), "expected one line starting with '#SBATCH "
      "--' and an option's name"),  # newcomer pass 17 (S35: an IndexError)
     (_set(GPU, "--sbatch_line=#SBATCH --"), "and an option's name"),
+    # newcomer pass 18 (N14): a line that would replace or multiply the script
+    (_set(GPU, "--sbatch_line=#SBATCH --wrap='hostname'"), "--sbatch_line=\"#SBATCH "
+     "--wrap='hostname'\": not allowed in this launcher's script: sbatch would run that "
+     "command instead of the script's lev-train"),
+    (_set(GPU, "--sbatch_line=#SBATCH --arr=0-3"), "would train into the one --workdir"),
     (_set(GPU, "--env=NCCL_DEBUG"), "--env='NCCL_DEBUG': expected KEY=VALUE"),
     (_set(GPU, "--env=1X=2"), "--env='1X=2': expected KEY=VALUE with KEY letters"),
     (_set(GPU, "--env=COORDINATOR=h:1"), "COORDINATOR is set by the script itself"),
