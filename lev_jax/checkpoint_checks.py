@@ -441,7 +441,8 @@ def run_shape_problem(folder, saved: dict, where: str,
            "object")
     return (f"{path}: cannot be read ({why}): {where} cannot be checked against the "
             "run's record of its model and id (the file truncated or edited?). Restore "
-            "it, or delete it to load the step unchecked (with a warning)")
+            "it (deleted, the checks are skipped: a loader warns and goes on, lev-train "
+            "takes the step as the run's)")
   record, run_id = report.get("model_shape"), report.get("run")
   if record is not None and record != {}:
     unknown = (sorted(set(record) - SHAPE_FIELD_NAMES) if isinstance(record, dict)
@@ -458,8 +459,12 @@ def run_shape_problem(folder, saved: dict, where: str,
               "run, or data_report.json replaced or edited? Put back the one that changed")
   step_run = (progress or {}).get("run")
   if run_id is not None and not isinstance(run_id, str):
+    # newcomer pass 18 (L17): deleting the field only helps when the step has no run
+    fix = (f"restore the file: {where} records run {step_run}"
+           if isinstance(step_run, str) else
+           "restore the file, or delete that field to skip the check")
     return (f"{path}: its run holds {type(run_id).__name__}; expected lev-train's id of "
-            "the run (edited? restore the file, or delete that field to skip the check)")
+            f"the run (edited? {fix})")
   if isinstance(step_run, str) and not run_id:
     # newcomer pass 15 (Q02, Q05, Q28): the step records its run, the record none: a
     # lev_jax that records the step's id writes it in data_report.json too
@@ -484,6 +489,10 @@ def run_shape_problem(folder, saved: dict, where: str,
   if (isinstance(step_lineage, list) and isinstance(lineage, list)
       and lineage[:len(step_lineage)] != step_lineage):
     gone = next(s for i, s in enumerate(step_lineage) if i >= len(lineage) or lineage[i] != s)
+    if gone in lineage:  # the same starts in another order (newcomer pass 18, L08, L15)
+      return (f"{where} records its lev-train starts in another order than {path} (start "
+              f"{gone} is in another place there): the file edited, or replaced by another "
+              "copy's? Put back the run's own data_report.json")
     return (f"{where} was trained by a start of lev-train that this folder's run never "
             f"made (start {gone} in its progress item's lineage, not in {path}'s): a step "
             f"of another copy of this run (run {run_id}), extended apart after the copy "

@@ -703,6 +703,20 @@ def test_a_step_of_another_copy_of_the_run_extended_apart_is_refused(finished_ti
         f"that trained it, but {other / 'data_report.json'} "
         + ("holds str" if edit == "abc" else "records none"))):
       inference.load(other)
+  # newcomer pass 18 (L08, L15): the same starts in another order are not "not in" it
+  swapped = dict(report, lineage=[extended_lineage[1], *lineage])
+  (other / "data_report.json").write_text(json.dumps(swapped))
+  with pytest.raises(inference.InferenceError, match=re.escape(
+      f"records its lev-train starts in another order than {other / 'data_report.json'} "
+      f"(start {extended_lineage[0]} is in another place there)")):
+    inference.load(other)
+  # newcomer pass 18 (L17): a run id that is no string, while the step records one
+  (other / "data_report.json").write_text(json.dumps(dict(report, run=7)))
+  with pytest.raises(inference.InferenceError, match="^" + re.escape(
+      f"{other / 'data_report.json'}: its run holds int; expected lev-train's id of the "
+      f"run (edited? restore the file: checkpoint {other / 'checkpoints' / '6'} records "
+      f"run {report['run']})") + "$"):
+    inference.load(other)
   (other / "data_report.json").write_text(json.dumps(report))
   # a start repeated unchanged (a restart before the next save) adds nothing
   assert checkpoint.extended_lineage(lineage, lineage[-1]) == lineage
@@ -729,8 +743,9 @@ def test_a_damaged_run_record_refuses_the_step_instead_of_skipping_its_checks(
   before = path.read_bytes()
   start = f"{path}: cannot be read ("
   end = (f"): checkpoint {workdir / 'checkpoints' / '4'} cannot be checked against the "
-         "run's record of its model and id (the file truncated or edited?). Restore it, "
-         "or delete it to load the step unchecked (with a warning)")
+         "run's record of its model and id (the file truncated or edited?). Restore it "
+         "(deleted, the checks are skipped: a loader warns and goes on, lev-train takes "
+         "the step as the run's)")
   with pytest.raises(inference.InferenceError) as e:
     inference.load(workdir)
   assert str(e.value).startswith(start) and why in str(e.value)
