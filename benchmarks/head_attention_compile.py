@@ -34,7 +34,9 @@ remat), whatever experiments/ladder.py now sets:
 
 Each cell is one `lev-compile --steps=train --json=OUT/SETUP/RUNG/VARIANT.json` run in
 its own process (benchmarks/pod_compile.py's `compile_cell`; resumable: a cell whose
-JSON exists is not compiled again), then one Markdown table. Memory is XLA:TPU's buffer
+JSON exists is not compiled again), then one Markdown table, and where `ladder_{loss}_
+{kernel}` cells were compiled a second one, per rung, of the four pairs side by side
+with the fastest estimate that fits. Memory is XLA:TPU's buffer
 assignment per chip; every time is XLA's cost-model ESTIMATE for a program compiled on
 this CPU host, never a measurement. Splash attention's Mosaic kernel declares no cost to
 XLA's model, so a splash variant's time leaves the kernel out: it is marked so.
@@ -101,6 +103,40 @@ def row(setup: str, rung: str, variant: str, rec: dict) -> str:
           f"{gib(step['temp_bytes'])} | {time} |")
 
 
+PAIRS = [(loss, kernel) for loss in ("dense", "chunked") for kernel in ("xla", "splash")]
+
+
+def rung_table(cells: dict) -> str:
+  """Markdown: one row per (setup, rung) of the four `ladder_{loss}_{kernel}` cells
+  compiled, each cell "step estimate s, GiB a chip", and the fastest that fits.
+
+  cells: {(setup, rung): {variant: lev-compile record}}; rows without any of the four
+  are left out, and an uncompiled pair is "-"."""
+  rows = ["| setup | rung | " + " | ".join(f"{l} + {k}" for l, k in PAIRS)
+          + " | fastest (ESTIMATE) |", "|---|---|" + "---|" * (len(PAIRS) + 1)]
+  for (setup, rung), recs in cells.items():
+    found = {pair: recs[f"ladder_{pair[0]}_{pair[1]}"]["steps"][0] for pair in PAIRS
+             if f"ladder_{pair[0]}_{pair[1]}" in recs}
+    if not found:
+      continue
+    texts, timed = [], {}
+    for pair in PAIRS:
+      step = found.get(pair)
+      if step is None:
+        texts.append("-")
+      elif not step["fits"]:
+        texts.append("does not fit")
+      elif "loop-free" in step["time_source"]:
+        timed[pair] = step["step_s"]
+        texts.append(f"{step['step_s']:.4f} s, {step['total_bytes'] / 2**30:.2f} GiB")
+      else:
+        texts.append(f"{step['total_bytes'] / 2**30:.2f} GiB")
+    best = min(timed, key=timed.get) if timed else None
+    rows.append(f"| {setup} | {rung} | " + " | ".join(texts) + " | "
+                + (f"{best[0]} + {best[1]}" if best else "n/a (memory only)") + " |")
+  return "\n".join(rows)
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--rungs", default="tied_200m", help="comma-separated ladder rungs")
@@ -127,6 +163,7 @@ def main(argv=None) -> int:
   out = Path(args.out).resolve()
   rows = ["| setup | rung | variant | per chip (GiB) | temporaries (GiB) "
           "| step (s, ESTIMATE) |", "|---|---|---|---|---|---|"]
+  cells = {}
   for setup in setups:
     topology, estimate = SETUPS[setup]
     for rung in rungs:
@@ -135,7 +172,11 @@ def main(argv=None) -> int:
         rec = compile_cell(rung, topology, out / setup, estimate, overrides=flags,
                            name=variant)
         rows.append(row(f"{setup} ({topology})", rung, variant, rec))
+        cells.setdefault((f"{setup} ({topology})", rung), {})[variant] = rec
   table = "\n".join(rows)
+  by_rung = rung_table(cells)
+  if by_rung.count("\n") > 1:  # some loss x attention cells: one row per rung as well
+    table += "\n\n" + by_rung
   print(table)
   out.mkdir(parents=True, exist_ok=True)
   (out / "table.md").write_text(table + "\n")

@@ -28,6 +28,22 @@ def test_rows_say_what_was_estimated_and_what_does_not_fit():
                                                       _record(fits=False))
 
 
+def test_the_rung_table_puts_the_four_pairs_side_by_side_and_names_the_fastest():
+  slow, fast = _record(step_s=0.03), _record(step_s=0.02)
+  cells = {("pod (v5p-128)", "tied_200m"): {"ladder_dense_xla": slow,
+                                            "ladder_chunked_splash": fast,
+                                            "ladder_dense_splash": _record(fits=False)},
+           ("mid (v5p-32)", "tied_1.2b"): {"ladder_dense_xla": _record(source="cost model")},
+           ("pod (v5p-128)", "tied_400m"): {"dense": fast}}  # no pair: no row
+  lines = hac.rung_table(cells).splitlines()
+  assert lines[0] == ("| setup | rung | dense + xla | dense + splash | chunked + xla | "
+                      "chunked + splash | fastest (ESTIMATE) |")
+  assert lines[2:] == [
+      "| pod (v5p-128) | tied_200m | 0.0300 s, 3.00 GiB | does not fit | - | "
+      "0.0200 s, 3.00 GiB | chunked + splash |",
+      "| mid (v5p-32) | tied_1.2b | 3.00 GiB | - | - | - | n/a (memory only) |"]
+
+
 def test_existing_cells_are_read_not_compiled(tmp_path, capsys):
   for variant in ("dense", "chunked"):
     path = tmp_path / "small" / "v5p:2x2x1" / "tied_200m" / f"{variant}.json"
