@@ -336,7 +336,7 @@ def _check_sbatch_lines(job: SlurmJob) -> None:
   for line in job.sbatch_lines:
     option = _option_name(line)
     harm = next((why for name, why in _NEVER_IN_SCRIPT.items()
-                 if option and len(option) >= 3 and name.startswith(option)), None)
+                 if option and len(option) >= 2 and name.startswith(option)), None)
     if harm:
       raise LaunchError(f"--sbatch_line={line!r}: not allowed in this launcher's "
                         f"script: {harm}")

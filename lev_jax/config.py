@@ -362,6 +362,26 @@ def _fail(field: str, value, expected: str):
   raise ConfigError(f"config.{field} = {value!r}: expected {expected}")
 
 
+def check_platform(c: ml_collections.ConfigDict, platform: str) -> None:
+  """What a validated config cannot do in a program for `platform` ("cpu", "gpu",
+  "tpu"), beyond the attention kernel (lev_jax/attention.py `resolve`): float16
+  compute off an NVIDIA GPU (XLA:CPU has no float16 dot, and splash's Mosaic kernel
+  no float16 layout: newcomer pass 19, C26, E22-E27: tracebacks in the first step),
+  and the Pallas interpreter in a TPU program (E04: it compiled the interpreter).
+
+  Raises:
+    ConfigError: one line naming the field and what the platform allows.
+  """
+  m = c.model
+  if m.dtype == "float16" and platform != "gpu":
+    _fail("model.dtype", m.dtype, f"'bfloat16' or 'float32' in a {platform.upper()} "
+          "program (float16 compute runs on NVIDIA GPUs only)")
+  if m.attention_interpret and platform == "tpu":
+    _fail("model.attention_interpret", m.attention_interpret, "False in a TPU program "
+          "(the Pallas interpreter is a test switch off a TPU; a TPU runs splash's "
+          "Mosaic kernel)")
+
+
 def _positive(c, section: str, names):
   for n in names:
     v = c[section][n]

@@ -30,7 +30,8 @@ from flax import nnx
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from lev_jax import loss as loss_lib, sharding
+from lev_jax import attention, loss as loss_lib, sharding
+from lev_jax.config import check_platform
 from lev_jax.model import Decoder
 from lev_jax.optimizer import (group_diagnostics, learning_rate_schedule, make_optimizer,
                                schedule_count)
@@ -134,9 +135,15 @@ def check_job(config: ml_collections.ConfigDict, processes: int, devices_per_pro
   Raises:
     ShardingError: a mesh that does not multiply to the job's devices, DCN sizes that do
       not match its nodes / slices, a rule, dimension or batch the mesh does not fit.
+    ConfigError: what the platform cannot run (config.check_platform; the attention
+      kernel, attention.resolve).
   """
   if platform not in PLATFORMS:
     raise ValueError(f"platform {platform!r}: expected one of {PLATFORMS}")
+  # what lev-train checks on the job's own platform (newcomer pass 19, C29-C33: a
+  # float16 or splash job passed the pre-flight and died on its nodes)
+  check_platform(config, platform)
+  attention.resolve(config, platform)
   n = processes * devices_per_process
   ici, dcn = sharding.mesh_shapes(config.mesh, n)
   granules, kind = (1, "TPU slice") if platform == "tpu" else (processes, "process")

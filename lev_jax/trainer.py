@@ -48,7 +48,7 @@ from lev_jax.checkpoint_checks import (CheckpointCorruptError, CheckpointRenamed
                                        config_differences, misnamed_step, not_a_step,
                                        result_fields, run_record_missing, run_shape_problem,
                                        shape_record, verify_manifest)
-from lev_jax.config import ConfigError, validate
+from lev_jax.config import ConfigError, check_platform, validate
 from lev_jax.data.files import npy_bytes, write_bytes_atomic
 from lev_jax.data.tokenizer_files import TOKENIZER_JSON, save_tokenizer
 from lev_jax.eval.evaluate import coverage, evaluate
@@ -876,6 +876,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
                  finished.step, workdir / EVAL_JSON)
     return finished
   t = config.train
+  check_platform(config, target.platform())  # before anything is written
   _check_workdir(workdir, profile=bool(t.profile_steps) and t.profile_steps[1] > 0)
   check_run_folder(workdir)
   bundle = data_lib.load(config)  # checks that tokenizer and model.vocab_size agree

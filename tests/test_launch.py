@@ -430,7 +430,8 @@ def test_slurm_writes_the_script_next_to_the_workdir_and_submits_it(tmp_path, mo
     (_set(GPU, "--sbatch_line=#SBATCH --wrap='hostname'"), "--sbatch_line=\"#SBATCH "
      "--wrap='hostname'\": not allowed in this launcher's script: sbatch would run that "
      "command instead of the script's lev-train"),
-    (_set(GPU, "--sbatch_line=#SBATCH --arr=0-3"), "would train into the one --workdir"),
+    (_set(GPU, "--sbatch_line=#SBATCH --ar=0-3"), "would train into the one --workdir"),
+    (_set(GPU, "--sbatch_line=#SBATCH --wr=hostname"), "instead of the script's lev-train"),
     (_set(GPU, "--env=NCCL_DEBUG"), "--env='NCCL_DEBUG': expected KEY=VALUE"),
     (_set(GPU, "--env=1X=2"), "--env='1X=2': expected KEY=VALUE with KEY letters"),
     (_set(GPU, "--env=COORDINATOR=h:1"), "COORDINATOR is set by the script itself"),

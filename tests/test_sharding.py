@@ -18,6 +18,7 @@ import conftest
 # Two layers here: what these tests check depends on the layer stack.
 tiny_config = functools.partial(conftest.tiny_config, n_layers=2)
 from lev_jax import sharding
+from lev_jax.config import ConfigError
 from lev_jax.sharding import ShardingError
 from lev_jax.train import abstract_model
 from lev_jax.experiments import experiments_dir, load_experiment
@@ -372,6 +373,14 @@ if __name__ == "__main__":
     (("gpu", 3, 1), {}, "dimension 'embed' of size 32 is not divisible by mesh axes ('fsdp',)"),
     (("gpu", 8, 1), {"fsdp": 1, "data": -1}, "not divisible by the batch mesh axes ('data',) "
      "of total size 8"),
+    # newcomer pass 19 (C29-C33): what the job's platform cannot run, before it is queued
+    (("tpu", 1, 4), {"model.dtype": "float16"}, "config.model.dtype = 'float16': expected "
+     "'bfloat16' or 'float32' in a TPU program (float16 compute runs on NVIDIA GPUs only)"),
+    (("cpu", 1, 1), {"model.dtype": "float16"}, "in a CPU program"),
+    (("cpu", 1, 1), {"model.attention": "splash"}, "config.model.attention = 'splash': "
+     "expected a TPU program (this one is for 'cpu')"),
+    (("tpu", 1, 4), {"model.attention": "splash", "model.attention_interpret": True},
+     "config.model.attention_interpret = True: expected False in a TPU program"),
 ])
 def test_check_job_lays_out_a_job_without_devices(make_config, job, mesh, needle):
   """What lev-train --preflight runs: the mesh for processes x devices, DCN granules
@@ -379,11 +388,12 @@ def test_check_job_lays_out_a_job_without_devices(make_config, job, mesh, needle
   from lev_jax.train import check_job
   c = make_config("tied")
   for k, v in mesh.items():
-    c.mesh[k] = v
+    section, _, name = k.rpartition(".")
+    c[section or "mesh"][name] = v
   platform, processes, devices = job
   if needle is None:
     ici, dcn = check_job(c, processes, devices, platform)
     assert math.prod(ici) * math.prod(dcn) == processes * devices
   else:
-    with pytest.raises(ShardingError, match=re.escape(needle)):
+    with pytest.raises((ShardingError, ConfigError), match=re.escape(needle)):
       check_job(c, processes, devices, platform)

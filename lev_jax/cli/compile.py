@@ -156,7 +156,8 @@ def main(argv):
     jax.config.update("jax_platforms", "cpu")
   common.backend_or_exit(PROG)  # JAX_PLATFORMS naming a backend this machine lacks
   from lev_jax import aot, topology as topo_lib  # pylint: disable=g-import-not-at-top
-  from lev_jax.config import ConfigError, validate  # pylint: disable=g-import-not-at-top
+  from lev_jax.config import (ConfigError, check_platform,  # pylint: disable=g-import-not-at-top
+                              validate)
   from lev_jax import sharding  # pylint: disable=g-import-not-at-top
   from lev_jax.gpu_targets import GpuTargetError  # pylint: disable=g-import-not-at-top
   from lev_jax.sharding import ShardingError  # pylint: disable=g-import-not-at-top
@@ -164,6 +165,7 @@ def main(argv):
   try:
     validate(config)
     topology = topo_lib.parse_topology(f.topology, f.num_slices)
+    check_platform(config, topology.platform)
     compiler = topo_lib.check_compiler(topology)
     note = default_config_note(f["config"], config, topology.name)
     if note:  # minutes of compiling: say what, before they start
