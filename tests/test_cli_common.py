@@ -473,6 +473,22 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
      "--config.model.remat=full\n"),
     (["--remat=false"], "unknown flag --remat; to set a config field, pass one of "
      "--config.model.remat=none, --config.lev.remat=false\n"),
+    # newcomer pass 19: a bare switch (A06), an invalid value not copied (A39), dashes
+    # (A68), other codebases' names (A10, A20, A34, A64, A83)
+    (["--gradient_checkpointing"], "unknown flag --gradient_checkpointing; to set the "
+     "config field, pass --config.model.remat=full\n"),
+    (["--remat_policy=minimal"], "unknown flag --remat_policy; to set the config field, "
+     "pass --config.model.remat=VALUE (one of auto, none, full, dots, dots_no_batch)\n"),
+    (["--save-steps=5"], "unknown flag --save-steps; to set the config field, pass "
+     "--config.train.checkpoint_every=5\n"),
+    (["--max_length=256"], "unknown flag --max_length; to set the config field, "
+     "pass --config.train.seq_len=256\n"),
+    (["--eval_steps=10"], "unknown flag --eval_steps; to set a config field, pass one of "
+     "--config.eval.batches=10, --config.train.eval_every=10\n"),
+    (["--bf16"], "unknown flag --bf16; to set the config field, "
+     "pass --config.model.dtype=bfloat16\n"),
+    (["--ici_fsdp_parallelism=4"], "unknown flag --ici_fsdp_parallelism; to set the config field, "
+     "pass --config.mesh.fsdp=4\n"),
     (["--per_device_batch_size=4"], "unknown flag --per_device_batch_size; to set the "
      "config field, pass --config.train.global_batch_size=4 (the batch of a step over all "
      "devices: per device x devices)\n"),
@@ -574,6 +590,10 @@ def test_a_config_file_given_to_a_command_of_overrides_is_one_line(monkeypatch, 
     ("--out_dir=x", "unknown flag --out_dir: the run's folder is --workdir=DIR\n"),
     ("--init_from=resume", "unknown flag --init_from: lev-train resumes from --workdir's "
      "latest checkpoint by itself (a new --workdir starts from scratch)\n"),
+    # newcomer pass 19 (A34, A35): MaxText's; dashed
+    ("--base_output_directory=x", "unknown flag --base_output_directory: the run's folder "
+     "is --workdir=DIR\n"),
+    ("--output-dir=x", "unknown flag --output-dir: the run's folder is --workdir=DIR\n"),
 ])
 def test_other_codebases_run_folder_flags_point_at_workdir(monkeypatch, capsys, flag, said):
   """Newcomer pass 14: --out_dir was absl's "Did you mean: log_dir ?"."""
@@ -896,6 +916,10 @@ def test_another_tools_name_for_a_flag_of_this_command_is_pointed_at_it(capsys):
   assert capsys.readouterr().err.strip() == (
       "lev-x: error: unknown flag --do_sample: sampling is --temperature > 0; 0, the "
       "default, is greedy")
+  with pytest.raises(SystemExit):  # newcomer pass 19 (A79)
+    common.flags_parser("lev-x", None, fv)(["lev-x", "--greedy"])
+  assert capsys.readouterr().err.strip() == (
+      "lev-x: error: unknown flag --greedy: greedy decoding is --temperature=0, the default")
 
 
 def test_a_launchers_flag_given_to_lev_ladder_points_at_launcher_flags(capsys):

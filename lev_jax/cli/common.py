@@ -27,6 +27,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from lev_jax.cli import interrupt
+from lev_jax.config import (ATTENTION_IMPLS, DTYPES, EMBEDDINGS, LOGITS_DTYPES, LOSS_IMPLS,
+                            REMAT_CHOICES)
 from lev_jax.experiments import file_problem
 from lev_jax.workdir import (CHECKPOINTS, EXPORT_CONFIG, EXPORT_JSON, EXPORT_PARAMS, HF,
                              LADDER_CSV, LOCK, REPORT_FILES, RUN_OUTPUTS, STUDY_CSV,
@@ -966,7 +968,13 @@ _HABITS = {
     "num_warmup_steps": "optim.warmup_steps", "block_size": "train.seq_len",
     "seq_length": "train.seq_len", "max_seq_length": "train.seq_len",
     "max_target_length": "train.seq_len", "context_length": "train.seq_len",
-    "eval_iters": "eval.batches", "eval_steps": "eval.batches",
+    "eval_iters": "eval.batches",
+    # MaxText's eval_steps is a count of batches, Hugging Face's an interval (nc19 A20)
+    "eval_steps": ("eval.batches", "train.eval_every"),
+    "steps_per_eval": "train.eval_every", "max_length": "train.seq_len",  # nc19 A24, A10
+    "ici_data_parallelism": "mesh.data", "ici_fsdp_parallelism": "mesh.fsdp",  # MaxText
+    "ici_tensor_parallelism": "mesh.tensor", "dcn_data_parallelism": "mesh.dcn_data",
+    "dcn_fsdp_parallelism": "mesh.dcn_fsdp", "bf16": "model.dtype", "fp16": "model.dtype",
     "eval_interval": "train.eval_every", "log_interval": "train.log_every",
     "save_interval": "train.checkpoint_every", "checkpoint_period": "train.checkpoint_every",
     "gradient_accumulation_steps": "train.grad_accum_steps",
@@ -995,6 +1003,13 @@ _FOLDER_HABITS = {
                                "checkpoint by itself (give the run's --workdir)"),
     "init_from": ("workdir", "lev-train resumes from --workdir's latest checkpoint by "
                   "itself (a new --workdir starts from scratch)"),
+    # MaxText's run folder (newcomer pass 19, A34, A35)
+    "base_output_directory": ("workdir", "the run's folder is --workdir=DIR"),
+    "run_name": ("workdir", "the run's folder is --workdir=DIR (its name is the run's)"),
+    # lev-compile's slice (A65-A67)
+    **{name: ("topology", "the slice is --topology=NAME (e.g. --topology=v5p-128 or "
+              "v5p:2x2x1)") for name in ("accelerator_type", "compile_topology",
+                                         "tpu_type")},
     **{name: ("config", "the config is --config=FILE:VARIANT (e.g. "
               "--config=experiments/smoke.py:leviathan)")
        for name in ("config_path", "config_file", "config_name", "gin_file")},
@@ -1008,10 +1023,15 @@ _OWN_FLAG_HABITS = {
     "num_tokens": "max_new_tokens", "temp": "temperature", "ckpt": "checkpoint",
     "checkpoint_dir": "checkpoint", "model_path": "checkpoint", "model": "checkpoint",
     "prompts": "prompt", "model_name_or_path": "checkpoint",
-    "do_sample": "temperature",
+    "do_sample": "temperature", "greedy": "temperature",
+    "tasks": "checkpoint",  # lev-eval --tasks (its --checkpoint: a command of runs)
 }
-# What to add when the meant flag is not a rename (newcomer pass 18, F10).
-_OWN_FLAG_NOTES = {"do_sample": "sampling is --temperature > 0; 0, the default, is greedy"}
+# What to add when the meant flag is not a rename (newcomer pass 18, F10; 19, A58, A79).
+_OWN_FLAG_NOTES = {
+    "do_sample": "sampling is --temperature > 0; 0, the default, is greedy",
+    "greedy": "greedy decoding is --temperature=0, the default",
+    "tasks": "downstream tasks are lev-lm-eval's (lev-lm-eval --model_args "
+             "checkpoint=DIR --tasks=NAME,...)"}
 
 
 def _own_flag_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:
@@ -1019,10 +1039,11 @@ def _own_flag_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:
   name for one of this command's flags (`_OWN_FLAG_HABITS`) was given; else None."""
   if not isinstance(error, flags.UnrecognizedFlagError):
     return None
-  ours = _OWN_FLAG_HABITS.get(error.flagname)
-  if not ours or ours not in fv:
+  name = error.flagname.replace("-", "_")  # --max-tokens (newcomer pass 19, A68-A70)
+  ours = _OWN_FLAG_HABITS.get(name)
+  if not ours or ours not in fv or name in fv:  # lev-lm-eval has --tasks itself
     return None
-  note = _OWN_FLAG_NOTES.get(error.flagname)
+  note = _OWN_FLAG_NOTES.get(name)
   return (f"unknown flag --{error.flagname}: {note}" if note
           else f"unknown flag --{error.flagname} (did you mean --{ours}?)")
 
@@ -1056,8 +1077,14 @@ def _folder_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:
   flag it means (`_FOLDER_HABITS`: --workdir, --config); None otherwise."""
   if not isinstance(error, flags.UnrecognizedFlagError):
     return None
-  ours, hint = _FOLDER_HABITS.get(error.flagname, (None, None))
+  ours, hint = _FOLDER_HABITS.get(error.flagname.replace("-", "_"), (None, None))
   return f"unknown flag --{error.flagname}: {hint}" if ours and ours in fv else None
+
+
+# The fields whose values are a fixed list: a hint never proposes another value.
+_CHOICES = {"config.model.remat": REMAT_CHOICES, "config.model.attention": ATTENTION_IMPLS,
+            "config.model.dtype": DTYPES, "config.train.loss_impl": LOSS_IMPLS,
+            "config.model.embedding": EMBEDDINGS, "config.model.logits_dtype": LOGITS_DTYPES}
 
 
 def _bool_misfit(current, value: str | None) -> bool:
@@ -1069,13 +1096,18 @@ def _bool_misfit(current, value: str | None) -> bool:
 
 def _habit_field(config, name: str) -> list[tuple[str, object]]:
   """[("config.SECTION.FIELD", its value)] for a flag of another codebase (`_HABITS`)
-  whose field this config has; [] otherwise."""
-  node = config
-  for part in _HABITS.get(name, "").split("."):
-    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
-      return []
-    node = node[part]
-  return [(f"config.{_HABITS[name]}", node)]
+  whose fields this config has, in `_HABITS`'s order; [] otherwise."""
+  paths = _HABITS.get(name, ())
+  found = []
+  for path in (paths,) if isinstance(paths, str) else paths:
+    node = config
+    for part in path.split("."):
+      if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+        break
+      node = node[part]
+    else:
+      found.append((f"config.{path}", node))
+  return found
 
 
 def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
@@ -1090,13 +1122,15 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
     return None
   name, given = error.flagname, str(error.flagvalue or "")
   value = given.split("=", 1)[1] if "=" in given else None
+  dashed = name.replace("-", "_")  # --save-steps (newcomer pass 19, A68-A70)
   # Levanter's dotted form (--trainer.num_train_steps): its last part (pass 16, G34).
-  base = name.rsplit(".", 1)[-1] if "." in name and not name.startswith("config.") else name
+  base = (dashed.rsplit(".", 1)[-1] if "." in dashed and not dashed.startswith("config.")
+          else dashed)
   # A training's config file (lev-train, lev-compile, ...); lev-eval's overrides take
   # the eval section's fields only (pass 16, G41: --eval_steps).
   training = isinstance(fv["config"].parser, config_flags.config_flags.ConfigFileFlagParser)
-  habit = (_habit_field(config, base)
-           if training or _HABITS.get(base, "").startswith("eval.") else [])
+  habit = [f for f in _habit_field(config, base)
+           if training or f[0].startswith("config.eval.")]
   fields = habit + [f for f in _config_fields(config, base) if f[0] not in dict(habit)
                     and not _bool_misfit(f[1], value)]
   off = False
@@ -1112,14 +1146,23 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
   def example(path, current):
     if off:
       return "false" if isinstance(current, bool) else "none"
-    if value is not None and path == "config.model.remat":
-      # a switch given for the policy (pass 17, C13; pass 18, F06): on is full, off none
+    if path == "config.model.remat":
+      # a switch given for the policy (pass 17, C13; pass 18, F06; bare, pass 19, A06,
+      # A12): on is full, off none
       return {"true": "full", "1": "full", "false": "none", "0": "none"}.get(
-          value.lower(), value)
+          (value or "true").lower(), value)
+    if path == "config.model.dtype" and base in ("bf16", "fp16") and value is None:
+      return {"bf16": "bfloat16", "fp16": "float16"}[base]  # pass 19, A83, A85
     if value is not None:
       return value
     return "true" if isinstance(current, bool) else "VALUE"
-  options = [f"--{path}={shlex.quote(example(path, current))}" for path, current in fields]
+  def option(path, current):
+    text = example(path, current)
+    allowed = _CHOICES.get(path)
+    if allowed and text not in allowed:  # pass 19, A39, A90: not copied into the hint
+      return f"--{path}=VALUE (one of {', '.join(allowed)})"
+    return f"--{path}={shlex.quote(text)}"
+  options = [option(path, current) for path, current in fields]
   # The command's own flags that absl found close (lev-eval --steps: --step).
   close = re.search(r"Did you mean: (.*) \?$", str(error))
   own = [f"--{f.strip()}" for f in (close.group(1).split(",") if close else [])
