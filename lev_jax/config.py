@@ -455,7 +455,8 @@ def cudnn_misfit(dtype: str, head_dim: int, seq_len: int, segment_masking: bool,
   from Hopper on; even lengths in training with a mask (segment_masking)."""
   if dtype not in CUDNN_DTYPES:
     return ("model.dtype", dtype, "'bfloat16' or 'float16' with model.attention = "
-            "'cudnn' (cuDNN flash attention has no float32 kernel)")
+            "'cudnn' (cuDNN flash attention, an NVIDIA GPU kernel, has no float32 kernel; "
+            "off a GPU use 'auto' or 'xla')")
   if head_dim % 8 or head_dim > max_head_dim:
     return ("model.head_dim", head_dim, f"a multiple of 8, at most {max_head_dim}, with "
             "model.attention = 'cudnn'")

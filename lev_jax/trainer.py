@@ -67,6 +67,12 @@ from lev_jax.workdir import (CHECKPOINTS, DATA_REPORT, ERRORS_LOG, EVAL_JSON, LO
                              readable_rows, write_json_atomic)
 
 
+def _sentence(text: str) -> str:
+  """`text` ended as a sentence: a full stop added unless it ends with ".", "?" or "!"
+  (newcomer pass 19: "...(put back its own)?. Nothing was changed")."""
+  return text if text.rstrip().endswith((".", "?", "!")) else f"{text}."
+
+
 @contextlib.contextmanager
 def _writing(path):
   """An OSError while writing the run output `path` (e.g. disk full) -> OutputWriteError
@@ -325,7 +331,7 @@ def _check_step_names(workdir: epath.Path) -> None:
   """
   problem = not_a_step(workdir / CHECKPOINTS) or misnamed_step(workdir / CHECKPOINTS)
   if problem:
-    raise ConfigError(f"{problem}. Nothing was changed")
+    raise ConfigError(f"{_sentence(problem)} Nothing was changed")
 
 
 def _check_workdir(workdir: epath.Path, profile: bool = False) -> None:
@@ -531,7 +537,7 @@ def finished_run(config: ml_collections.ConfigDict, workdir,
       problem = run_shape_problem(workdir, saved,  # advised "the run's own config"
                                   f"checkpoint {checkpoints / str(step)}", progress)
       if problem:
-        raise CheckpointMismatchError(f"{problem}. Nothing was changed")
+        raise CheckpointMismatchError(f"{_sentence(problem)} Nothing was changed")
       missing = run_record_missing(workdir)  # newcomer pass 15 (Q29): lev-eval warned
       if missing and warn:
         logging.warning("%s", missing)

@@ -92,7 +92,8 @@ def test_auto_is_xla_on_cpu_splash_on_tpu_and_cudnn_on_gpu_where_they_fit(make_c
      r"config.model.attention = 'flash': expected one of 'auto', 'xla', 'splash', 'cudnn'"),
     ({"model.attention": "cudnn"}, "validate",
      r"config.model.dtype = 'float32': expected 'bfloat16' or 'float16' with "
-     r"model.attention = 'cudnn'"),
+     r"model.attention = 'cudnn' \(cuDNN flash attention, an NVIDIA GPU kernel, has no "
+     r"float32 kernel; off a GPU use 'auto' or 'xla'\)"),  # newcomer pass 19 (C03)
     ({"model.attention": "cudnn", "model.dtype": "bfloat16", "model.head_dim": 12},
      "validate", r"config.model.head_dim = 12: expected a multiple of 8"),
     ({"model.attention": "splash", "train.seq_len": 200}, "validate",

@@ -694,6 +694,10 @@ def test_a_step_of_another_copy_of_the_run_extended_apart_is_refused(finished_ti
           "back its own)?")
   with pytest.raises(inference.InferenceError, match="^" + re.escape(line) + "$"):
     inference.load(other)
+  from lev_jax.trainer import finished_run  # newcomer pass 19: no "?." before lev-train's
+  with pytest.raises(CheckpointMismatchError, match=re.escape(  # last sentence
+      "(put back its own)? Nothing was changed")):
+    finished_run(c, other)
   inference.load(other, step=4)  # the copy's own steps still load
   # newcomer pass 17 (A06-A10): the record's lineage deleted, null or a string
   for edit in ("delete", None, "abc"):
