@@ -39,7 +39,8 @@ JSON exists is not compiled again), then one Markdown table, and where `ladder_{
 with the fastest estimate that fits. Memory is XLA:TPU's buffer
 assignment per chip; every time is XLA's cost-model ESTIMATE for a program compiled on
 this CPU host, never a measurement. Splash attention's Mosaic kernel declares no cost to
-XLA's model, so a splash variant's time leaves the kernel out: it is marked so.
+XLA's model: lev-compile adds it at its model FLOPs at the peak bf16 rate (a lower
+bound on the kernel's time; records from before that leave it out), marked so.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ def row(setup: str, rung: str, variant: str, rec: dict) -> str:
             f"{gib(step['temp_bytes'])} | n/a |")
   seconds = step["step_s"] if "loop-free" in step["time_source"] else None
   time = "n/a (memory only)" if seconds is None else f"{seconds:.4f}"
-  if seconds is not None and "splash" in variant:
+  if seconds is not None and step.get("splash_s"):  # lev_jax/aot.py _price_splash
+    time += " (splash at its FLOPs at the peak rate: a lower bound)"
+  elif seconds is not None and "splash" in variant:  # a record from before the pricing
     time += " (splash kernel not priced)"
   return (f"| {setup} | {rung} | {variant} | {gib(step['total_bytes'])} | "
           f"{gib(step['temp_bytes'])} | {time} |")

@@ -24,6 +24,10 @@ def test_rows_say_what_was_estimated_and_what_does_not_fit():
   assert "n/a (memory only)" in hac.row("small", "tied_200m", "chunked",
                                         _record(source="cost model"))
   assert "splash kernel not priced" in hac.row("pod", "tied_200m", "splash", _record())
+  priced = _record()
+  priced["steps"][0]["splash_s"] = 1e-4
+  assert "(splash at its FLOPs at the peak rate: a lower bound)" in hac.row(
+      "pod", "tied_200m", "ladder", priced)
   assert "does not fit: needs 120.00 GiB" in hac.row("small", "tied_200m", "dense",
                                                       _record(fits=False))
 
