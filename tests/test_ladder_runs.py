@@ -433,11 +433,17 @@ def test_launcher_flags_are_checked_once_before_any_rung_is_launched(capsys):
   bad = ladder_cli.rung_commands("slurm", smoke, ["tied_m", "leviathan_m"], "/shared/runs")
   with pytest.raises(ValueError, match=r"^--launcher_flags: --nodes is required: .*\(checked "
                      r"with slurm.py --dry-run before any rung was launched\)$"):
-    ladder_cli.check_launcher(bad, runner=runner)
+    ladder_cli.check_launcher(bad, runner=runner, which=lambda _: "/usr/bin/sbatch")
   good = ladder_cli.rung_commands("slurm", smoke, ["tied_m"], "/shared/runs",
                                   launcher_flags=["--nodes=2"])
-  ladder_cli.check_launcher(good, runner=runner)
+  ladder_cli.check_launcher(good, runner=runner, which=lambda _: "/usr/bin/sbatch")
   assert len(calls) == 2 and all("--dry-run" in c and "--no-preflight" in c for c in calls)
+  # newcomer pass 19 (B58): no sbatch here: one line before any rung, not one per rung
+  with pytest.raises(ValueError, match=r"^--launcher=slurm: sbatch not found on PATH: "):
+    ladder_cli.check_launcher(good, runner=runner, which=lambda _: None)
+  dry = ladder_cli.rung_commands("slurm", smoke, ["tied_m"], "/shared/runs",
+                                 launcher_flags=["--nodes=2", "--dry-run"])
+  ladder_cli.check_launcher(dry, runner=runner, which=lambda _: None)
 
 
 def test_a_failing_rung_is_reported_and_the_next_still_runs():

@@ -46,6 +46,7 @@ import math
 import re
 import shlex
 import signal
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -195,19 +196,32 @@ def expected_configs(config_file: str, variants, train_flags) -> dict:
   return {v: train_config(config_file, v, train_flags) for v in variants}
 
 
-def check_launcher(commands, runner=subprocess.run) -> None:
+# The command each launcher submits with (newcomer pass 19, B58: without sbatch on PATH
+# the dry run passed, then every rung failed alike and an empty report was written).
+_SUBMITS_WITH = {"slurm.py": "sbatch", "tpu.py": "gcloud"}
+
+
+def check_launcher(commands, runner=subprocess.run, which=shutil.which) -> None:
   """Runs the first launch/tpu.py or launch/slurm.py command with --dry-run (no
   pre-flight, no --compile) before any rung is launched, so that a mistake in
-  --launcher_flags is one line, not one failed launch per rung.
+  --launcher_flags is one line, not one failed launch per rung; then, unless
+  --launcher_flags hold --dry-run, checks that the launcher's command (sbatch, gcloud)
+  is on PATH.
 
   Raises:
-    ValueError: `--launcher_flags: <the launcher's own error>` when that dry run fails.
+    ValueError: `--launcher_flags: <the launcher's own error>` when that dry run fails;
+      `--launcher=slurm: sbatch not found on PATH ...` when the command is missing.
   """
   if not commands:
     return
   argv = list(commands[0][1])
   end = argv.index("--")
   own = [a for a in argv[2:end] if a != "--compile"]
+  tool = _SUBMITS_WITH.get(Path(argv[1]).name)
+  if tool and "--dry-run" not in own and which(tool) is None:
+    raise ValueError(f"--launcher={Path(argv[1]).stem}: {tool} not found on PATH: run "
+                     f"lev-ladder where {tool} works (a login node), or put --dry-run in "
+                     "--launcher_flags to print each rung's job")
   check = [*argv[:2], *own, "--dry-run", "--no-preflight", *argv[end:]]
   proc = runner(check, capture_output=True, text=True, stdin=subprocess.DEVNULL)
   if proc.returncode == 0:
