@@ -895,6 +895,20 @@ def test_a_flag_given_twice_with_other_values_is_named(tmp_path):
           "--checkpoint given twice (/f, /b); using the last, /b"]
 
 
+def test_a_maxtext_style_positional_override_names_the_flag_it_means(capsys):
+  """Newcomer pass 19 (A36): `lev-train steps=100` was "unexpected arguments: steps=100"."""
+  from lev_jax.cli import common
+  for args, hint in ((["steps=100"], " (flags start with --: did you mean "
+                      "--config.train.steps=100?)"),
+                     (["optim.lr=3e-4"], " (flags start with --: did you mean "
+                      "--config.optim.lr=3e-4?)"),
+                     (["foo", "bar=1"], " (flags start with --)")):
+    with pytest.raises(SystemExit):
+      common.fail_unexpected("lev-x", args)
+    assert capsys.readouterr().err == (
+        f"lev-x: error: unexpected arguments: {' '.join(args)}{hint}\n")
+
+
 def test_another_tools_name_for_a_flag_of_this_command_is_pointed_at_it(capsys):
   """Newcomer pass 14 (H06): lev-sample --max_tokens=4 (OpenAI / vLLM) was absl's bare
   "Unknown command line flag"; a command without the meant flag keeps absl's line."""

@@ -59,6 +59,26 @@ def fail(prog: str, message: str):
   sys.exit(2)
 
 
+def fail_unexpected(prog: str, args: list[str]):
+  """Ends the program for positional `args` the command does not take: `unexpected
+  arguments: ...`, and for a MaxText-style `NAME=VALUE` (newcomer pass 19, A36: `lev-train
+  steps=100`) the override it likely means, `--config.train.steps=100`."""
+  hint = ""
+  pair = next((m for m in (re.match(r"^(?:config\.)?([A-Za-z_][\w.]*)=(.*)$", a)
+                           for a in args) if m), None)
+  if pair:
+    from lev_jax.config import base_config  # pylint: disable=import-outside-toplevel
+    name, value = pair.group(1), pair.group(2)
+    leaf = name.rsplit(".", 1)[-1]
+    fields = [p for p, _ in _habit_field(base_config(), leaf)
+              + _config_fields(base_config(), leaf)]
+    exact = f"config.{name}"
+    path = exact if exact in fields else (fields[0] if fields else None)
+    hint = (f" (flags start with --: did you mean --{path}={shlex.quote(value)}?)"
+            if path else " (flags start with --)")
+  fail(prog, f"unexpected arguments: {' '.join(args)}{hint}")
+
+
 class _PathParser(flags.ArgumentParser):
   """A path flag's parser: `~` and `~user` expanded (os.path.expanduser), so every command
   reads `--output='~/x'` (quoted, or from a script) as the shell would have; newcomer pass

@@ -141,7 +141,7 @@ def default_config_note(flag, config, topology: str) -> str | None:
 
 def main(argv):
   if len(argv) > 1:
-    common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+    common.fail_unexpected(PROG, argv[1:])
   common.quiet_library_logs()
   f = flags.FLAGS
   steps = tuple(f.steps)

@@ -194,7 +194,7 @@ def _check_output_writable(output: str | None, checkpoint: str) -> None:
 
 def main(argv):
   if len(argv) > 1:
-    common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+    common.fail_unexpected(PROG, argv[1:])
   common.quiet_library_logs()
   fl = flags.FLAGS
   if not fl.checkpoint:

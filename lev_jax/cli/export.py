@@ -205,7 +205,7 @@ def report(result: dict) -> str:
 def main(argv, fv: flags.FlagValues | None = None):
   fv = flags.FLAGS if fv is None else fv
   if len(argv) > 1:
-    common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+    common.fail_unexpected(PROG, argv[1:])
   common.quiet_library_logs()
   for name, what in (("checkpoint", "a lev-train workdir or a lev-export folder"),
                      ("output", "the export folder to write")):

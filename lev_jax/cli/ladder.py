@@ -417,7 +417,7 @@ def load_inputs(ladder: str, root: str, *, run: bool, report_dir: str | None):
 
 def main(argv):
   if len(argv) > 1:
-    common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+    common.fail_unexpected(PROG, argv[1:])
   common.quiet_library_logs()
   from lev_jax.cli import interrupt  # pylint: disable=import-outside-toplevel
   interrupt.terminate_as_interrupt()  # SIGTERM: the rung in training is stopped first

@@ -19,7 +19,7 @@ from lev_jax.params import report
 
 def main(argv):
   if len(argv) > 1:
-    common.fail("lev-params", f"unexpected arguments: {' '.join(argv[1:])}")
+    common.fail_unexpected("lev-params", argv[1:])
   common.quiet_library_logs()
   try:
     print(report(common.config_or_exit("lev-params")))

@@ -71,7 +71,7 @@ def summary(report: dict) -> str:
 
 def main(argv):
   if len(argv) > 1:
-    common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+    common.fail_unexpected(PROG, argv[1:])
   common.quiet_library_logs()
   if flags.FLAGS.config is None:
     common.fail(PROG, "--config is required, e.g. --config=experiments/ladder.py:tied_1.2b")

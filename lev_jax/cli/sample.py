@@ -219,7 +219,7 @@ def report(results: list[dict]) -> str:
 def main(argv, fv: flags.FlagValues | None = None):
   fv = flags.FLAGS if fv is None else fv
   if len(argv) > 1:
-    common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+    common.fail_unexpected(PROG, argv[1:])
   common.quiet_library_logs()
   if not fv.checkpoint:
     common.fail(PROG, "--checkpoint is required (a lev-train workdir or a lev-export folder)")

@@ -336,7 +336,7 @@ def folders_error(root: str, *, run: bool, report_dir: str | None,
 
 def main(argv):
   if len(argv) > 1:
-    common.fail(PROG, f"unexpected arguments: {' '.join(argv[1:])}")
+    common.fail_unexpected(PROG, argv[1:])
   common.quiet_library_logs()
   from lev_jax.cli import interrupt
   interrupt.terminate_as_interrupt()  # SIGTERM: the run in training is stopped first

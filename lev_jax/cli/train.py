@@ -236,7 +236,7 @@ def stop_at_step_error(stop_at_step: int | None, steps: int) -> str | None:
 
 def main(argv):
   if len(argv) > 1:
-    common.fail("lev-train", f"unexpected arguments: {' '.join(argv[1:])}")
+    common.fail_unexpected("lev-train", argv[1:])
   if flags.FLAGS.preflight is not None:
     common.quiet_library_logs()
     preflight(flags.FLAGS.preflight)
