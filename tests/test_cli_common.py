@@ -492,6 +492,11 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
     (["--per_device_batch_size=4"], "unknown flag --per_device_batch_size; to set the "
      "config field, pass --config.train.global_batch_size=4 (the batch of a step over all "
      "devices: per device x devices)\n"),
+    # newcomer pass 19 (A71, A73): another codebase's name, a field of another section
+    (["--config.train.save_steps=5"], "--config.train.save_steps: the config has no field "
+     "'save_steps' (did you mean --config.train.checkpoint_every?)\n"),
+    (["--config.train.remat=full"], "--config.train.remat: the config has no field 'remat' "
+     "(did you mean --config.model.remat?)\n"),
     (["--config.train.class=3"], "--config.train.class: not a valid field path"),
     (["--config.=3"], "--config.: not a valid field path"),
     (["--config.train..steps=3"], "--config.train..steps: not a valid field path"),

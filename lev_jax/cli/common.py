@@ -1259,8 +1259,15 @@ def unknown_override(config, argv) -> str | None:
       else:
         kind, choices = "field", keys
         listing = f"{where}'s fields" if i else "the config's fields"
+      # a field of that name in another section, or another codebase's name for one
+      # (newcomer pass 19, A71: --config.train.save_steps; A73: --config.train.remat)
+      meant = ([p for p, _ in _habit_field(config, part)] if kind == "field" else []) or [
+          p for p, _ in _config_fields(config, part)] if i == len(parts) - 1 else []
       close = difflib.get_close_matches(part, choices, n=1)
-      hint = f"did you mean {close[0]!r}?" if close else f"{listing}: {', '.join(choices)}"
+      if meant:
+        hint = f"did you mean --{meant[0]}?"
+      else:
+        hint = f"did you mean {close[0]!r}?" if close else f"{listing}: {', '.join(choices)}"
       return f"{given}: the config has no {kind} {part!r} ({hint})"
   return None
 
