@@ -1,8 +1,8 @@
 """lev-eval: perplexity and frequency buckets of a checkpoint, overrides, baseline, CLI."""
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import types
@@ -54,6 +54,12 @@ def test_overrides_apply_to_data_and_eval_but_never_to_the_shape(workdirs):
     checkpoint_eval.apply_overrides(im.config, {"model.d_model": 64})
   with pytest.raises(ConfigError, match="eval.batches"):
     checkpoint_eval.apply_overrides(im.config, {"eval.batches": 0})
+  # newcomer pass 19 (A80, A82): optimizer and training fields were accepted and ignored
+  for field in ("optim.lr", "train.steps"):
+    with pytest.raises(ConfigError, match=re.escape(
+        f"--config.{field}: an evaluation does not train, so the {field.split('.')[0]} "
+        "section has no effect here; expected data.* or eval.* overrides")):
+      checkpoint_eval.apply_overrides(im.config, {field: 1})
 
 
 _EVAL_FLAGS = ("checkpoint", "step", "dtype", "split", "baseline", "allow_different_data",

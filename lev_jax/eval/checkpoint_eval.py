@@ -24,17 +24,29 @@ from lev_jax.workdir import (DATA_REPORT, EVAL_JSON, LEV_EVAL_JSON, TOKEN_COUNTS
                              is_prepared_data, loads_json, read_small_text)
 
 
+# The train fields an evaluation reads (rows of seq_len tokens); the others, and the
+# optim section, only shape training.
+_TRAIN_FIELDS_READ = ("train.seq_len",)
+
+
 def apply_overrides(config, overrides: dict):
   """The checkpoint's config with `overrides` applied; shape fields are refused.
 
   Raises:
-    ConfigError: an override of a field in checkpoint_checks.SHAPE_FIELDS, or an invalid
-      resulting config (the field named).
+    ConfigError: an override of a field in checkpoint_checks.SHAPE_FIELDS, of the optim
+      section or of a train field evaluation does not read, or an invalid resulting
+      config (the field named).
   """
   for field, value in overrides.items():
     if field in SHAPE_FIELD_NAMES:
       raise ConfigError(f"--config.{field}: the model's shape comes from the checkpoint "
                         "and cannot be overridden")
+    if field.startswith("optim.") or (field.startswith("train.")
+                                      and field not in _TRAIN_FIELDS_READ):
+      # newcomer pass 19 (A80, A82): accepted, and without effect
+      raise ConfigError(f"--config.{field}: an evaluation does not train, so the "
+                        f"{field.split('.')[0]} section has no effect here; expected "
+                        "data.* or eval.* overrides")
     node, *path, leaf = [config, *field.split(".")]
     for part in path:
       node = node[part]
