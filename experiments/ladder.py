@@ -109,7 +109,13 @@ def get_config(variant: str = "leviathan_1.2b"):
   # loss_impl = "auto" (lev_jax/loss.py: chunked where the dense logits would take over
   # a quarter of a chip's memory, else dense), bfloat16 logits (MaxText's default), and
   # model.attention = "auto": splash on a TPU (what MaxText's "autoselected" picks),
-  # cuDNN flash attention on an NVIDIA GPU, XLA on a CPU.
+  # cuDNN flash attention on an NVIDIA GPU, XLA on a CPU. Every tied rung on v5p-128
+  # per loss x attention (2026-12-04, ESTIMATES, docs/results.md): the dense loss is
+  # fastest at every rung; splash is fastest at head_dim 128 (800M, 1.2B), XLA's
+  # attention 4 % / 6 % faster at head_dim 64 (200M, 400M), where
+  # --config.model.attention=xla is the alternative to measure on a TPU (kept auto: the
+  # cost model cannot price splash's kernel, xla would drop cuDNN on GPUs, and its
+  # scores push model.remat=auto into remat on smaller slices).
   # Where XLA attention runs (auto off a TPU and a GPU, or model.attention = xla), its
   # scores stay bfloat16 as in MaxText's dot_product (model.attention_logits_dtype).
   c.train.loss_impl = "auto"
