@@ -1261,8 +1261,10 @@ def unknown_override(config, argv) -> str | None:
         listing = f"{where}'s fields" if i else "the config's fields"
       # a field of that name in another section, or another codebase's name for one
       # (newcomer pass 19, A71: --config.train.save_steps; A73: --config.train.remat)
-      meant = ([p for p, _ in _habit_field(config, part)] if kind == "field" else []) or [
-          p for p, _ in _config_fields(config, part)] if i == len(parts) - 1 else []
+      meant = []
+      if kind == "field" and i == len(parts) - 1:
+        meant = ([p for p, _ in _habit_field(config, part)]
+                 or [p for p, _ in _config_fields(config, part)])
       close = difflib.get_close_matches(part, choices, n=1)
       if meant:
         hint = f"did you mean --{meant[0]}?"
