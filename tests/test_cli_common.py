@@ -901,17 +901,26 @@ def test_a_flag_given_twice_with_other_values_is_named(tmp_path):
 
 
 def test_a_maxtext_style_positional_override_names_the_flag_it_means(capsys):
-  """Newcomer pass 19 (A36): `lev-train steps=100` was "unexpected arguments: steps=100"."""
+  """Newcomer pass 19 (A36): `lev-train steps=100` was "unexpected arguments: steps=100";
+  pass 20: Hydra's `+train.steps`, the command's own flags (N17, N61, N62), an invalid
+  choice (N16)."""
+  from absl import flags
   from lev_jax.cli import common
-  for args, hint in ((["steps=100"], " (flags start with --: did you mean "
-                      "--config.train.steps=100?)"),
-                     (["optim.lr=3e-4"], " (flags start with --: did you mean "
-                      "--config.optim.lr=3e-4?)"),
-                     (["foo", "bar=1"], " (flags start with --)")):
+  with_config, without = flags.FlagValues(), flags.FlagValues()
+  flags.DEFINE_string("config", None, "Experiment.", flag_values=with_config)
+  flags.DEFINE_float("temperature", 0.0, "Temperature.", flag_values=without)
+  for fv, args, hint in (
+      (with_config, ["steps=100"], "did you mean --config.train.steps=100?)"),
+      (with_config, ["+optim.lr=3e-4"], "did you mean --config.optim.lr=3e-4?)"),
+      (with_config, ["remat_policy=minimal"], "did you mean --config.model.remat=VALUE, "
+       "one of auto, none, full, dots, dots_no_batch?)"),
+      (without, ["temperature=0.5"], "did you mean --temperature=0.5?)"),
+      (without, ["steps=100"], None), (with_config, ["foo", "bar=1"], None)):
     with pytest.raises(SystemExit):
-      common.fail_unexpected("lev-x", args)
+      common.fail_unexpected("lev-x", args, fv)
     assert capsys.readouterr().err == (
-        f"lev-x: error: unexpected arguments: {' '.join(args)}{hint}\n")
+        f"lev-x: error: unexpected arguments: {' '.join(args)} (flags start with --"
+        + (f": {hint}" if hint else ")") + "\n")
 
 
 def test_another_tools_name_for_a_flag_of_this_command_is_pointed_at_it(capsys):

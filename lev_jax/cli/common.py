@@ -59,23 +59,41 @@ def fail(prog: str, message: str):
   sys.exit(2)
 
 
-def fail_unexpected(prog: str, args: list[str]):
+def fail_unexpected(prog: str, args: list[str], fv: flags.FlagValues | None = None):
   """Ends the program for positional `args` the command does not take: `unexpected
-  arguments: ...`, and for a MaxText-style `NAME=VALUE` (newcomer pass 19, A36: `lev-train
-  steps=100`) the override it likely means, `--config.train.steps=100`."""
+  arguments: ...`, and for a MaxText- or Hydra-style `NAME=VALUE` (newcomer pass 19, A36:
+  `lev-train steps=100`; pass 20: `+train.steps=100`, `temperature=0.5`) the flag it
+  likely means: the command's own (`--temperature=0.5`, or the one another tool's name
+  means), else a config field of a command with a config (`--config.train.steps=100`),
+  a value outside a fixed-choice field's list not copied in. fv: the command's flags
+  (default absl's flags.FLAGS)."""
+  fv = flags.FLAGS if fv is None else fv
   hint = ""
-  pair = next((m for m in (re.match(r"^(?:config\.)?([A-Za-z_][\w.]*)=(.*)$", a)
+  pair = next((m for m in (re.match(r"^\+?(?:config\.)?([A-Za-z_][\w.-]*)=(.*)$", a)
                            for a in args) if m), None)
   if pair:
-    from lev_jax.config import base_config  # pylint: disable=import-outside-toplevel
-    name, value = pair.group(1), pair.group(2)
-    leaf = name.rsplit(".", 1)[-1]
-    fields = [p for p, _ in _habit_field(base_config(), leaf)
-              + _config_fields(base_config(), leaf)]
-    exact = f"config.{name}"
-    path = exact if exact in fields else (fields[0] if fields else None)
-    hint = (f" (flags start with --: did you mean --{path}={shlex.quote(value)}?)"
-            if path else " (flags start with --)")
+    name, value = pair.group(1).replace("-", "_"), pair.group(2)
+    own = (name if name in fv and name != "config" else
+           next((ours for ours in (_OWN_FLAG_HABITS.get(name),
+                                   _FOLDER_HABITS.get(name, (None,))[0])
+                 if ours and ours in fv), None))
+    path = None
+    if own:
+      path = own
+    elif "config" in fv:
+      from lev_jax.config import base_config  # pylint: disable=import-outside-toplevel
+      leaf = name.rsplit(".", 1)[-1]
+      fields = [p for p, _ in _habit_field(base_config(), leaf)
+                + _config_fields(base_config(), leaf)]
+      exact = f"config.{name}"
+      path = exact if exact in fields else (fields[0] if fields else None)
+    if path and path in _CHOICES and value not in _CHOICES[path]:
+      hint = (f" (flags start with --: did you mean --{path}=VALUE, one of "
+              f"{', '.join(_CHOICES[path])}?)")
+    elif path:
+      hint = f" (flags start with --: did you mean --{path}={shlex.quote(value)}?)"
+    else:
+      hint = " (flags start with --)"
   fail(prog, f"unexpected arguments: {' '.join(args)}{hint}")
 
 
@@ -995,6 +1013,9 @@ _HABITS = {
     "ici_data_parallelism": "mesh.data", "ici_fsdp_parallelism": "mesh.fsdp",  # MaxText
     "ici_tensor_parallelism": "mesh.tensor", "dcn_data_parallelism": "mesh.dcn_data",
     "dcn_fsdp_parallelism": "mesh.dcn_fsdp", "bf16": "model.dtype", "fp16": "model.dtype",
+    # Hugging Face's and MaxText's shape names (newcomer pass 20, N01, N02)
+    "num_key_value_heads": "model.n_kv_heads", "num_kv_heads": "model.n_kv_heads",
+    "intermediate_size": "model.d_ff", "mlp_dim": "model.d_ff", "ffn_dim": "model.d_ff",
     "eval_interval": "train.eval_every", "log_interval": "train.log_every",
     "save_interval": "train.checkpoint_every", "checkpoint_period": "train.checkpoint_every",
     "gradient_accumulation_steps": "train.grad_accum_steps",

@@ -19,7 +19,7 @@ import os
 from etils import epath
 
 from lev_jax.checkpoint_checks import SHAPE_FIELD_NAMES
-from lev_jax.config import ConfigError, validate
+from lev_jax.config import ConfigError, check_platform, validate
 from lev_jax.workdir import (DATA_REPORT, EVAL_JSON, LEV_EVAL_JSON, TOKEN_COUNTS, TOKENIZER,
                              is_prepared_data, loads_json, read_small_text)
 
@@ -27,6 +27,9 @@ from lev_jax.workdir import (DATA_REPORT, EVAL_JSON, LEV_EVAL_JSON, TOKEN_COUNTS
 # The train fields an evaluation reads (rows of seq_len tokens); the others, and the
 # optim section, only shape training.
 _TRAIN_FIELDS_READ = ("train.seq_len",)
+# Fields outside those sections that only training reads (newcomer pass 20, N31, N32):
+# the seed of the initialisation and data order, and the remat of the backward pass.
+_TRAINING_ONLY = ("seed", "model.remat", "lev.remat")
 
 
 def apply_overrides(config, overrides: dict):
@@ -34,24 +37,30 @@ def apply_overrides(config, overrides: dict):
 
   Raises:
     ConfigError: an override of a field in checkpoint_checks.SHAPE_FIELDS, of the optim
-      section or of a train field evaluation does not read, or an invalid resulting
-      config (the field named).
+      section, of a train field evaluation does not read or of another training-only
+      field (seed, remat), an invalid resulting config, or one this platform cannot run
+      (config.check_platform; the field named).
   """
   for field, value in overrides.items():
     if field in SHAPE_FIELD_NAMES:
       raise ConfigError(f"--config.{field}: the model's shape comes from the checkpoint "
                         "and cannot be overridden")
-    if field.startswith("optim.") or (field.startswith("train.")
-                                      and field not in _TRAIN_FIELDS_READ):
+    if (field.startswith("optim.") or field in _TRAINING_ONLY
+        or (field.startswith("train.") and field not in _TRAIN_FIELDS_READ)):
       # newcomer pass 19 (A80, A82): accepted, and without effect
-      raise ConfigError(f"--config.{field}: an evaluation does not train, so the "
-                        f"{field.split('.')[0]} section has no effect here; expected "
-                        "data.* or eval.* overrides")
+      what = (f"the {field.split('.')[0]} section has" if field.startswith(("optim.",
+                                                                          "train."))
+              else "it has")
+      raise ConfigError(f"--config.{field}: an evaluation does not train, so {what} no "
+                        "effect here; expected data.* or eval.* overrides")
     node, *path, leaf = [config, *field.split(".")]
     for part in path:
       node = node[part]
     node[leaf] = value
-  return validate(config, allow_unknown=True)  # a stored config: config.from_dict
+  config = validate(config, allow_unknown=True)  # a stored config: config.from_dict
+  from lev_jax import target  # pylint: disable=import-outside-toplevel  # jax
+  check_platform(config, target.platform())  # pass 20, N34: float16 on a CPU
+  return config
 
 
 def _eval_batches(config, tokenizer, validation_override: bool, split: str):
