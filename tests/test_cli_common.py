@@ -487,6 +487,8 @@ def _config_command(monkeypatch, argv, default="experiments/smoke.py:leviathan")
      "--config.eval.batches=10, --config.train.eval_every=10\n"),
     (["--bf16"], "unknown flag --bf16; to set the config field, "
      "pass --config.model.dtype=bfloat16\n"),
+    (["--num-key-value-heads=2"], "unknown flag --num-key-value-heads; to set the config "
+     "field, pass --config.model.n_kv_heads=2\n"),  # newcomer pass 20 (N01, N66)
     (["--ici_fsdp_parallelism=4"], "unknown flag --ici_fsdp_parallelism; to set the config field, "
      "pass --config.mesh.fsdp=4\n"),
     (["--per_device_batch_size=4"], "unknown flag --per_device_batch_size; to set the "
