@@ -591,6 +591,10 @@ def test_a_config_file_given_to_a_command_of_overrides_is_one_line(monkeypatch, 
     common.flags_parser("lev-x", None, fv)(argv)
   assert capsys.readouterr().err == ("lev-x: error: unknown flag --eval_steps; to set the "
                                      "config field, pass --config.eval.batches=2\n")
+  argv = ["lev-x", "--remat=full"]  # newcomer pass 21 (F15): not a field lev-eval refuses
+  with pytest.raises(SystemExit) as e:
+    common.flags_parser("lev-x", None, fv)(argv)
+  assert "--config.model.remat" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag, said", [
@@ -907,17 +911,22 @@ def test_a_maxtext_style_positional_override_names_the_flag_it_means(capsys):
   pass 20: Hydra's `+train.steps`, the command's own flags (N17, N61, N62), an invalid
   choice (N16)."""
   from absl import flags
+  from ml_collections import config_flags
   from lev_jax.cli import common
-  with_config, without = flags.FlagValues(), flags.FlagValues()
-  flags.DEFINE_string("config", None, "Experiment.", flag_values=with_config)
+  from lev_jax.config import base_config
+  with_config, without, evaluation = (flags.FlagValues() for _ in range(3))
+  config_flags.DEFINE_config_file("config", None, "Experiment.", flag_values=with_config)
   flags.DEFINE_float("temperature", 0.0, "Temperature.", flag_values=without)
+  # lev-eval's overrides of a checkpoint's config: never a field it refuses (pass 21, M16)
+  config_flags.DEFINE_config_dict("config", base_config(), flag_values=evaluation)
   for fv, args, hint in (
       (with_config, ["steps=100"], "did you mean --config.train.steps=100?)"),
       (with_config, ["+optim.lr=3e-4"], "did you mean --config.optim.lr=3e-4?)"),
       (with_config, ["remat_policy=minimal"], "did you mean --config.model.remat=VALUE, "
        "one of auto, none, full, dots, dots_no_batch?)"),
       (without, ["temperature=0.5"], "did you mean --temperature=0.5?)"),
-      (without, ["steps=100"], None), (with_config, ["foo", "bar=1"], None)):
+      (without, ["steps=100"], None), (with_config, ["foo", "bar=1"], None),
+      (evaluation, ["steps=100"], None), (evaluation, ["remat=full"], None)):
     with pytest.raises(SystemExit):
       common.fail_unexpected("lev-x", args, fv)
     assert capsys.readouterr().err == (

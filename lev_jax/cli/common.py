@@ -85,6 +85,8 @@ def fail_unexpected(prog: str, args: list[str], fv: flags.FlagValues | None = No
       leaf = name.rsplit(".", 1)[-1]
       fields = [p for p, _ in _habit_field(base_config(), leaf)
                 + _config_fields(base_config(), leaf)]
+      if not _is_training_config(fv):  # lev-eval (newcomer pass 21, M16, M26)
+        fields = [p for p in fields if not _evaluation_ignores(p)]
       exact = f"config.{name}"
       path = exact if exact in fields else (fields[0] if fields else None)
     if path and path in _CHOICES and value not in _CHOICES[path]:
@@ -1122,6 +1124,20 @@ def _folder_habit(error: flags.Error, fv: flags.FlagValues) -> str | None:
   return f"unknown flag --{error.flagname}: {hint}" if ours and ours in fv else None
 
 
+def _is_training_config(fv: flags.FlagValues) -> bool:
+  """Whether the command's --config is a training's config file (lev-train, lev-compile,
+  ...), not lev-eval's overrides of a checkpoint's own config."""
+  return "config" in fv and isinstance(fv["config"].parser,
+                                       config_flags.config_flags.ConfigFileFlagParser)
+
+
+def _evaluation_ignores(path: str) -> bool:
+  """Whether lev-eval refuses an override of `path` ("config.SECTION.FIELD"): a field
+  only training reads (lev_jax/eval/checkpoint_eval.py `training_only`)."""
+  from lev_jax.eval.checkpoint_eval import training_only  # pylint: disable=import-outside-toplevel
+  return training_only(path[len("config."):])
+
+
 # The fields whose values are a fixed list: a hint never proposes another value.
 _CHOICES = {"config.model.remat": REMAT_CHOICES, "config.model.attention": ATTENTION_IMPLS,
             "config.model.dtype": DTYPES, "config.train.loss_impl": LOSS_IMPLS,
@@ -1169,13 +1185,15 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
           else dashed)
   # A training's config file (lev-train, lev-compile, ...); lev-eval's overrides take
   # the eval section's fields only (pass 16, G41: --eval_steps).
-  training = isinstance(fv["config"].parser, config_flags.config_flags.ConfigFileFlagParser)
+  training = _is_training_config(fv)
   habit = [f for f in _habit_field(config, base)
            if training or f[0].startswith("config.eval.")]
   fields = habit + [f for f in _config_fields(config, base) if f[0] not in dict(habit)
                     and not _bool_misfit(f[1], value)]
+  if not training:  # lev-eval: never a field it refuses (newcomer pass 21, F15, M32)
+    fields = [f for f in fields if not _evaluation_ignores(f[0])]
   off = False
-  if not fields and base.startswith("no") and value is None:  # --noremat
+  if not fields and base.startswith("no") and value is None and training:  # --noremat
     # a switch off: false for a bool field, "none" for a policy (model.remat; pass 17,
     # C11: --noremat was pointed at lev.remat alone)
     fields = sorted(((path, v) for path, v in _config_fields(config, base[2:])

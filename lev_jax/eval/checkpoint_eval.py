@@ -32,6 +32,15 @@ _TRAIN_FIELDS_READ = ("train.seq_len",)
 _TRAINING_ONLY = ("seed", "model.remat", "lev.remat")
 
 
+def training_only(field: str) -> bool:
+  """Whether `field` (dotted, without "config.") is read by training alone, so an
+  evaluation's override of it would have no effect: the optim section, train fields
+  other than seq_len, the seed and the remat switches. lev-eval refuses such overrides
+  and its flag hints never propose them (lev_jax/cli/common.py)."""
+  return (field.startswith("optim.") or field in _TRAINING_ONLY
+          or (field.startswith("train.") and field not in _TRAIN_FIELDS_READ))
+
+
 def apply_overrides(config, overrides: dict):
   """The checkpoint's config with `overrides` applied; shape fields are refused.
 
@@ -45,8 +54,7 @@ def apply_overrides(config, overrides: dict):
     if field in SHAPE_FIELD_NAMES:
       raise ConfigError(f"--config.{field}: the model's shape comes from the checkpoint "
                         "and cannot be overridden")
-    if (field.startswith("optim.") or field in _TRAINING_ONLY
-        or (field.startswith("train.") and field not in _TRAIN_FIELDS_READ)):
+    if training_only(field):
       # newcomer pass 19 (A80, A82): accepted, and without effect
       what = (f"the {field.split('.')[0]} section has" if field.startswith(("optim.",
                                                                           "train."))
