@@ -934,6 +934,27 @@ def test_a_maxtext_style_positional_override_names_the_flag_it_means(capsys):
         + (f": {hint}" if hint else ")") + "\n")
 
 
+def test_an_override_given_to_a_command_without_a_config_names_what_it_means(capsys):
+  """Newcomer pass 21 (M07, M09): lev-sample / lev-export --config.model.dtype=... was
+  absl's bare "Unknown command line flag"."""
+  from absl import flags
+  from lev_jax.cli import common
+  loader, ladder = flags.FlagValues(), flags.FlagValues()
+  flags.DEFINE_string("checkpoint", None, "Run.", flag_values=loader)
+  flags.DEFINE_string("dtype", None, "Dtype.", flag_values=loader)
+  flags.DEFINE_multi_string("train_flags", None, "Flags.", flag_values=ladder)
+  for fv, flag, said in (
+      (loader, "--config.model.dtype=bfloat16", "its own flag is --dtype"),
+      (loader, "--config.train.steps=3", "it uses the checkpoint's own config"),
+      (ladder, "--config.train.steps=3",
+       "pass it to the runs in --train_flags='--config.train.steps=...'")):
+    with pytest.raises(SystemExit):
+      common.flags_parser("lev-x", None, fv)(["lev-x", flag])
+    assert capsys.readouterr().err == (
+        f"lev-x: error: {flag.split('=')[0]}: this command takes no config overrides; "
+        f"{said}\n")
+
+
 def test_another_tools_name_for_a_flag_of_this_command_is_pointed_at_it(capsys):
   """Newcomer pass 14 (H06): lev-sample --max_tokens=4 (OpenAI / vLLM) was absl's bare
   "Unknown command line flag"; a command without the meant flag keeps absl's line."""

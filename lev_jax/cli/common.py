@@ -960,11 +960,24 @@ def _required_flag(error: flags.Error, fv: flags.FlagValues) -> str | None:
 
 def _override_without_config(error: flags.Error, fv: flags.FlagValues) -> str | None:
   """`--config.data.seed: ... needs --config=FILE` for an override given to a command
-  whose config has no default (lev-prepare-data) when --config was left out: absl knows
+  whose config has no default (lev-prepare-data) when --config was left out, or `...
+  takes no config overrides` for a command without a config (lev-sample): absl knows
   no such flag then ("Unknown command line flag 'config.data.seed'")."""
   if not (isinstance(error, flags.UnrecognizedFlagError)
-          and error.flagname.startswith("config.") and "config" in fv
-          and _is_config_flag(fv["config"]) and fv["config"].default is None
+          and error.flagname.startswith("config.")):
+    return None
+  if "config" not in fv:  # lev-sample, lev-export (newcomer pass 21, M07, M09)
+    leaf = error.flagname.rsplit(".", 1)[-1]
+    if leaf in fv:
+      why = f"its own flag is --{leaf}"
+    elif "train_flags" in fv:  # lev-ladder, lev-study
+      why = f"pass it to the runs in --train_flags='--{error.flagname}=...'"
+    elif "checkpoint" in fv:
+      why = "it uses the checkpoint's own config"
+    else:
+      return None
+    return f"--{error.flagname}: this command takes no config overrides; {why}"
+  if not (_is_config_flag(fv["config"]) and fv["config"].default is None
           and not fv["config"].present):
     return None
   return (f"--{error.flagname}: an override needs the config it changes: give "
