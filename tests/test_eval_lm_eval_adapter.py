@@ -155,6 +155,17 @@ def test_a_bad_limit_or_num_fewshot_is_one_line_before_loading(monkeypatch, caps
   assert err.count("\n") == 1
 
 
+def test_our_loaders_flags_point_at_model_args(capsys):
+  """Newcomer pass 21 (M33-M37): --checkpoint= / dtype= were lm-eval's bare refusal."""
+  for argv, name, example in ((["--checkpoint=runs/x"], "checkpoint", "checkpoint=DIR"),
+                              (["dtype=bfloat16"], "dtype", "checkpoint=DIR,dtype=VALUE")):
+    with pytest.raises(SystemExit) as e:
+      lm_eval_cli.run(argv)
+    assert e.value.code == 2 and capsys.readouterr().err.endswith(
+        f"(lev-lm-eval --help lists the flags; lev-lm-eval takes {name} in --model_args, "
+        f"e.g. --model_args {example})\n")
+
+
 def test_an_error_keeps_its_closing_quote(monkeypatch, capsys, workdir):
   """Issue 26: "... or 'auto'" lost its last quote (the message's quotes were stripped);
   only a repr's quotes wrapping the whole message go."""

@@ -69,7 +69,7 @@ def fail_unexpected(prog: str, args: list[str], fv: flags.FlagValues | None = No
   (default absl's flags.FLAGS)."""
   fv = flags.FLAGS if fv is None else fv
   hint = ""
-  pair = next((m for m in (re.match(r"^\+?(?:config\.)?([A-Za-z_][\w.-]*)=(.*)$", a)
+  pair = next((m for m in (re.match(r"^\+{0,2}(?:config\.)?([A-Za-z_][\w.-]*)=(.*)$", a)
                            for a in args) if m), None)
   if pair:
     name, value = pair.group(1).replace("-", "_"), pair.group(2)
@@ -78,6 +78,9 @@ def fail_unexpected(prog: str, args: list[str], fv: flags.FlagValues | None = No
                                    _FOLDER_HABITS.get(name, (None,))[0])
                  if ours and ours in fv), None))
     path = None
+    if own and own != name and name in _OWN_FLAG_NOTES:  # not a rename: say what it is
+      fail(prog, f"unexpected arguments: {' '.join(args)} (flags start with --; "
+           f"{_OWN_FLAG_NOTES[name]})")
     if own:
       path = own
     elif "config" in fv:

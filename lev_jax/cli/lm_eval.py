@@ -171,7 +171,14 @@ def _parsed(argv: Sequence[str]):
       return None
     lines = [l for l in said.getvalue().splitlines() if l.strip()] or ["bad arguments"]
     reason = re.sub(r"^[\w .-]*: error: ", "", lines[-1])
-    print(f"lev-lm-eval: error: {reason} (lev-lm-eval --help lists the flags)",
+    # our loaders' flags, which lm-eval takes in --model_args (newcomer pass 21, M33-M37)
+    ours = re.search(r"(?:^|\s)-*(checkpoint|step|dtype)[=\s]", reason)
+    hint = ""
+    if ours:
+      name = ours.group(1)
+      example = "checkpoint=DIR" + (f",{name}=VALUE" if name != "checkpoint" else "")
+      hint = f"; lev-lm-eval takes {name} in --model_args, e.g. --model_args {example}"
+    print(f"lev-lm-eval: error: {reason} (lev-lm-eval --help lists the flags{hint})",
           file=sys.stderr)
     sys.exit(2)
   finally:
