@@ -1034,6 +1034,8 @@ _HABITS = {
     # Hugging Face's and MaxText's shape names (newcomer pass 20, N01, N02)
     "num_key_value_heads": "model.n_kv_heads", "num_kv_heads": "model.n_kv_heads",
     "intermediate_size": "model.d_ff", "mlp_dim": "model.d_ff", "ffn_dim": "model.d_ff",
+    # an absolute learning rate elsewhere, a ratio here: the value is not copied
+    "min_lr": "optim.min_lr_ratio", "lr_min": "optim.min_lr_ratio",  # nc21 N05, M04, M22
     "eval_interval": "train.eval_every", "log_interval": "train.log_every",
     "save_interval": "train.checkpoint_every", "checkpoint_period": "train.checkpoint_every",
     "gradient_accumulation_steps": "train.grad_accum_steps",
@@ -1226,6 +1228,8 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
       # A12): on is full, off none
       return {"true": "full", "1": "full", "false": "none", "0": "none"}.get(
           (value or "true").lower(), value)
+    if path == "config.optim.min_lr_ratio" and base != "min_lr_ratio":
+      return "RATIO"  # `option` says of what
     if path == "config.model.dtype" and base in ("bf16", "fp16") and value is None:
       return {"bf16": "bfloat16", "fp16": "float16"}[base]  # pass 19, A83, A85
     if value is not None:
@@ -1236,6 +1240,8 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
     allowed = _CHOICES.get(path)
     if allowed and text not in allowed:  # pass 19, A39, A90: not copied into the hint
       return f"--{path}=VALUE (one of {', '.join(allowed)})"
+    if text == "RATIO":
+      return f"--{path}=RATIO (the final learning rate / optim.lr)"
     return f"--{path}={shlex.quote(text)}"
   options = [option(path, current) for path, current in fields]
   # The command's own flags that absl found close (lev-eval --steps: --step).
