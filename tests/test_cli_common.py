@@ -928,7 +928,9 @@ def test_a_maxtext_style_positional_override_names_the_flag_it_means(capsys):
        "one of auto, none, full, dots, dots_no_batch?)"),
       (without, ["temperature=0.5"], "did you mean --temperature=0.5?)"),
       (without, ["steps=100"], None), (with_config, ["foo", "bar=1"], None),
-      (evaluation, ["steps=100"], None), (evaluation, ["remat=full"], None)):
+      (evaluation, ["steps=100"], None), (evaluation, ["remat=full"], None),
+      (with_config, ["+min_lr=1e-5"], "did you mean --config.optim.min_lr_ratio=RATIO, "
+       "the final learning rate / optim.lr?)")):  # pass 22 (V18, V21)
     with pytest.raises(SystemExit):
       common.fail_unexpected("lev-x", args, fv)
     assert capsys.readouterr().err == (

@@ -92,7 +92,10 @@ def fail_unexpected(prog: str, args: list[str], fv: flags.FlagValues | None = No
         fields = [p for p in fields if not _evaluation_ignores(p)]
       exact = f"config.{name}"
       path = exact if exact in fields else (fields[0] if fields else None)
-    if path and path in _CHOICES and value not in _CHOICES[path]:
+    if path == "config.optim.min_lr_ratio" and not name.endswith("min_lr_ratio"):
+      hint = (f" (flags start with --: did you mean --{path}=RATIO, the final learning "
+              "rate / optim.lr?)")  # an absolute rate is not a ratio (nc22, V18, V21)
+    elif path and path in _CHOICES and value not in _CHOICES[path]:
       hint = (f" (flags start with --: did you mean --{path}=VALUE, one of "
               f"{', '.join(_CHOICES[path])}?)")
     elif path:
@@ -1036,6 +1039,7 @@ _HABITS = {
     "intermediate_size": "model.d_ff", "mlp_dim": "model.d_ff", "ffn_dim": "model.d_ff",
     # an absolute learning rate elsewhere, a ratio here: the value is not copied
     "min_lr": "optim.min_lr_ratio", "lr_min": "optim.min_lr_ratio",  # nc21 N05, M04, M22
+    "final_lr": "optim.min_lr_ratio", "min_learning_rate": "optim.min_lr_ratio",  # nc22
     "eval_interval": "train.eval_every", "log_interval": "train.log_every",
     "save_interval": "train.checkpoint_every", "checkpoint_period": "train.checkpoint_every",
     "gradient_accumulation_steps": "train.grad_accum_steps",
