@@ -938,6 +938,19 @@ def test_a_maxtext_style_positional_override_names_the_flag_it_means(capsys):
         + (f": {hint}" if hint else ")") + "\n")
 
 
+def test_lev_eval_s_unknown_field_hint_names_no_field_it_refuses():
+  """Newcomer pass 22 (N70, N72, V03): lev-eval --config.eval.steps was pointed at
+  --config.train.steps, which lev-eval then refuses (an evaluation does not train)."""
+  from lev_jax.cli import common
+  from lev_jax.config import base_config
+  argv = ["lev-x", "--config.eval.steps=4"]
+  assert common.unknown_override(base_config(), argv).endswith(
+      "(did you mean --config.train.steps?)")
+  assert common.unknown_override(base_config(), argv, evaluation=True).endswith(
+      "(config.eval's fields: batch_size, batches, downstream, downstream_limit, "
+      "equal_mass_buckets, freq_bucket_edges)")
+
+
 def test_an_override_given_to_a_command_without_a_config_names_what_it_means(capsys):
   """Newcomer pass 21 (M07, M09): lev-sample / lev-export --config.model.dtype=... was
   absl's bare "Unknown command line flag"."""

@@ -60,7 +60,7 @@ def test_overrides_apply_to_data_and_eval_but_never_to_the_shape(workdirs):
         f"--config.{field}: an evaluation does not train, so the {field.split('.')[0]} "
         "section has no effect here; expected data.* or eval.* overrides")):
       checkpoint_eval.apply_overrides(im.config, {field: 1})
-  for field in ("seed", "model.remat", "lev.remat"):  # pass 20 (N31, N32)
+  for field in ("seed", "model.remat", "lev.remat", "data.shuffle_buffer"):  # N31, N32, V26
     with pytest.raises(ConfigError, match=re.escape(
         f"--config.{field}: an evaluation does not train, so it has no effect here")):
       checkpoint_eval.apply_overrides(im.config, {field: 1})

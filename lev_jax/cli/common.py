@@ -1292,13 +1292,15 @@ def override_fields(argv) -> list[tuple[str, str]]:
   return found
 
 
-def unknown_override(config, argv) -> str | None:
+def unknown_override(config, argv, evaluation: bool = False) -> str | None:
   """The one-line error for the first `--config.<path>` in argv naming no field of
   `config` (the closest existing name suggested, from difflib), or None.
 
   Args:
     config: the ml_collections.ConfigDict the overrides apply to.
     argv: the command line, argv[0] the program.
+    evaluation: the command evaluates a checkpoint (EVALUATION_COMMANDS): a field of
+      that name elsewhere is named only if the evaluation reads it.
   Returns:
     e.g. "--config.train.stepz: the config has no field 'stepz' (did you mean
     'steps'?)"; None when every override names a field.
@@ -1330,6 +1332,8 @@ def unknown_override(config, argv) -> str | None:
       if kind == "field" and i == len(parts) - 1:
         meant = ([p for p, _ in _habit_field(config, part)]
                  or [p for p, _ in _config_fields(config, part)])
+        if evaluation:  # lev-eval: never a field it refuses (pass 22, N70, N72, V03)
+          meant = [p for p in meant if not _evaluation_ignores(p)]
       close = difflib.get_close_matches(part, choices, n=1)
       if meant:
         hint = f"did you mean --{meant[0]}?"
@@ -1504,6 +1508,11 @@ def malformed_override(error: BaseException, argv) -> str | None:
           "each name a field of the config, e.g. --config.train.steps=50)")
 
 
+# The commands whose --config.<field> overrides change a checkpoint's config for an
+# evaluation: their hints never name a field only training reads.
+EVALUATION_COMMANDS = ("lev-eval",)
+
+
 def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
   """Ends with one line for an unknown or malformed `--config.<field>` or a config file
   that does not load; re-raises anything else (a bug deserves its traceback)."""
@@ -1516,7 +1525,8 @@ def _fail_on_config_error(prog: str, error: Exception, argv) -> None:
   if (message is None and isinstance(error, (AttributeError, LookupError, TypeError))
       and override_fields(argv)):
     config = _config_being_overridden(error)
-    message = unknown_override(config, argv) if config is not None else None
+    message = (unknown_override(config, argv, evaluation=prog in EVALUATION_COMMANDS)
+               if config is not None else None)
     if message is None and isinstance(error, TypeError):
       raise error  # every override names a field: not the user's path
     if message is None:  # the config could not be walked: the error's own words

@@ -27,9 +27,10 @@ from lev_jax.workdir import (DATA_REPORT, EVAL_JSON, LEV_EVAL_JSON, TOKEN_COUNTS
 # The train fields an evaluation reads (rows of seq_len tokens); the others, and the
 # optim section, only shape training.
 _TRAIN_FIELDS_READ = ("train.seq_len",)
-# Fields outside those sections that only training reads (newcomer pass 20, N31, N32):
-# the seed of the initialisation and data order, and the remat of the backward pass.
-_TRAINING_ONLY = ("seed", "model.remat", "lev.remat")
+# Fields outside those sections that only training reads (newcomer pass 20, N31, N32;
+# 22, V26): the seed of the initialisation, the remat of the backward pass, the window
+# that shuffles the training stream (data.seed also orders a jsonl_stream's files).
+_TRAINING_ONLY = ("seed", "model.remat", "lev.remat", "data.shuffle_buffer")
 
 
 def training_only(field: str) -> bool:
