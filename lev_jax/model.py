@@ -83,10 +83,8 @@ class Attention(nnx.Module):
     std = cfg.init_std
     self.theta, self.dtype = cfg.rope_theta, dtype
     attention.check_name(cfg.attention)  # "auto": chosen when traced
-    self.kernel_fields = attention.kernel_fields(cfg)
-    self.interpret = cfg.attention_interpret
+    self.kernel_fields = attention.kernel_fields(cfg)  # the kernel, its blocks, interpret
     self.logits_dtype = cfg.get("attention_logits_dtype", "float32")
-    self.splash_blocks = (cfg.splash_block_q, cfg.splash_block_kv)
     self.wq = _param(rngs, (d, h, k), std, ("embed", "heads", "head_dim"), param_dtype)
     self.wk = _param(rngs, (d, kv, k), std, ("embed", "kv_heads", "head_dim"), param_dtype)
     self.wv = _param(rngs, (d, kv, k), std, ("embed", "kv_heads", "head_dim"), param_dtype)
@@ -115,13 +113,13 @@ class Attention(nnx.Module):
     """
     c = lambda w: w[...].astype(self.dtype)
     q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = self._qkv(x_BxLxD, positions_BxL)
-    block_q, block_kv = self.splash_blocks
-    impl, _ = attention.choose_for(self.kernel_fields, target.platform(),
-                                   seq_len=x_BxLxD.shape[1],
+    kernel = self.kernel_fields
+    impl, _ = attention.choose_for(kernel, target.platform(), seq_len=x_BxLxD.shape[1],
                                    segments=segment_ids_BxL is not None)
     out_BxLxHxK = attention.attend(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, impl,
-                                   block_q=block_q, block_kv=block_kv,
-                                   interpret=self.interpret,
+                                   block_q=kernel.splash_block_q,
+                                   block_kv=kernel.splash_block_kv,
+                                   interpret=kernel.attention_interpret,
                                    logits_dtype=self.logits_dtype)
     return dense(out_BxLxHxK, c(self.wo), 2)
 
