@@ -85,23 +85,16 @@ def fail_unexpected(prog: str, args: list[str], fv: flags.FlagValues | None = No
       path = own
     elif "config" in fv:
       from lev_jax.config import base_config  # pylint: disable=import-outside-toplevel
-      leaf = name.rsplit(".", 1)[-1]
-      fields = [p for p, _ in _habit_field(base_config(), leaf)
-                + _config_fields(base_config(), leaf)]
+      config, leaf = base_config(), name.rsplit(".", 1)[-1]
+      fields = [p for p, _ in _habit_field(config, leaf) + _config_fields(config, leaf)]
       if not _is_training_config(fv):  # lev-eval (newcomer pass 21, M16, M26)
         fields = [p for p in fields if not _evaluation_ignores(p)]
       exact = f"config.{name}"
       path = exact if exact in fields else (fields[0] if fields else None)
-    if path == "config.optim.min_lr_ratio" and not name.endswith("min_lr_ratio"):
-      hint = (f" (flags start with --: did you mean --{path}=RATIO, the final learning "
-              "rate / optim.lr?)")  # an absolute rate is not a ratio (nc22, V18, V21)
-    elif path and path in _CHOICES and value not in _CHOICES[path]:
-      hint = (f" (flags start with --: did you mean --{path}=VALUE, one of "
-              f"{', '.join(_CHOICES[path])}?)")
-    elif path:
-      hint = f" (flags start with --: did you mean --{path}={shlex.quote(value)}?)"
-    else:
-      hint = " (flags start with --)"
+    hint = " (flags start with --)"
+    if path:
+      flag, note = _suggestion(path, value, name)
+      hint = f" (flags start with --: did you mean {flag}{', ' + note if note else ''}?)"
   fail(prog, f"unexpected arguments: {' '.join(args)}{hint}")
 
 
@@ -1166,6 +1159,19 @@ _CHOICES = {"config.model.remat": REMAT_CHOICES, "config.model.attention": ATTEN
             "config.model.embedding": EMBEDDINGS, "config.model.logits_dtype": LOGITS_DTYPES}
 
 
+def _suggestion(path: str, value: str, given: str) -> tuple[str, str]:
+  """(`--PATH=VALUE`, a note or "") to suggest for `value` given as `given` (another
+  codebase's name, or a positional NAME=VALUE), never copying in what cannot be right:
+  a value outside a fixed-choice field's list (`_CHOICES`: VALUE and the choices; pass 19,
+  A39, A90) or an absolute rate for optim.min_lr_ratio (RATIO; passes 21-22)."""
+  if path == "config.optim.min_lr_ratio" and not given.endswith("min_lr_ratio"):
+    return f"--{path}=RATIO", "the final learning rate / optim.lr"
+  allowed = _CHOICES.get(path)
+  if allowed and value not in allowed:
+    return f"--{path}=VALUE", f"one of {', '.join(allowed)}"
+  return f"--{path}={shlex.quote(value)}", ""
+
+
 def _bool_misfit(current, value: str | None) -> bool:
   """Whether `value` cannot set a bool field (newcomer pass 18, F06: --remat=full was
   offered as --config.lev.remat=full)."""
@@ -1232,21 +1238,14 @@ def _config_field_hint(error: flags.Error, fv: flags.FlagValues) -> str | None:
       # A12): on is full, off none
       return {"true": "full", "1": "full", "false": "none", "0": "none"}.get(
           (value or "true").lower(), value)
-    if path == "config.optim.min_lr_ratio" and base != "min_lr_ratio":
-      return "RATIO"  # `option` says of what
     if path == "config.model.dtype" and base in ("bf16", "fp16") and value is None:
       return {"bf16": "bfloat16", "fp16": "float16"}[base]  # pass 19, A83, A85
     if value is not None:
       return value
     return "true" if isinstance(current, bool) else "VALUE"
   def option(path, current):
-    text = example(path, current)
-    allowed = _CHOICES.get(path)
-    if allowed and text not in allowed:  # pass 19, A39, A90: not copied into the hint
-      return f"--{path}=VALUE (one of {', '.join(allowed)})"
-    if text == "RATIO":
-      return f"--{path}=RATIO (the final learning rate / optim.lr)"
-    return f"--{path}={shlex.quote(text)}"
+    flag, note = _suggestion(path, example(path, current), base)
+    return f"{flag} ({note})" if note else flag
   options = [option(path, current) for path, current in fields]
   # The command's own flags that absl found close (lev-eval --steps: --step).
   close = re.search(r"Did you mean: (.*) \?$", str(error))
